@@ -1,0 +1,64 @@
+"""Default: reverse random strings with a small Transformer; the offline quick start.
+
+  python train.py --config configs/default.py --workdir workdirs/default
+  python eval.py --workdir workdirs/default
+
+Every field can be overridden on the command line, e.g.
+  --config.model.position=rotary --config.model.attention.score=additive
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  # Synthetic seq2seq task (transformer/data/synthetic.py).
+  config.task = ml_collections.ConfigDict()
+  config.task.name = "reverse"  # reverse | copy | sort
+  config.task.num_symbols = 16
+  config.task.min_len = 1
+  config.task.max_len = 16
+  config.task.heldout_modulus = 10  # 1/10 of string space is held out for evaluation
+  config.task.longer_max_len = 24  # the `longer` split: lengths max_len+1 .. this
+
+  # Model (transformer/model.py: ModelConfig, AttentionConfig).
+  config.model = ml_collections.ConfigDict()
+  config.model.d_model = 64
+  config.model.num_heads = 4
+  config.model.d_ff = 256
+  config.model.num_encoder_layers = 2
+  config.model.num_decoder_layers = 2
+  config.model.dropout = 0.0
+  config.model.position = "sinusoidal"  # none | sinusoidal | learned | rotary
+  config.model.max_len = 64  # rows of the `learned` position table
+  config.model.norm = "post"  # post | pre
+  config.model.share_embeddings = True
+  config.model.attention = ml_collections.ConfigDict()
+  config.model.attention.score = "scaled_dot"  # scaled_dot | dot | additive | gaussian
+  config.model.attention.window = "full"  # full | local
+  config.model.attention.window_size = 16
+  config.model.attention.dropout = 0.0
+  config.model.attention.additive_dim = 0  # 0: head_dim
+  config.model.attention.gaussian_sigma = 0.0  # 0: head_dim ** 0.25
+  config.model.attention.learn_sigma = True
+
+  # Optimization: AdamW(0.9, 0.98, 1e-9), lr = learning_rate · d^-0.5 · min(n^-0.5, n·warmup^-1.5).
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = 64
+  config.train.num_steps = 3000
+  config.train.learning_rate = 1.0
+  config.train.warmup_steps = 400
+  config.train.label_smoothing = 0.0
+  config.train.weight_decay = 0.0
+  config.train.grad_clip_norm = 0.0  # 0: off
+  config.train.log_every = 100
+  config.train.eval_every = 1000  # 0: only at the end
+  config.train.checkpoint_every = 1000
+  config.train.keep_checkpoints = 3
+
+  config.eval = ml_collections.ConfigDict()
+  config.eval.num_examples = 512  # per held-out split
+  config.eval.batch_size = 256
+  return config

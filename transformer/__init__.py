@@ -1,0 +1,1 @@
+"""An encoder-decoder Transformer with pluggable attention scoring and positional encodings."""

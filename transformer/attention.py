@@ -1,0 +1,175 @@
+"""Multi-head attention with pluggable scoring functions and attention windows.
+
+A scorer maps per-head queries and keys to logits with one signature,
+`score(q [b, tq, h, d], k [b, tk, h, d]) -> [b, h, tq, tk]`; scorers with parameters are
+NNX modules. Masks are booleans [b, 1, tq, tk] (True = may attend) built from explicit
+segment ids and positions, so padding, packing, causality and windows compose by `&`.
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer.positions import PositionalEncoding
+from transformer.registry import ConfigError, lookup
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  score: str = "scaled_dot"  # a key of SCORES
+  window: str = "full"  # a key of WINDOWS
+  window_size: int = 16  # `local`: each query sees keys within ±window_size positions
+  dropout: float = 0.0  # on the attention weights
+  additive_dim: int = 0  # hidden size of the additive scorer per head; 0 = head_dim
+  gaussian_sigma: float = 0.0  # initial kernel width; 0 = head_dim ** 0.25 (matches √d scaling)
+  learn_sigma: bool = True  # Gaussian width learned per head, or fixed
+
+
+# --------------------------------------------------------------------------- scorers
+
+
+class ScaledDot(nnx.Module):
+  """q·k / √d_k ("Attention Is All You Need", eq. 1)."""
+
+  def __init__(self, num_heads: int, head_dim: int, cfg: AttentionConfig, *, rngs: nnx.Rngs):
+    self.scale = 1.0 / math.sqrt(head_dim)
+
+  def __call__(self, q, k):
+    return jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(self.scale, q.dtype), k)
+
+
+class Dot(ScaledDot):
+  """Unscaled q·k (Luong et al. 2015)."""
+
+  def __init__(self, num_heads, head_dim, cfg, *, rngs):
+    self.scale = 1.0
+
+
+class Additive(nnx.Module):
+  """w_vᵀ tanh(W_q q + W_k k) per head (Bahdanau et al. 2015)."""
+
+  def __init__(self, num_heads, head_dim, cfg, *, rngs):
+    a = cfg.additive_dim or head_dim
+    init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    self.w_q = nnx.Param(init(rngs.params(), (num_heads, head_dim, a)))
+    self.w_k = nnx.Param(init(rngs.params(), (num_heads, head_dim, a)))
+    self.w_v = nnx.Param(nnx.initializers.normal(a ** -0.5)(rngs.params(), (num_heads, a)))
+
+  def __call__(self, q, k):
+    qa = jnp.einsum("bqhd,hda->bhqa", q, self.w_q[...])
+    ka = jnp.einsum("bkhd,hda->bhka", k, self.w_k[...])
+    hidden = jnp.tanh(qa[:, :, :, None, :] + ka[:, :, None, :, :])  # [b, h, q, k, a]
+    return jnp.einsum("bhqka,ha->bhqk", hidden, self.w_v[...])
+
+
+class Gaussian(nnx.Module):
+  """−‖q − k‖² / (2σ²) per head: Nadaraya-Watson kernel regression as attention."""
+
+  def __init__(self, num_heads, head_dim, cfg, *, rngs):
+    sigma = cfg.gaussian_sigma or head_dim ** 0.25
+    if sigma <= 0:
+      raise ConfigError(f"gaussian_sigma must be positive, got {sigma}")
+    self.learn_sigma = cfg.learn_sigma
+    self.log_sigma = nnx.Param(jnp.full((num_heads,), math.log(sigma), jnp.float32))
+
+  def __call__(self, q, k):
+    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+    q2 = jnp.einsum("bqhd,bqhd->bhq", q, q)[..., :, None]
+    k2 = jnp.einsum("bkhd,bkhd->bhk", k, k)[..., None, :]
+    sq_dist = jnp.maximum(q2 + k2 - 2.0 * jnp.einsum("bqhd,bkhd->bhqk", q, k), 0.0)
+    log_sigma = self.log_sigma[...]
+    if not self.learn_sigma:  # fixed width: the parameter exists but never moves
+      log_sigma = jax.lax.stop_gradient(log_sigma)
+    inv_two_var = 0.5 * jnp.exp(-2.0 * log_sigma)[None, :, None, None]
+    return -sq_dist * inv_two_var
+
+
+SCORES: dict[str, type[nnx.Module]] = {
+    "scaled_dot": ScaledDot,
+    "dot": Dot,
+    "additive": Additive,
+    "gaussian": Gaussian,
+}
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+  """[b, tq], [b, tk] segment ids (0 = padding) -> [b, 1, tq, tk]: same non-pad segment."""
+  same = q_segments[:, :, None] == k_segments[:, None, :]
+  real = (q_segments[:, :, None] != 0) & (k_segments[:, None, :] != 0)
+  return (same & real)[:, None]
+
+
+def causal_mask(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+  """Keys at positions ≤ the query's: [b, 1, tq, tk]."""
+  return (k_positions[:, None, :] <= q_positions[:, :, None])[:, None]
+
+
+def full_window(q_positions, k_positions, size: int) -> jax.Array:
+  del k_positions, size
+  return jnp.ones((q_positions.shape[0], 1, q_positions.shape[1], 1), bool)
+
+
+def local_window(q_positions, k_positions, size: int) -> jax.Array:
+  """Truncated attention: keys within ±size positions of the query, [b, 1, tq, tk]."""
+  offset = q_positions[:, :, None] - k_positions[:, None, :]
+  return (jnp.abs(offset) <= size)[:, None]
+
+
+WINDOWS: dict[str, Callable[[jax.Array, jax.Array, int], jax.Array]] = {
+    "full": full_window,
+    "local": local_window,
+}
+
+
+def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
+  """Softmax over the last axis where masked entries get exactly 0 and all-masked rows are 0."""
+  logits = jnp.where(mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+
+
+# --------------------------------------------------------------------------- layer
+
+
+class MultiHeadAttention(nnx.Module):
+  """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads."""
+
+  def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, rngs: nnx.Rngs):
+    if d_model % num_heads:
+      raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
+    self.num_heads, self.head_dim = num_heads, d_model // num_heads
+    dense = lambda: nnx.Linear(d_model, d_model, use_bias=False, rngs=rngs)  # noqa: E731
+    self.query, self.key, self.value, self.out = dense(), dense(), dense(), dense()
+    self.score = lookup(SCORES, cfg.score, "attention score")(num_heads, self.head_dim, cfg, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.dropout)
+
+  def __call__(
+      self,
+      x_q: jax.Array,
+      x_kv: jax.Array,
+      mask: jax.Array,
+      *,
+      q_positions: jax.Array,
+      k_positions: jax.Array,
+      encoding: PositionalEncoding,
+      rngs: nnx.Rngs | None = None,
+  ) -> jax.Array:
+    """Attends from x_q [b, tq, d_model] to x_kv [b, tk, d_model] under mask [b, 1, tq, tk].
+
+    `encoding` rotates q/k and biases the logits (the identity for cross-attention).
+    `rngs` with a `dropout` stream enables dropout; None means deterministic.
+    """
+    split = lambda x: x.reshape(*x.shape[:2], self.num_heads, self.head_dim)  # noqa: E731
+    q, k, v = split(self.query(x_q)), split(self.key(x_kv)), split(self.value(x_kv))
+    q, k = encoding.rotate(q, k, q_positions, k_positions)
+    logits = self.score(q, k) + encoding.bias(q_positions, k_positions)
+    weights = masked_softmax(logits, mask).astype(v.dtype)
+    weights = self.dropout(weights, deterministic=rngs is None, rngs=rngs)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return self.out(out.reshape(*out.shape[:2], -1))

@@ -1,0 +1,224 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+
+Pure model code: a frozen ModelConfig in, NNX modules out; no file I/O, no flags. The
+pluggable parts (attention score, window, positional encoding, residual placement) are
+chosen once, in constructors, from their registries.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer.attention import (WINDOWS, AttentionConfig, MultiHeadAttention, causal_mask,
+                                   segment_mask)
+from transformer.positions import PositionalEncoding, make_positional_encoding
+from transformer.registry import lookup
+from transformer.vocab import BOS_ID, PAD_ID
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int
+  d_model: int = 512
+  num_heads: int = 8
+  d_ff: int = 2048
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  dropout: float = 0.1  # on embeddings+positions and on every sublayer output
+  position: str = "sinusoidal"  # a key of positions.POSITIONS
+  max_len: int = 512  # longest sequence the `learned` table covers
+  norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
+  share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
+  attention: AttentionConfig = AttentionConfig()
+
+
+# --------------------------------------------------------------------------- residual blocks
+
+
+class PostNorm(nnx.Module):
+  """LayerNorm(x + Dropout(sublayer(x))), as in the paper."""
+
+  final_norm = False  # the stack output is already normalised
+
+  def __init__(self, d_model: int, dropout: float, *, rngs: nnx.Rngs):
+    self.norm = nnx.LayerNorm(d_model, epsilon=1e-6, rngs=rngs)
+    self.dropout = nnx.Dropout(dropout)
+
+  def __call__(self, x, sublayer, rngs):
+    return self.norm(x + self.dropout(sublayer(x), deterministic=rngs is None, rngs=rngs))
+
+
+class PreNorm(PostNorm):
+  """x + Dropout(sublayer(LayerNorm(x))); the stack ends with a LayerNorm."""
+
+  final_norm = True
+
+  def __call__(self, x, sublayer, rngs):
+    return x + self.dropout(sublayer(self.norm(x)), deterministic=rngs is None, rngs=rngs)
+
+
+RESIDUALS: dict[str, type[PostNorm]] = {"post": PostNorm, "pre": PreNorm}
+
+
+class FeedForward(nnx.Module):
+  """max(0, x W_1 + b_1) W_2 + b_2."""
+
+  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs):
+    self.wi = nnx.Linear(d_model, d_ff, rngs=rngs)
+    self.wo = nnx.Linear(d_ff, d_model, rngs=rngs)
+
+  def __call__(self, x):
+    return self.wo(jax.nn.relu(self.wi(x)))
+
+
+# The identity encoding: cross-attention relates two different sequences' positions.
+NO_POSITION = PositionalEncoding(0, 1, 0, rngs=None)
+
+
+class EncoderLayer(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    residual = lookup(RESIDUALS, cfg.norm, "norm")
+    self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention, rngs=rngs)
+    self.attention_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
+    self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs)
+    self.ffn_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
+
+  def __call__(self, x, mask, positions, encoding, rngs):
+    attend = lambda y: self.self_attention(  # noqa: E731
+        y, y, mask, q_positions=positions, k_positions=positions, encoding=encoding, rngs=rngs)
+    x = self.attention_block(x, attend, rngs)
+    return self.ffn_block(x, self.ffn, rngs)
+
+
+class DecoderLayer(EncoderLayer):
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs=rngs)
+    residual = lookup(RESIDUALS, cfg.norm, "norm")
+    self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention, rngs=rngs)
+    self.cross_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
+
+  def __call__(self, x, mask, positions, encoding, rngs, *, encoded, cross_mask, encoded_positions):
+    attend = lambda y: self.self_attention(  # noqa: E731
+        y, y, mask, q_positions=positions, k_positions=positions, encoding=encoding, rngs=rngs)
+    x = self.attention_block(x, attend, rngs)
+    cross = lambda y: self.cross_attention(  # noqa: E731
+        y, encoded, cross_mask, q_positions=positions, k_positions=encoded_positions,
+        encoding=NO_POSITION, rngs=rngs)
+    x = self.cross_block(x, cross, rngs)
+    return self.ffn_block(x, self.ffn, rngs)
+
+
+class Stack(nnx.Module):
+  """Positional encoding, embedding dropout, N layers and (pre-LN) a final LayerNorm."""
+
+  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
+    self.position = make_positional_encoding(
+        cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len, rngs=rngs)
+    self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
+    self.window_size = cfg.attention.window_size
+    self.dropout = nnx.Dropout(cfg.dropout)
+    self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
+    has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
+    self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, rngs=rngs) if has_final else None
+
+  def __call__(self, x, positions, mask, rngs, **cross):
+    x = self.position.embed(x, positions)
+    x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
+    mask = mask & self.window(positions, positions, self.window_size)
+    for layer in self.layers:
+      x = layer(x, mask, positions, self.position, rngs, **cross)
+    return x if self.final_norm is None else self.final_norm(x)
+
+
+class Embeddings(nnx.Module):
+  """Token embeddings scaled by √d_model and the pre-softmax projection.
+
+  Shared: one matrix E for source, target and logits = y Eᵀ (paper, 3.4). Otherwise
+  separate source and target tables and an output layer.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    init = nnx.initializers.normal(cfg.d_model ** -0.5)  # unit variance after the √d scale
+    embed = lambda: nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=init, rngs=rngs)  # noqa: E731
+    self.scale = math.sqrt(cfg.d_model)
+    self.source_table = embed()
+    if cfg.share_embeddings:
+      self.target_table, self.output = None, None
+    else:
+      self.target_table = embed()
+      self.output = nnx.Linear(cfg.d_model, cfg.vocab_size, rngs=rngs)
+
+  def source(self, tokens):
+    return self.source_table(tokens) * self.scale
+
+  def target(self, tokens):
+    return (self.target_table or self.source_table)(tokens) * self.scale
+
+  def logits(self, y):
+    return self.source_table.attend(y) if self.output is None else self.output(y)
+
+
+def default_positions(tokens: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def default_segments(tokens: jax.Array) -> jax.Array:
+  return (tokens != PAD_ID).astype(jnp.int32)
+
+
+def shift_right(targets: jax.Array, positions: jax.Array) -> jax.Array:
+  """Decoder inputs: each segment's tokens moved one step right with BOS at its position 0."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  return jnp.where(positions == 0, BOS_ID, shifted)
+
+
+class Transformer(nnx.Module):
+  """Encoder-decoder Transformer.
+
+  Token arrays are int32 [batch, length]; positions restart at 0 in each segment and
+  segment ids are 0 on padding (defaults: one segment, positions 0..length-1).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embeddings = Embeddings(cfg, rngs=rngs)
+    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
+    self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs)
+
+  def encode(self, inputs, positions=None, segments=None, *, rngs=None):
+    """inputs [b, s] -> encoded [b, s, d_model]."""
+    positions = default_positions(inputs) if positions is None else positions
+    segments = default_segments(inputs) if segments is None else segments
+    x = self.embeddings.source(inputs)
+    return self.encoder(x, positions, segment_mask(segments, segments), rngs)
+
+  def decode(self, encoded, inputs_segments, decoder_inputs, positions=None, segments=None,
+             *, inputs_positions=None, rngs=None):
+    """encoded [b, s, d], decoder_inputs [b, t] -> logits [b, t, vocab] (float32)."""
+    positions = default_positions(decoder_inputs) if positions is None else positions
+    segments = default_segments(decoder_inputs) if segments is None else segments
+    inputs_positions = (default_positions(inputs_segments) if inputs_positions is None
+                        else inputs_positions)
+    x = self.embeddings.target(decoder_inputs)
+    mask = segment_mask(segments, segments) & causal_mask(positions, positions)
+    y = self.decoder(x, positions, mask, rngs, encoded=encoded,
+                     cross_mask=segment_mask(segments, inputs_segments),
+                     encoded_positions=inputs_positions)
+    return self.embeddings.logits(y).astype(jnp.float32)
+
+  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Teacher-forced logits [b, t, vocab] for a batch with keys `inputs`, `targets` and
+    optional `{inputs,targets}_{positions,segmentation}`."""
+    inputs, targets = batch["inputs"], batch["targets"]
+    in_pos = batch.get("inputs_positions", default_positions(inputs))
+    in_seg = batch.get("inputs_segmentation", default_segments(inputs))
+    tgt_pos = batch.get("targets_positions", default_positions(targets))
+    tgt_seg = batch.get("targets_segmentation", default_segments(targets))
+    encoded = self.encode(inputs, in_pos, in_seg, rngs=rngs)
+    return self.decode(encoded, in_seg, shift_right(targets, tgt_pos), tgt_pos, tgt_seg,
+                       inputs_positions=in_pos, rngs=rngs)
