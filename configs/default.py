@@ -47,14 +47,14 @@ def get_config() -> ml_collections.ConfigDict:
   # Optimization: AdamW(0.9, 0.98, 1e-9), lr = learning_rate · d^-0.5 · min(n^-0.5, n·warmup^-1.5).
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 64
-  config.train.num_steps = 3000
-  config.train.learning_rate = 1.0
-  config.train.warmup_steps = 400
+  config.train.num_steps = 2000
+  config.train.learning_rate = 0.25
+  config.train.warmup_steps = 200
   config.train.label_smoothing = 0.0
   config.train.weight_decay = 0.0
   config.train.grad_clip_norm = 0.0  # 0: off
   config.train.log_every = 100
-  config.train.eval_every = 1000  # 0: only at the end
+  config.train.eval_every = 500  # 0: only at the end
   config.train.checkpoint_every = 1000
   config.train.keep_checkpoints = 3
 

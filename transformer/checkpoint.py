@@ -25,19 +25,16 @@ def save(mngr: ocp.CheckpointManager, step: int, state) -> None:
     mngr.save(step, args=ocp.args.StandardSave(state), force=True)
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state, step: int | None = None):
-  """Restores `step` (default: the latest) into the structure, shapes and shardings of
-  `abstract_state` (e.g. from jax.eval_shape). Returns (step, state)."""
+def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | None = None):
+  """Restores `step` (default: the latest) into the structure and shapes of `abstract_state`
+  (e.g. from jax.eval_shape), placed with `shardings` (a matching pytree), so a checkpoint
+  loads onto whatever mesh the current run has. Returns (step, state)."""
   steps = mngr.all_steps()
   if not steps:
     raise ConfigError(f"no checkpoints in {mngr.directory}")
   step = max(steps) if step is None else step
   if step not in steps:
     raise ConfigError(f"no checkpoint at step {step} in {mngr.directory}; steps: {sorted(steps)}")
-  state = mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
-  return step, state
-
-
-def abstract_like(tree):
-  """ShapeDtypeStructs (with shardings) for restoring into the layout of `tree`."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+  target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                        abstract_state, shardings)
+  return step, mngr.restore(step, args=ocp.args.StandardRestore(target))

@@ -2,8 +2,10 @@
 
 import contextlib
 import logging
+import re
 import sys
 
+from absl import flags
 from absl import logging as absl_logging
 
 from transformer.registry import ConfigError
@@ -17,7 +19,7 @@ def setup_logging() -> None:
   logger.addHandler(handler)
   logger.setLevel(logging.INFO)
   logger.propagate = False
-  absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every save step at INFO
+  absl_logging.set_verbosity(absl_logging.ERROR)  # orbax logs every save step
 
 
 @contextlib.contextmanager
@@ -27,4 +29,25 @@ def config_errors_exit():
     yield
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing for app.run(flags_parser=...): a bad flag, config file or override
+  (`--config.model.positon=rotary`) prints one `error:` line and exits with status 2."""
+  try:
+    argv = flags.FLAGS(argv)
+    if "config" in flags.FLAGS:
+      flags.FLAGS.config.keys()  # config_flags defers a config file's load error to first use
+    return argv
+  except Exception as e:  # noqa: BLE001 - config_flags raises Attribute/Key/Value/OS errors
+    while isinstance(e, (AttributeError, KeyError)) and e.args and isinstance(e.args[0], Exception):
+      e = e.args[0]
+    text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    message = " ".join(str(text).split())
+    key = re.match(r"'(\w+)'", message)
+    culprit = key and next((a for a in argv[1:] if a.startswith("--config.")
+                            and re.search(rf"\.{key.group(1)}\b", a.split("=")[0])), None)
+    where = f"in {culprit}: " if culprit else ""
+    print(f"error: {where}{message}", file=sys.stderr)
     sys.exit(2)

@@ -1,10 +1,13 @@
 """Held-out evaluation: teacher-forced loss and token accuracy, greedy exact match."""
 
+import json
+import os
 
 import jax
 import numpy as np
 from flax import nnx
 
+from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
 from transformer.decoding import greedy_decode
 from transformer.metrics import exact_matches, token_metrics
 
@@ -53,3 +56,30 @@ def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   return padded
 
 
+
+
+def restore_and_evaluate(workdir: str, step: int | None = None,
+                         output: str | None = None) -> tuple[int, dict, str]:
+  """Restores the run in `workdir` (latest checkpoint by default), evaluates every held-out
+  split and writes the metrics as JSON. Returns (step, metrics, output path)."""
+  config = workdir_lib.load_config(workdir)
+  task = experiment.make_task(config)
+  graphdef, init = experiment.make_init(config, task.vocab_size, experiment.make_optimizer(config))
+  abstract = jax.eval_shape(init)
+  replicated = jax.tree.map(lambda _: sharding.replicated(sharding.make_mesh()), abstract)
+  step, state = checkpoint.restore(checkpoint.manager(workdir, read_only=True), abstract,
+                                   replicated, step)
+  results = Evaluator(graphdef, config.eval.batch_size).evaluate(
+      state["params"], experiment.eval_data(config, task))
+  output = output or os.path.join(workdir, f"eval_step_{step}.json")
+  with open(output, "w") as f:
+    json.dump({"step": step, "workdir": os.path.abspath(workdir), "splits": results}, f, indent=2)
+  return step, results, output
+
+
+def format_table(results: dict[str, dict[str, float]]) -> str:
+  rows = [f"{'split':<10}{'examples':>10}{'loss':>10}{'accuracy':>10}{'exact':>10}"]
+  for name, m in results.items():
+    rows.append(f"{name:<10}{m['examples']:>10d}{m['loss']:>10.4f}{m['accuracy']:>10.4f}"
+                f"{m['exact_match']:>10.4f}")
+  return "\n".join(rows)

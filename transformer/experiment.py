@@ -5,12 +5,15 @@ The only module that reads the config object; everything it builds takes plain v
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import nnx
 
 from transformer import optim
 from transformer.attention import AttentionConfig
+from transformer.data import synthetic
 from transformer.data.synthetic import SyntheticTask
 from transformer.model import ModelConfig, Transformer
 from transformer.registry import ConfigError
@@ -51,3 +54,22 @@ def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   return optim.make_optimizer(make_schedule(config), weight_decay=config.train.weight_decay,
                               grad_clip_norm=config.train.grad_clip_norm)
+
+
+def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer):
+  """Returns (graphdef, init) where init() builds the train state: a dict of
+  `step`, `params` (a pure dict) and `opt_state`."""
+  graphdef = nnx.graphdef(nnx.eval_shape(
+      lambda: build_model(config, vocab_size, config.seed)))
+
+  def init():
+    params = nnx.to_pure_dict(nnx.state(build_model(config, vocab_size, config.seed)))
+    return {"step": jnp.zeros((), jnp.int32), "params": params,
+            "opt_state": optimizer.init(params)}
+
+  return graphdef, init
+
+
+def eval_data(config: ml_collections.ConfigDict, task: synthetic.SyntheticTask):
+  return synthetic.eval_splits(task, config.seed, config.eval.num_examples,
+                               config.task.longer_max_len)

@@ -1,8 +1,6 @@
 """Training: one jitted train step over a device mesh, orbax checkpoints, exact resume."""
 
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -13,29 +11,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from transformer import checkpoint, experiment, sharding
+from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
 from transformer.data import synthetic
 from transformer.evaluation import Evaluator
 from transformer.metrics import token_metrics
-from transformer.registry import ConfigError
 
-CONFIG_FILE = "config.json"
-METRICS_FILE = "metrics.jsonl"
 log = logging.getLogger("transformer")
-
-
-def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer):
-  """Returns (graphdef, init) where init() builds the train state: a dict of
-  `step`, `params` (a pure dict) and `opt_state`."""
-  graphdef = nnx.graphdef(nnx.eval_shape(
-      lambda: experiment.build_model(config, vocab_size, config.seed)))
-
-  def init():
-    params = nnx.to_pure_dict(nnx.state(experiment.build_model(config, vocab_size, config.seed)))
-    return {"step": jnp.zeros((), jnp.int32), "params": params,
-            "opt_state": optimizer.init(params)}
-
-  return graphdef, init
 
 
 def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int):
@@ -61,62 +42,16 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
   return train_step
 
 
-def _flatten(d, prefix=""):
-  out = {}
-  for k, v in d.items():
-    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-  return out
-
-
-def prepare_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes the resolved config; refuses a workdir whose run has another model or task."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  resolved = json.loads(config.to_json_best_effort())
-  if os.path.exists(path):
-    with open(path) as f:
-      saved = json.load(f)
-    for section in ("task", "model"):
-      new, old = _flatten(resolved.get(section, {})), _flatten(saved.get(section, {}))
-      changed = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
-      if changed:
-        raise ConfigError(
-            f"workdir {workdir} holds a run with a different config.{section} "
-            f"(differs in: {', '.join(changed)}); use a new --workdir")
-  os.makedirs(workdir, exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(resolved, f, indent=2)
-  os.replace(path + ".tmp", path)
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
-    raise ConfigError(f"{workdir} has no {CONFIG_FILE}: not a training workdir")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
-
-
-def append_metrics(workdir: str, record: dict) -> None:
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, METRICS_FILE), "a") as f:
-      f.write(json.dumps(record) + "\n")
-
-
 def _format_duration(seconds: float) -> str:
   m, s = divmod(int(seconds), 60)
   return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
-
-
-def eval_data(config: ml_collections.ConfigDict, task: synthetic.SyntheticTask):
-  return synthetic.eval_splits(task, config.seed, config.eval.num_examples,
-                               config.task.longer_max_len)
 
 
 def log_eval(workdir: str, step: int, results: dict[str, dict[str, float]]) -> None:
   for split, m in results.items():
     log.info("eval %s step %d | loss %.4f | acc %.4f | exact match %.4f (%d examples)",
                  split, step, m["loss"], m["accuracy"], m["exact_match"], m["examples"])
-    append_metrics(workdir, {"step": step, "split": split, **m})
+    workdir_lib.append_metrics(workdir, {"step": step, "split": split, **m})
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -130,18 +65,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   task = experiment.make_task(config)
   optimizer = experiment.make_optimizer(config)
   schedule = experiment.make_schedule(config)
-  graphdef, init = make_init(config, task.vocab_size, optimizer)  # validates the model config
+  graphdef, init = experiment.make_init(config, task.vocab_size, optimizer)  # validates the model config
   mesh = sharding.make_mesh()
   sharding.check_batch_size(train_cfg.batch_size, mesh)
-  prepare_workdir(config, workdir)  # nothing is written before the config is known good
+  workdir_lib.prepare(config, workdir)  # nothing is written before the config is known good
 
   state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), jax.eval_shape(init))
   batch_sharding = sharding.batch_sharding(mesh)
   mngr = checkpoint.manager(workdir, max_to_keep=train_cfg.keep_checkpoints)
   if mngr.latest_step() is not None:
-    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                            jax.eval_shape(init), state_sharding)
-    step, state = checkpoint.restore(mngr, abstract)
+    step, state = checkpoint.restore(mngr, jax.eval_shape(init), state_sharding)
     log.info("resuming from the checkpoint at step %d in %s", step, mngr.directory)
   else:
     state = jax.jit(init, out_shardings=state_sharding)()
@@ -156,7 +89,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       donate_argnums=0)
   batches = synthetic.train_dataset(task, config.seed, train_cfg.batch_size)
   evaluator = Evaluator(graphdef, config.eval.batch_size)
-  splits = eval_data(config, task)
+  splits = experiment.eval_data(config, task)
 
   sums, interval_start, interval_steps, timed_steps, timed_seconds = [], time.time(), 0, 0, 0.0
   while step < train_cfg.num_steps:
@@ -182,11 +115,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                    record["learning_rate"], f"{record['tokens_per_sec']:,.0f}",
                    record["ms_per_step"],
                    _format_duration(sec_per_step * (train_cfg.num_steps - step)))
-      append_metrics(workdir, record)
+      workdir_lib.append_metrics(workdir, record)
       sums, interval_start, interval_steps = [], time.time(), 0
     if step == train_cfg.num_steps or (train_cfg.eval_every and step % train_cfg.eval_every == 0):
+      eval_start = time.time()
       log_eval(workdir, step, evaluator.evaluate(state["params"], splits))
-      interval_start = time.time()  # evaluation time is not training throughput
+      interval_start += time.time() - eval_start  # evaluation time is not training throughput
     stopping = should_stop()
     if step % train_cfg.checkpoint_every == 0 or step == train_cfg.num_steps or stopping:
       checkpoint.save(mngr, step, state)

@@ -1,0 +1,31 @@
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pytest  # noqa: E402
+
+from configs import default  # noqa: E402
+
+
+def make_tiny_config(**overrides):
+  """The default config shrunk to a model and task that train in seconds."""
+  config = default.get_config()
+  config.task.update(name="copy", num_symbols=6, min_len=1, max_len=5, longer_max_len=7)
+  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+                      num_decoder_layers=1, max_len=16)
+  config.train.update(batch_size=32, num_steps=40, warmup_steps=20, learning_rate=0.5,
+                      log_every=10, eval_every=0, checkpoint_every=10, keep_checkpoints=10)
+  config.eval.update(num_examples=64, batch_size=32)
+  for key, value in overrides.items():
+    *sections, field = key.split(".")
+    node = config
+    for section in sections:
+      node = node[section]
+    node[field] = value
+  return config
+
+
+@pytest.fixture
+def tiny_config():
+  return make_tiny_config

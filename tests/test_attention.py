@@ -1,0 +1,176 @@
+"""Scorers against their formulas, attention against a direct computation, masks."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from transformer.attention import (SCORES, WINDOWS, AttentionConfig, MultiHeadAttention,
+                                   causal_mask, local_window, masked_softmax, segment_mask)
+from transformer.positions import PositionalEncoding
+from transformer.registry import ConfigError
+
+B, TQ, TK, H, D = 2, 3, 4, 2, 4
+NONE = PositionalEncoding(0, 1, 0, rngs=None)
+
+
+def _qk(seed=0):
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(B, TQ, H, D)).astype(np.float32),
+          rng.normal(size=(B, TK, H, D)).astype(np.float32))
+
+
+def _make_score(name, **cfg):
+  return SCORES[name](H, D, AttentionConfig(score=name, **cfg), rngs=nnx.Rngs(0))
+
+
+def test_scaled_dot_formula():
+  q, k = _qk()
+  expected = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(D)
+  np.testing.assert_allclose(_make_score("scaled_dot")(q, k), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_dot_formula():
+  q, k = _qk()
+  np.testing.assert_allclose(_make_score("dot")(q, k), np.einsum("bqhd,bkhd->bhqk", q, k),
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_additive_formula():
+  q, k = _qk()
+  score = _make_score("additive", additive_dim=5)
+  wq, wk, wv = (np.asarray(p[...]) for p in (score.w_q, score.w_k, score.w_v))
+  expected = np.zeros((B, H, TQ, TK), np.float32)
+  for b in range(B):
+    for h in range(H):
+      for i in range(TQ):
+        for j in range(TK):
+          expected[b, h, i, j] = wv[h] @ np.tanh(q[b, i, h] @ wq[h] + k[b, j, h] @ wk[h])
+  np.testing.assert_allclose(score(q, k), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sigma", [0.7, 2.0])
+def test_gaussian_formula(sigma):
+  q, k = _qk()
+  score = _make_score("gaussian", gaussian_sigma=sigma)
+  sq = ((q[:, :, None] - k[:, None, :]) ** 2).sum(-1)  # [b, q, k, h]
+  expected = np.transpose(-sq / (2 * sigma ** 2), (0, 3, 1, 2))
+  np.testing.assert_allclose(score(q, k), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_gaussian_default_width_and_fixed_sigma_gets_no_gradient():
+  assert np.allclose(np.exp(_make_score("gaussian").log_sigma[...]), D ** 0.25)
+  q, k = _qk()
+  for learn, moves in ((True, True), (False, False)):
+    score = _make_score("gaussian", learn_sigma=learn)
+    grads = nnx.grad(lambda s: jnp.sum(s(q, k) ** 2))(score)
+    assert bool(jnp.any(grads["log_sigma"][...] != 0)) == moves
+
+
+def test_unknown_score_lists_choices():
+  with pytest.raises(ConfigError, match="unknown attention score 'cosine'; choose one of: "
+                                        "additive, dot, gaussian, scaled_dot"):
+    MultiHeadAttention(8, 2, AttentionConfig(score="cosine"), rngs=nnx.Rngs(0))
+
+
+def test_heads_must_divide_d_model():
+  with pytest.raises(ConfigError, match=r"num_heads \(3\) must divide d_model \(8\)"):
+    MultiHeadAttention(8, 3, AttentionConfig(), rngs=nnx.Rngs(0))
+
+
+def _attention(score="scaled_dot", d_model=8, heads=2):
+  return MultiHeadAttention(d_model, heads, AttentionConfig(score=score), rngs=nnx.Rngs(0))
+
+
+def _call(attn, xq, xkv, mask):
+  b, tq, tk = xq.shape[0], xq.shape[1], xkv.shape[1]
+  return attn(xq, xkv, mask, q_positions=jnp.broadcast_to(jnp.arange(tq), (b, tq)),
+              k_positions=jnp.broadcast_to(jnp.arange(tk), (b, tk)), encoding=NONE)
+
+
+def test_scaled_dot_attention_equals_direct_softmax():
+  rng = np.random.default_rng(0)
+  xq, xkv = rng.normal(size=(B, TQ, 8)), rng.normal(size=(B, TK, 8))
+  attn = _attention()
+  out = _call(attn, jnp.asarray(xq, jnp.float32), jnp.asarray(xkv, jnp.float32),
+              jnp.ones((B, 1, TQ, TK), bool))
+  wq, wk, wv, wo = (np.asarray(m.kernel[...], np.float64)
+                    for m in (attn.query, attn.key, attn.value, attn.out))
+  heads = []
+  for h in range(2):
+    sl = slice(4 * h, 4 * h + 4)
+    q, k, v = xq @ wq[:, sl], xkv @ wk[:, sl], xkv @ wv[:, sl]
+    logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(4)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    heads.append((w / w.sum(-1, keepdims=True)) @ v)
+  expected = np.concatenate(heads, -1) @ wo
+  np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_masked_softmax_gives_exact_zeros_and_no_nan():
+  logits = jnp.asarray(np.random.default_rng(0).normal(size=(1, 1, 3, 4)) * 50, jnp.float32)
+  mask = jnp.array([[[[1, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]]]], bool)
+  w = np.asarray(masked_softmax(logits, mask))
+  assert np.all(w[~np.asarray(mask)] == 0.0)
+  np.testing.assert_allclose(w[0, 0, :2].sum(-1), 1.0, rtol=1e-6)
+  assert w[0, 0, 1, 3] == 1.0
+  assert np.all(w[0, 0, 2] == 0.0) and not np.isnan(w).any()
+  grads = jax.grad(lambda x: jnp.sum(masked_softmax(x, mask) ** 2))(logits)
+  assert not np.isnan(np.asarray(grads)).any()
+
+
+@pytest.mark.parametrize("score", sorted(SCORES))
+def test_masked_keys_do_not_influence_output(score):
+  """Changing the keys/values at masked positions leaves every output unchanged."""
+  rng = np.random.default_rng(1)
+  attn = _attention(score)
+  xq = jnp.asarray(rng.normal(size=(1, 4, 8)), jnp.float32)
+  xkv = rng.normal(size=(1, 4, 8)).astype(np.float32)
+  pos = jnp.arange(4)[None]
+  mask = causal_mask(pos, pos)
+  base = _call(attn, xq, jnp.asarray(xkv), mask)
+  for t in range(1, 4):  # perturb key/value t: outputs of queries < t must not move
+    changed = xkv.copy()
+    changed[0, t] += 10.0
+    out = _call(attn, xq, jnp.asarray(changed), mask)
+    np.testing.assert_array_equal(out[0, :t], base[0, :t])
+    assert not np.allclose(out[0, t:], base[0, t:])
+
+
+def test_fully_masked_query_outputs_zero():
+  attn = _attention()
+  x = jnp.ones((1, 3, 8))
+  seg = jnp.array([[1, 1, 0]])
+  out = _call(attn, x, x, segment_mask(seg, seg))
+  assert not np.isnan(np.asarray(out)).any()
+  np.testing.assert_array_equal(out[0, 2], 0.0)
+
+
+def test_segment_mask_blocks_padding_and_other_segments():
+  seg = jnp.array([[1, 1, 2, 2, 0]])
+  m = np.asarray(segment_mask(seg, seg))[0, 0]
+  s = np.asarray(seg)[0]
+  expected = (s[:, None] == s[None, :]) & (s[:, None] != 0) & (s[None, :] != 0)
+  np.testing.assert_array_equal(m, expected)
+
+
+def test_causal_mask_uses_positions():
+  pos = jnp.array([[0, 1, 2, 0, 1]])  # two packed segments
+  m = np.asarray(causal_mask(pos, pos))[0, 0]
+  p = np.asarray(pos)[0]
+  np.testing.assert_array_equal(m, p[None, :] <= p[:, None])
+
+
+@pytest.mark.parametrize("size", [0, 1, 3])
+def test_local_window_matches_numpy_reference(size):
+  pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+  m = np.asarray(local_window(pos, pos, size))[0, 0]
+  i, j = np.meshgrid(np.arange(9), np.arange(9), indexing="ij")
+  np.testing.assert_array_equal(m, np.abs(i - j) <= size)
+
+
+def test_windows_registry():
+  pos = jnp.arange(4)[None]
+  assert np.asarray(WINDOWS["full"](pos, pos, 1)).all()
+  assert set(WINDOWS) == {"full", "local"}

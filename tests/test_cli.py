@@ -1,0 +1,91 @@
+"""train.py and eval.py as a user runs them: errors, SIGTERM and resume, eval output."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config.task.name=copy", "--config.task.num_symbols=6", "--config.task.max_len=5",
+        "--config.task.longer_max_len=7", "--config.model.d_model=32", "--config.model.d_ff=64",
+        "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1", "--config.train.batch_size=16",
+        "--config.train.log_every=5", "--config.train.eval_every=0",
+        "--config.eval.num_examples=32", "--config.eval.batch_size=32"]
+
+
+def _run(script, *args, timeout=180):
+  return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def _train_args(workdir, *extra):
+  return ["--config", os.path.join(ROOT, "configs", "default.py"), "--workdir", workdir, *extra]
+
+
+def _assert_one_line_error(result, *fragments):
+  assert result.returncode == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("override,fragments", [
+    ("--config.model.attention.score=cosine",
+     ["unknown attention score 'cosine'", "additive, dot, gaussian, scaled_dot"]),
+    ("--config.model.position=absolute",
+     ["unknown position 'absolute'", "learned, none, rotary, sinusoidal"]),
+    ("--config.task.name=rev", ["unknown task 'rev'", "copy, reverse, sort"]),
+    ("--config.model.positon=rotary", ["--config.model.positon", 'Did you mean "position"']),
+    ("--config.train.batch_size=many", ["batch_size", "'many'"]),
+])
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, override, fragments):
+  workdir = tmp_path / "run"
+  _assert_one_line_error(_run("train.py", *_train_args(str(workdir), override)), *fragments)
+  assert not workdir.exists()
+
+
+def test_eval_without_checkpoints(tmp_path):
+  _assert_one_line_error(_run("eval.py", "--workdir", str(tmp_path)), "not a training workdir")
+
+
+def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
+  workdir = str(tmp_path / "run")
+  args = _train_args(workdir, *TINY, "--config.train.num_steps=100000",
+                     "--config.train.checkpoint_every=100000")
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    deadline = time.time() + 120
+    for line in proc.stdout:  # wait until training is under way
+      if "step 10/" in line or time.time() > deadline:
+        break
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, out
+  assert "checkpoint saved" in out
+  steps = [int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+  assert len(steps) == 1 and steps[0] >= 10
+  stopped_at = steps[0]
+
+  resumed = _run("train.py", *_train_args(workdir, *TINY, f"--config.train.num_steps={stopped_at + 5}"))
+  assert resumed.returncode == 0, resumed.stderr
+  assert f"resuming from the checkpoint at step {stopped_at}" in resumed.stdout
+  assert f"step {stopped_at + 5}/{stopped_at + 5}" in resumed.stdout
+
+  result = _run("eval.py", "--workdir", workdir)
+  assert result.returncode == 0, result.stderr
+  assert f"step {stopped_at + 5}" in result.stdout and "longer" in result.stdout
+  path = os.path.join(workdir, f"eval_step_{stopped_at + 5}.json")
+  assert path in result.stdout
+  with open(path) as f:
+    metrics = json.load(f)
+  assert set(metrics["splits"]) == {"valid", "longer"}
+  assert 0.0 <= metrics["splits"]["valid"]["exact_match"] <= 1.0

@@ -1,0 +1,67 @@
+"""Synthetic tasks: determinism, correctness of targets, held-out disjointness, lengths."""
+
+import numpy as np
+import pytest
+
+from transformer.data.synthetic import SyntheticTask, eval_splits, train_dataset
+from transformer.registry import ConfigError
+from transformer.vocab import EOS_ID, NUM_RESERVED
+
+
+def _strip(row):
+  return row[:list(row).index(EOS_ID)]
+
+
+@pytest.mark.parametrize("name,fn", [("reverse", lambda s: s[::-1]), ("copy", lambda s: s),
+                                     ("sort", sorted)])
+def test_targets_follow_the_task(name, fn):
+  task = SyntheticTask(name, num_symbols=8, min_len=2, max_len=9)
+  batch = train_dataset(task, seed=3, batch_size=16)[5]
+  assert batch["inputs"].shape == batch["targets"].shape == (16, 10)
+  for src, tgt in zip(batch["inputs"], batch["targets"]):
+    s, t = _strip(src), _strip(tgt)
+    assert 2 <= len(s) <= 9
+    assert all(NUM_RESERVED <= x < task.vocab_size for x in s)
+    np.testing.assert_array_equal(t, fn(s))
+
+
+def test_batches_are_a_pure_function_of_seed_and_step():
+  task = SyntheticTask("reverse")
+  a, b = train_dataset(task, 0, 8), train_dataset(task, 0, 8)
+  np.testing.assert_array_equal(a[7]["inputs"], b[7]["inputs"])
+  assert not np.array_equal(a[7]["inputs"], a[8]["inputs"])
+  assert not np.array_equal(a[7]["inputs"], train_dataset(task, 1, 8)[7]["inputs"])
+
+
+def test_positions_and_segments_describe_the_padding():
+  batch = train_dataset(SyntheticTask("copy", max_len=6), 0, 4)[0]
+  for key in ("inputs", "targets"):
+    seg = batch[f"{key}_segmentation"]
+    np.testing.assert_array_equal(seg, batch[key] != 0)
+    np.testing.assert_array_equal(batch[f"{key}_positions"], np.arange(7) * seg)
+
+
+def test_heldout_strings_never_appear_in_training():
+  task = SyntheticTask("reverse", num_symbols=4, min_len=1, max_len=4, heldout_modulus=5)
+  splits = eval_splits(task, seed=0, num_examples=200, longer_max_len=6)
+  heldout = {tuple(_strip(r)) for r in splits["valid"]["inputs"]}
+  ds = train_dataset(task, 0, 64)
+  seen = {tuple(_strip(r)) for i in range(50) for r in ds[i]["inputs"]}
+  assert heldout and not heldout & seen
+  assert len(seen) > 100  # the training stream still covers most of the small string space
+
+
+def test_longer_split_is_longer_than_any_training_example():
+  task = SyntheticTask("reverse", min_len=2, max_len=8)
+  splits = eval_splits(task, seed=0, num_examples=50, longer_max_len=12)
+  lengths = (splits["longer"]["inputs"] != 0).sum(1) - 1  # minus EOS
+  assert lengths.min() == 9 and lengths.max() <= 12
+  valid = (splits["valid"]["inputs"] != 0).sum(1) - 1
+  assert valid.min() >= 2 and valid.max() <= 8
+
+
+def test_bad_task_settings():
+  with pytest.raises(ConfigError, match="unknown task 'revers'; choose one of: copy, reverse, sort"):
+    SyntheticTask("revers")
+  with pytest.raises(ValueError, match="min_len"):
+    SyntheticTask("copy", min_len=5, max_len=3)

@@ -1,0 +1,92 @@
+"""Positional encodings against their formulas and defining properties."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from transformer.positions import POSITIONS, make_positional_encoding, rotate_half_pairs, sinusoid
+from transformer.registry import ConfigError
+
+
+def test_sinusoid_worked_example_d4():
+  table = np.asarray(sinusoid(jnp.arange(2), 4))
+  np.testing.assert_allclose(table[0], [0, 1, 0, 1], atol=1e-7)
+  np.testing.assert_allclose(table[1], [0.8415, 0.5403, 0.0100, 0.9999], atol=1e-4)
+
+
+def test_sinusoid_matches_formula():
+  d, positions = 16, np.arange(50)
+  table = np.asarray(sinusoid(jnp.asarray(positions), d))
+  for i in range(d // 2):
+    angle = positions / 10000 ** (2 * i / d)
+    np.testing.assert_allclose(table[:, 2 * i], np.sin(angle), atol=1e-5)
+    np.testing.assert_allclose(table[:, 2 * i + 1], np.cos(angle), atol=1e-5)
+
+
+def test_sinusoid_offset_is_a_fixed_linear_map():
+  """P_{p+δ} = M_δ P_p with M_δ block-diagonal rotations independent of p."""
+  d, delta = 8, 5
+  table = np.asarray(sinusoid(jnp.arange(40), d), np.float64)
+  m = np.zeros((d, d))
+  for i in range(d // 2):
+    w = delta / 10000 ** (2 * i / d)
+    # [sin(a+w), cos(a+w)] = [[cos w, sin w], [-sin w, cos w]] [sin a, cos a]
+    m[2 * i:2 * i + 2, 2 * i:2 * i + 2] = [[np.cos(w), np.sin(w)], [-np.sin(w), np.cos(w)]]
+  np.testing.assert_allclose(table[:-delta] @ m.T, table[delta:], atol=1e-5)
+
+
+def test_rope_scores_depend_only_on_offset():
+  rng = np.random.default_rng(0)
+  q = jnp.asarray(rng.normal(size=(1, 1, 2, 8)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 1, 2, 8)), jnp.float32)
+
+  def score(m, n):
+    rq = rotate_half_pairs(q, jnp.array([[m]]), 10000.0)
+    rk = rotate_half_pairs(k, jnp.array([[n]]), 10000.0)
+    return np.asarray(jnp.sum(rq * rk, -1))
+
+  np.testing.assert_allclose(score(3, 1), score(12, 10), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(score(0, 7), score(20, 27), rtol=1e-5, atol=1e-5)
+  assert not np.allclose(score(3, 1), score(3, 2), atol=1e-3)
+  # A rotation preserves norms.
+  rq = rotate_half_pairs(q, jnp.array([[9]]), 10000.0)
+  np.testing.assert_allclose(jnp.linalg.norm(rq, axis=-1), jnp.linalg.norm(q, axis=-1), rtol=1e-5)
+
+
+def test_rope_position_zero_is_identity():
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 2, 4)), jnp.float32)
+  np.testing.assert_allclose(rotate_half_pairs(x, jnp.zeros((2, 3), jnp.int32), 10000.0), x)
+
+
+def test_learned_rejects_sequences_longer_than_its_table():
+  enc = make_positional_encoding("learned", 8, 2, 5, rngs=nnx.Rngs(0))
+  ok = enc.embed(jnp.zeros((1, 5, 8)), jnp.arange(5)[None])
+  assert ok.shape == (1, 5, 8)
+  with pytest.raises(ConfigError, match="exceeds the learned position table"):
+    enc.embed(jnp.zeros((1, 6, 8)), jnp.arange(6)[None])
+
+
+@pytest.mark.parametrize("name", sorted(POSITIONS))
+def test_every_encoding_keeps_shapes(name):
+  enc = make_positional_encoding(name, 8, 2, 16, rngs=nnx.Rngs(0))
+  x, pos = jnp.ones((2, 5, 8)), jnp.broadcast_to(jnp.arange(5), (2, 5))
+  assert enc.embed(x, pos).shape == x.shape
+  q = jnp.ones((2, 5, 2, 4))
+  rq, rk = enc.rotate(q, q, pos, pos)
+  assert rq.shape == rk.shape == q.shape
+  assert jnp.broadcast_shapes(enc.bias(pos, pos).shape, (2, 2, 5, 5)) == (2, 2, 5, 5)
+
+
+def test_unknown_position_lists_choices():
+  with pytest.raises(ConfigError, match=r"unknown position 'sinusodal'; choose one of: learned, none"):
+    make_positional_encoding("sinusodal", 8, 2, 16, rngs=nnx.Rngs(0))
+
+
+def test_jit_compatible():
+  enc = make_positional_encoding("rotary", 8, 2, 16, rngs=nnx.Rngs(0))
+  q = jnp.ones((1, 4, 2, 4))
+  pos = jnp.arange(4)[None]
+  out = jax.jit(lambda q: enc.rotate(q, q, pos, pos)[0])(q)
+  assert out.shape == q.shape

@@ -1,0 +1,108 @@
+"""The training loop end to end: learning, exact resume, restore for eval, workdir safety."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from transformer import checkpoint
+from transformer.evaluation import restore_and_evaluate
+from transformer.metrics import cross_entropy
+from transformer.optim import rsqrt_schedule
+from transformer.registry import ConfigError
+from transformer.training import train_and_evaluate
+from transformer.workdir import METRICS_FILE
+
+
+def _records(workdir):
+  with open(os.path.join(workdir, METRICS_FILE)) as f:
+    return [json.loads(line) for line in f]
+
+
+def _params(workdir, step):
+  mngr = checkpoint.manager(workdir, read_only=True)
+  return mngr.restore(step)["params"]
+
+
+def test_rsqrt_schedule_matches_paper_formula():
+  schedule = rsqrt_schedule(512, 4000, scale=2.0)
+  for step in (0, 10, 3999, 4000, 20000):
+    n = step + 1
+    expected = 2.0 * 512 ** -0.5 * min(n ** -0.5, n * 4000 ** -1.5)
+    np.testing.assert_allclose(schedule(step), expected, rtol=1e-6)
+  assert float(schedule(3998)) < float(schedule(3999)) > float(schedule(4001))  # peak at warmup
+
+
+def test_label_smoothing_cross_entropy_formula():
+  logits = np.log(np.array([[[0.7, 0.2, 0.1]]]))
+  targets, weights = np.array([[0]]), np.ones((1, 1))
+  eps = 0.3
+  q = (1 - eps) * np.eye(3)[0] + eps / 3
+  expected = -(q * np.log([0.7, 0.2, 0.1])).sum()
+  np.testing.assert_allclose(cross_entropy(logits, targets, weights, eps), expected, rtol=1e-5)
+  np.testing.assert_allclose(cross_entropy(logits, targets, weights), -np.log(0.7), rtol=1e-5)
+
+
+def test_tiny_model_learns_copy_and_eval_restores_it(tmp_path, tiny_config):
+  workdir = str(tmp_path / "run")
+  config = tiny_config(**{"train.num_steps": 300, "train.log_every": 50,
+                          "train.checkpoint_every": 100})
+  assert train_and_evaluate(config, workdir) == 300
+  records = _records(workdir)
+  train = [r for r in records if r["split"] == "train"]
+  assert train[-1]["loss"] < 0.25 * train[0]["loss"]
+  final = {r["split"]: r for r in records if r["split"] != "train"}
+  assert final["valid"]["exact_match"] >= 0.9, final
+  # eval.py's path restores the checkpoint and reproduces the training-time metrics.
+  step, results, path = restore_and_evaluate(workdir)
+  assert step == 300 and os.path.exists(path)
+  for split in ("valid", "longer"):
+    for key in ("loss", "accuracy", "exact_match"):
+      np.testing.assert_allclose(results[split][key], final[split][key], rtol=1e-5)
+
+
+def test_resume_reaches_the_same_parameters(tmp_path, tiny_config):
+  config = tiny_config(**{"model.dropout": 0.1})  # dropout keys must resume too
+  straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
+  train_and_evaluate(config, straight)
+  calls = []
+  stopped = train_and_evaluate(config, resumed, should_stop=lambda: calls.append(1) or len(calls) == 17)
+  assert stopped == 17
+  assert checkpoint.manager(resumed, read_only=True).latest_step() == 17
+  assert train_and_evaluate(config, resumed) == 40
+  a, b = _params(straight, 40), _params(resumed, 40)
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
+  # The run actually moved: final parameters differ from the first checkpoint's.
+  first = _params(straight, 10)
+  assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(a)))
+
+
+def test_workdir_with_another_model_is_refused_and_untouched(tmp_path, tiny_config):
+  workdir = str(tmp_path / "run")
+  config = tiny_config(**{"train.num_steps": 10})
+  train_and_evaluate(config, workdir)
+  before = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
+  changed = tiny_config(**{"train.num_steps": 20, "model.d_ff": 48})
+  with pytest.raises(ConfigError, match=r"different config.model \(differs in: d_ff\)"):
+    train_and_evaluate(changed, workdir)
+  after = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
+  assert before == after
+  assert checkpoint.manager(workdir, read_only=True).all_steps() == [10]
+
+
+def test_bad_name_fails_before_writing_anything(tmp_path, tiny_config):
+  workdir = tmp_path / "run"
+  with pytest.raises(ConfigError, match="unknown attention score 'dott'"):
+    train_and_evaluate(tiny_config(**{"model.attention.score": "dott"}), str(workdir))
+  assert not workdir.exists()
+
+
+def test_eval_without_checkpoints_is_a_clear_error(tmp_path, tiny_config):
+  with pytest.raises(ConfigError, match="not a training workdir"):
+    restore_and_evaluate(str(tmp_path))
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(tiny_config(**{"train.num_steps": 10}), workdir)
+  with pytest.raises(ConfigError, match=r"no checkpoint at step 7 .* steps: \[10\]"):
+    restore_and_evaluate(workdir, step=7)
