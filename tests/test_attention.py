@@ -85,8 +85,10 @@ def _attention(score="scaled_dot", d_model=8, heads=2):
 
 def _call(attn, xq, xkv, mask):
   b, tq, tk = xq.shape[0], xq.shape[1], xkv.shape[1]
-  return attn(xq, xkv, mask, q_positions=jnp.broadcast_to(jnp.arange(tq), (b, tq)),
-              k_positions=jnp.broadcast_to(jnp.arange(tk), (b, tk)), encoding=NONE)
+  k_positions = jnp.broadcast_to(jnp.arange(tk), (b, tk))
+  return attn(xq, attn.keys_values(xkv, k_positions, NONE), mask,
+              q_positions=jnp.broadcast_to(jnp.arange(tq), (b, tq)), k_positions=k_positions,
+              encoding=NONE)
 
 
 def test_scaled_dot_attention_equals_direct_softmax():

@@ -148,11 +148,25 @@ class MultiHeadAttention(nnx.Module):
     self.query, self.key, self.value, self.out = dense(), dense(), dense(), dense()
     self.score = lookup(SCORES, cfg.score, "attention score")(num_heads, self.head_dim, cfg, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
+    self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
+
+  def _heads(self, x: jax.Array) -> jax.Array:
+    return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
+
+  def keys_values(self, x_kv: jax.Array, k_positions: jax.Array,
+                  encoding: PositionalEncoding) -> tuple[jax.Array, jax.Array]:
+    """Per-head keys (position-rotated) and values of x_kv [b, tk, d_model]: [b, tk, h, d] each.
+
+    Computed apart from the queries so that cross-attention K/V are projected once per
+    source sentence and decoder self-attention K/V are cached step by step.
+    """
+    k = encoding.rotate(self._heads(self.key(x_kv)), k_positions)
+    return k, self._heads(self.value(x_kv))
 
   def __call__(
       self,
       x_q: jax.Array,
-      x_kv: jax.Array,
+      kv: tuple[jax.Array, jax.Array],
       mask: jax.Array,
       *,
       q_positions: jax.Array,
@@ -160,16 +174,60 @@ class MultiHeadAttention(nnx.Module):
       encoding: PositionalEncoding,
       rngs: nnx.Rngs | None = None,
   ) -> jax.Array:
-    """Attends from x_q [b, tq, d_model] to x_kv [b, tk, d_model] under mask [b, 1, tq, tk].
+    """Attends from x_q [b, tq, d_model] to kv = keys_values(...) under mask [b, 1, tq, tk].
 
-    `encoding` rotates q/k and biases the logits (the identity for cross-attention).
+    `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
-    split = lambda x: x.reshape(*x.shape[:2], self.num_heads, self.head_dim)  # noqa: E731
-    q, k, v = split(self.query(x_q)), split(self.key(x_kv)), split(self.value(x_kv))
-    q, k = encoding.rotate(q, k, q_positions, k_positions)
+    k, v = kv
+    q = encoding.rotate(self._heads(self.query(x_q)), q_positions)
     logits = self.score(q, k) + encoding.bias(q_positions, k_positions)
     weights = masked_softmax(logits, mask).astype(v.dtype)
     weights = self.dropout(weights, deterministic=rngs is None, rngs=rngs)
     out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
     return self.out(out.reshape(*out.shape[:2], -1))
+
+  def self_attend(self, x, mask, positions, encoding, rngs=None):
+    """Self-attention of x [b, t, d_model]. With a cache (init_self_cache), x holds the next
+    token(s): their keys/values are appended and they attend over everything cached, with
+    `mask` [b, 1, t, cache_len] given against cache positions 0..cache_len-1."""
+    kv = self.keys_values(x, positions, encoding)
+    k_positions = positions
+    if self.cache is not None:
+      kv, k_positions = self.cache.append(kv)
+    return self(x, kv, mask, q_positions=positions, k_positions=k_positions, encoding=encoding,
+                rngs=rngs)
+
+  def cross_attend(self, x, encoded, mask, positions, encoded_positions, encoding, rngs=None):
+    """Attention from x to the encoder output; K/V come from the cache when one was made
+    (init_cross_cache), so decoding projects the source once, not at every step."""
+    kv = (self.cache.k[...], self.cache.v[...]) if self.cache is not None else (
+        self.keys_values(encoded, encoded_positions, encoding))
+    return self(x, kv, mask, q_positions=positions, k_positions=encoded_positions,
+                encoding=encoding, rngs=rngs)
+
+  def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
+    shape = (batch, max_len, self.num_heads, self.head_dim)
+    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+  def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
+    self.cache = KVCache(*self.keys_values(encoded, encoded_positions, encoding))
+
+
+class KVCache(nnx.Module):
+  """Keys and values [b, max_len, h, d] of the positions decoded so far, and their count."""
+
+  def __init__(self, k: jax.Array, v: jax.Array):
+    self.k, self.v = nnx.Cache(k), nnx.Cache(v)
+    self.index = nnx.Cache(jnp.zeros((), jnp.int32))
+
+  def append(self, kv):
+    """Writes kv ([b, t, h, d] each) at the current index; returns the whole cache and the
+    key positions [b, max_len]."""
+    i = self.index[...]
+    self.k[...] = jax.lax.dynamic_update_slice_in_dim(self.k[...], kv[0].astype(self.k.dtype), i, 1)
+    self.v[...] = jax.lax.dynamic_update_slice_in_dim(self.v[...], kv[1].astype(self.v.dtype), i, 1)
+    self.index[...] = i + kv[0].shape[1]
+    b, max_len = self.k.shape[:2]
+    return (self.k[...], self.v[...]), jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32),
+                                                        (b, max_len))

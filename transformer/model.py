@@ -88,8 +88,7 @@ class EncoderLayer(nnx.Module):
     self.ffn_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
 
   def __call__(self, x, mask, positions, encoding, rngs):
-    attend = lambda y: self.self_attention(  # noqa: E731
-        y, y, mask, q_positions=positions, k_positions=positions, encoding=encoding, rngs=rngs)
+    attend = lambda y: self.self_attention.self_attend(y, mask, positions, encoding, rngs)  # noqa: E731
     x = self.attention_block(x, attend, rngs)
     return self.ffn_block(x, self.ffn, rngs)
 
@@ -103,12 +102,10 @@ class DecoderLayer(EncoderLayer):
     self.cross_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
 
   def __call__(self, x, mask, positions, encoding, rngs, *, encoded, cross_mask, encoded_positions):
-    attend = lambda y: self.self_attention(  # noqa: E731
-        y, y, mask, q_positions=positions, k_positions=positions, encoding=encoding, rngs=rngs)
+    attend = lambda y: self.self_attention.self_attend(y, mask, positions, encoding, rngs)  # noqa: E731
     x = self.attention_block(x, attend, rngs)
-    cross = lambda y: self.cross_attention(  # noqa: E731
-        y, encoded, cross_mask, q_positions=positions, k_positions=encoded_positions,
-        encoding=NO_POSITION, rngs=rngs)
+    cross = lambda y: self.cross_attention.cross_attend(  # noqa: E731
+        y, encoded, cross_mask, positions, encoded_positions, NO_POSITION, rngs)
     x = self.cross_block(x, cross, rngs)
     return self.ffn_block(x, self.ffn, rngs)
 
@@ -126,10 +123,13 @@ class Stack(nnx.Module):
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
     self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, rngs=rngs) if has_final else None
 
-  def __call__(self, x, positions, mask, rngs, **cross):
+  def __call__(self, x, positions, mask, rngs, key_positions=None, **cross):
+    """key_positions: those of the self-attention keys when they differ from the queries'
+    (incremental decoding, where the keys are the cache)."""
+    key_positions = positions if key_positions is None else key_positions
     x = self.position.embed(x, positions)
     x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
-    mask = mask & self.window(positions, positions, self.window_size)
+    mask = mask & self.window(positions, key_positions, self.window_size)
     for layer in self.layers:
       x = layer(x, mask, positions, self.position, rngs, **cross)
     return x if self.final_norm is None else self.final_norm(x)
@@ -222,3 +222,26 @@ class Transformer(nnx.Module):
     encoded = self.encode(inputs, in_pos, in_seg, rngs=rngs)
     return self.decode(encoded, in_seg, shift_right(targets, tgt_pos), tgt_pos, tgt_seg,
                        inputs_positions=in_pos, rngs=rngs)
+
+  # ------------------------------------------------------------------ incremental decoding
+
+  def init_decoding(self, encoded, inputs_positions, max_len: int, dtype=jnp.float32) -> None:
+    """Prepares decode_step: empty self-attention caches of max_len positions and the
+    cross-attention K/V of `encoded` [b, s, d], projected once here."""
+    self.decoder.position.check_length(max_len)
+    for layer in self.decoder.layers:
+      layer.self_attention.init_self_cache(encoded.shape[0], max_len, dtype)
+      layer.cross_attention.init_cross_cache(encoded, inputs_positions, NO_POSITION)
+
+  def decode_step(self, tokens, index, inputs_segments, inputs_positions):
+    """Logits [b, vocab] for the next position given the token [b] at position `index`
+    (BOS at 0); appends to the caches made by init_decoding."""
+    b, max_len = tokens.shape[0], self.decoder.layers[0].self_attention.cache.k.shape[1]
+    positions = jnp.full((b, 1), index, jnp.int32)
+    key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
+    x = self.embeddings.target(tokens[:, None])
+    y = self.decoder(x, positions, causal_mask(positions, key_positions), None,
+                     key_positions=key_positions, encoded=None,
+                     cross_mask=segment_mask(jnp.ones((b, 1), jnp.int32), inputs_segments),
+                     encoded_positions=inputs_positions)
+    return self.embeddings.logits(y[:, 0]).astype(jnp.float32)

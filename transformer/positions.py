@@ -2,8 +2,8 @@
 
 An encoding acts at up to three seams, and the layers call all three on every encoding:
   * `embed(x, positions)`: added to the scaled token embeddings (sinusoidal, learned);
-  * `rotate(q, k, q_positions, k_positions)`: applied to queries and keys in every
-    self-attention layer (rotary);
+  * `rotate(x, positions)`: applied to the queries and to the keys in every self-attention
+    layer (rotary);
   * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets).
 The base class is the identity at each seam, so `none` is the base class itself.
 
@@ -30,10 +30,13 @@ class PositionalEncoding(nnx.Module):
     del positions
     return x
 
-  def rotate(self, q, k, q_positions, k_positions):
-    """q: [b, tq, h, d], k: [b, tk, h, d] -> (q, k) of the same shapes."""
-    del q_positions, k_positions
-    return q, k
+  def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Queries or keys x: [b, t, h, d], positions: [b, t] -> [b, t, h, d]."""
+    del positions
+    return x
+
+  def check_length(self, length: int) -> None:
+    """Raises ConfigError if sequences of `length` tokens cannot be encoded."""
 
   def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """-> a logit bias broadcastable to [b, h, tq, tk]."""
@@ -74,12 +77,14 @@ class Learned(PositionalEncoding):
     self.max_len = max_len
     self.table = nnx.Embed(max_len, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
 
-  def embed(self, x, positions):
-    if x.shape[1] > self.max_len:
+  def check_length(self, length):
+    if length > self.max_len:
       raise ConfigError(
-          f"sequence length {x.shape[1]} exceeds the learned position table "
-          f"(model.max_len={self.max_len}); raise model.max_len or use another position"
-      )
+          f"sequence length {length} exceeds the learned position table "
+          f"(model.max_len={self.max_len}); raise model.max_len or use another position")
+
+  def embed(self, x, positions):
+    self.check_length(x.shape[1])
     return x + self.table(positions).astype(x.dtype)
 
 
@@ -111,9 +116,8 @@ class Rotary(PositionalEncoding):
     if head_dim % 2:
       raise ConfigError(f"rotary positions need an even head dimension, got {head_dim}")
 
-  def rotate(self, q, k, q_positions, k_positions):
-    return (rotate_half_pairs(q, q_positions, self.base),
-            rotate_half_pairs(k, k_positions, self.base))
+  def rotate(self, x, positions):
+    return rotate_half_pairs(x, positions, self.base)
 
 
 POSITIONS: dict[str, type[PositionalEncoding]] = {
