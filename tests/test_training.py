@@ -5,6 +5,7 @@ import os
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from transformer import checkpoint
@@ -23,7 +24,8 @@ def _records(workdir):
 
 def _params(workdir, step):
   mngr = checkpoint.manager(workdir, read_only=True)
-  return mngr.restore(step)["params"]
+  items = ocp.args.Composite(state=ocp.args.StandardRestore())
+  return mngr.restore(step, args=items)["state"]["params"]
 
 
 def test_rsqrt_schedule_matches_paper_formula():

@@ -1,7 +1,10 @@
-"""Orbax checkpoints of the train state (a pytree of arrays) under `workdir/checkpoints`."""
+"""Orbax checkpoints under `workdir/checkpoints`: each step holds the train state (a pytree
+of arrays) as item `state` and the training data iterator's position as item `data`, so a
+resumed run sees exactly the batches an uninterrupted run would."""
 
 import os
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 
@@ -19,16 +22,20 @@ def manager(workdir: str, *, max_to_keep: int | None = None, read_only: bool = F
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state) -> None:
-  """Starts an asynchronous save of `state` at `step` (never replaces an existing step)."""
+def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator) -> None:
+  """Starts an asynchronous save of `state` and the data iterator's position at `step`
+  (never replaces an existing step)."""
   if step not in mngr.all_steps():
-    mngr.save(step, args=ocp.args.StandardSave(state), force=True)
+    mngr.save(step, force=True, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator)))
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | None = None):
+def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | None = None,
+            data_iterator=None):
   """Restores `step` (default: the latest) into the structure and shapes of `abstract_state`
   (e.g. from jax.eval_shape), placed with `shardings` (a matching pytree), so a checkpoint
-  loads onto whatever mesh the current run has. Returns (step, state)."""
+  loads onto whatever mesh the current run has. A given grain `data_iterator` is moved to
+  the saved position. Returns (step, state)."""
   steps = mngr.all_steps()
   if not steps:
     raise ConfigError(f"no checkpoints in {mngr.directory}")
@@ -37,4 +44,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | 
     raise ConfigError(f"no checkpoint at step {step} in {mngr.directory}; steps: {sorted(steps)}")
   target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                         abstract_state, shardings)
-  return step, mngr.restore(step, args=ocp.args.StandardRestore(target))
+  items = {"state": ocp.args.StandardRestore(target)}
+  if data_iterator is not None:
+    items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+  return step, mngr.restore(step, args=ocp.args.Composite(**items))["state"]

@@ -5,7 +5,7 @@ The only module that reads the config object; everything it builds takes plain v
 
 import dataclasses
 
-import jax
+import grain
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -68,6 +68,13 @@ def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer):
             "opt_state": optimizer.init(params)}
 
   return graphdef, init
+
+
+def train_data(config: ml_collections.ConfigDict, task: synthetic.SyntheticTask):
+  """The endless stream of training batches: a grain IterDataset whose iterators are
+  checkpointable. Reading runs in background threads, ahead of the train step."""
+  dataset = synthetic.train_dataset(task, config.seed, config.train.batch_size)
+  return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
 
 
 def eval_data(config: ml_collections.ConfigDict, task: synthetic.SyntheticTask):

@@ -12,7 +12,6 @@ import optax
 from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
-from transformer.data import synthetic
 from transformer.evaluation import Evaluator
 from transformer.metrics import token_metrics
 
@@ -73,8 +72,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), jax.eval_shape(init))
   batch_sharding = sharding.batch_sharding(mesh)
   mngr = checkpoint.manager(workdir, max_to_keep=train_cfg.keep_checkpoints)
+  batches = iter(experiment.train_data(config, task))
   if mngr.latest_step() is not None:
-    step, state = checkpoint.restore(mngr, jax.eval_shape(init), state_sharding)
+    step, state = checkpoint.restore(mngr, jax.eval_shape(init), state_sharding,
+                                     data_iterator=batches)
     log.info("resuming from the checkpoint at step %d in %s", step, mngr.directory)
   else:
     state = jax.jit(init, out_shardings=state_sharding)()
@@ -87,13 +88,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                       seed=config.seed),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
       donate_argnums=0)
-  batches = synthetic.train_dataset(task, config.seed, train_cfg.batch_size)
   evaluator = Evaluator(graphdef, config.eval.batch_size)
   splits = experiment.eval_data(config, task)
 
   sums, interval_start, interval_steps, timed_steps, timed_seconds = [], time.time(), 0, 0, 0.0
   while step < train_cfg.num_steps:
-    batch = jax.device_put(batches[step], batch_sharding)
+    batch = jax.device_put(next(batches), batch_sharding)
     state, metrics = train_step(state, batch)
     sums.append(metrics)
     step += 1
@@ -123,7 +123,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       interval_start += time.time() - eval_start  # evaluation time is not training throughput
     stopping = should_stop()
     if step % train_cfg.checkpoint_every == 0 or step == train_cfg.num_steps or stopping:
-      checkpoint.save(mngr, step, state)
+      checkpoint.save(mngr, step, state, batches)
     if stopping:
       log.info("stopped at step %d; checkpoint saved; re-run the same command to resume", step)
       break
