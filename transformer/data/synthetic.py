@@ -17,6 +17,7 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
+from transformer.data.pipeline import pad_batch
 from transformer.registry import lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED
 
@@ -61,20 +62,6 @@ class SyntheticTask:
     target = TRANSFORMS[self.name](symbols)
     eos = np.array([EOS_ID], np.int32)
     return np.concatenate([symbols, eos]), np.concatenate([target, eos])
-
-
-def pad_batch(pairs: list[tuple[np.ndarray, np.ndarray]], length: int) -> dict[str, np.ndarray]:
-  """Pads (source, target) pairs to [batch, length] with positions and segment ids."""
-  batch = {}
-  for key, column in (("inputs", 0), ("targets", 1)):
-    tokens = np.zeros((len(pairs), length), np.int32)
-    for row, pair in enumerate(pairs):
-      tokens[row, :len(pair[column])] = pair[column]
-    segments = (tokens != 0).astype(np.int32)
-    batch[key] = tokens
-    batch[f"{key}_segmentation"] = segments
-    batch[f"{key}_positions"] = np.arange(length, dtype=np.int32)[None, :] * segments
-  return batch
 
 
 def train_dataset(task: SyntheticTask, seed: int, batch_size: int) -> grain.MapDataset:

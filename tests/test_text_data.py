@@ -1,0 +1,146 @@
+"""Parallel text files, the sentencepiece tokenizer and the packing/shuffling pipeline."""
+
+import gzip
+import os
+
+import grain
+import numpy as np
+import pytest
+
+from transformer.data.pipeline import train_batches
+from transformer.data.text import read_parallel
+from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.registry import ConfigError
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+SENTENCES = [f"the {a} {n} sees {b} {m}" for a in ("red", "small", "old", "happy")
+             for n in ("dog", "cat", "man", "bird") for b in ("a", "the") for m in ("tree", "car")]
+
+
+def _write(path, lines, gz=False, raw=None):
+  data = raw if raw is not None else ("\n".join(lines) + "\n").encode()
+  with (gzip.open if gz else open)(path, "wb") as f:
+    f.write(data)
+  return str(path)
+
+
+def test_reads_plain_and_gzip(tmp_path):
+  src = _write(tmp_path / "a.en", ["one", "two"])
+  tgt = _write(tmp_path / "a.de.gz", ["eins", "zwei"], gz=True)
+  assert read_parallel(src, tgt) == [("one", "eins"), ("two", "zwei")]
+
+
+def test_corpus_errors_name_the_file_and_line(tmp_path):
+  good = _write(tmp_path / "good", ["a", "b"])
+  with pytest.raises(ConfigError, match="corpus file not found: .*missing"):
+    read_parallel(str(tmp_path / "missing"), good)
+  short = _write(tmp_path / "short", ["a"])
+  with pytest.raises(ConfigError, match="has 2 lines but .*short has 1"):
+    read_parallel(good, short)
+  empty = _write(tmp_path / "empty", [], raw=b"")
+  with pytest.raises(ConfigError, match="empty corpus"):
+    read_parallel(empty, _write(tmp_path / "empty2", [], raw=b""))
+  bad = _write(tmp_path / "bad", [], raw=b"fine\nbroken \xff byte\n")
+  with pytest.raises(ConfigError, match=r"bad:2: not valid UTF-8"):
+    read_parallel(bad, good)
+
+
+def test_tokenizer_round_trips_and_uses_reserved_ids(tmp_path):
+  tok = train_tokenizer(SENTENCES, str(tmp_path / "spm.model"), vocab_size=28)
+  assert tok.vocab_size == 28
+  for s in SENTENCES[:10] + ["a dog sees the bird"]:
+    ids = tok.encode(s)
+    assert ids[-1] == EOS_ID and not np.isin(ids[:-1], [PAD_ID, BOS_ID, EOS_ID]).any()
+    assert tok.decode(ids) == s
+    assert tok.decode(np.concatenate([[BOS_ID], ids, [PAD_ID, 7]])) == s  # stops at EOS
+  assert Tokenizer(tok.path).encode("the cat").tolist() == tok.encode("the cat").tolist()
+
+
+def test_tokenizer_errors(tmp_path):
+  with pytest.raises(ConfigError, match="unknown tokenizer type 'wordpiece'"):
+    train_tokenizer(SENTENCES, str(tmp_path / "x.model"), 28, model_type="wordpiece")
+  with pytest.raises(ConfigError, match="sentencepiece training failed"):
+    train_tokenizer(SENTENCES, str(tmp_path / "x.model"), 100000)
+  assert not (tmp_path / "x.model").exists()
+  with pytest.raises(ConfigError, match="sentencepiece model not found"):
+    Tokenizer(str(tmp_path / "none.model"))
+
+
+def _examples(n=40, seed=0):
+  rng = np.random.default_rng(seed)
+  pairs = []
+  for i in range(n):  # token 3+i marks example i on both sides
+    src = np.concatenate([[3 + i], rng.integers(100, 200, rng.integers(0, 6)), [EOS_ID]])
+    tgt = np.concatenate([[3 + i], rng.integers(200, 300, rng.integers(0, 7)), [EOS_ID]])
+    pairs.append((src.astype(np.int32), tgt.astype(np.int32)))
+  return pairs
+
+
+def _segments(row, key):
+  seg, pos, tok = row[f"{key}_segmentation"], row[f"{key}_positions"], row[key]
+  return {s: (tok[seg == s], pos[seg == s]) for s in np.unique(seg[seg > 0])}
+
+
+def test_packing_never_mixes_segments():
+  pairs = _examples()
+  by_marker = {int(src[0]): (src, tgt) for src, tgt in pairs}
+  it = iter(train_batches(grain.MapDataset.source(pairs), seed=0, batch_size=4, max_len=12))
+  seen, rows = set(), 0
+  for _ in range(10):
+    batch = next(it)
+    assert batch["inputs"].shape == (4, 12)
+    for r in range(4):
+      row = {k: v[r] for k, v in batch.items()}
+      inputs, targets = _segments(row, "inputs"), _segments(row, "targets")
+      assert inputs.keys() == targets.keys()
+      rows += 1
+      for s in inputs:
+        (src, src_pos), (tgt, tgt_pos) = inputs[s], targets[s]
+        want_src, want_tgt = by_marker[int(src[0])]
+        np.testing.assert_array_equal(src, want_src)  # whole pair, in one segment
+        np.testing.assert_array_equal(tgt, want_tgt)
+        np.testing.assert_array_equal(src_pos, np.arange(len(src)))  # positions restart
+        np.testing.assert_array_equal(tgt_pos, np.arange(len(tgt)))
+        seen.add(int(src[0]))
+      for key in ("inputs", "targets"):
+        assert np.all(row[key][row[f"{key}_segmentation"] == 0] == PAD_ID)
+  assert len(seen) == 40  # every example appears; several share rows
+  assert sum(len(_segments({k: v[0] for k, v in next(it).items()}, "inputs")) > 1
+             for _ in range(5)) > 0
+
+
+def test_unpacked_rows_hold_one_pair_and_long_pairs_are_dropped():
+  pairs = _examples() + [(np.arange(3, 30, dtype=np.int32), np.array([5, EOS_ID], np.int32))]
+  it = iter(train_batches(grain.MapDataset.source(pairs), seed=0, batch_size=8, max_len=12,
+                          pack=False))
+  for _ in range(12):
+    batch = next(it)
+    assert set(np.unique(batch["inputs_segmentation"])) <= {0, 1}
+    assert batch["inputs"].shape == (8, 12)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_restored_iterator_continues_the_exact_stream(pack):
+  ds = train_batches(grain.MapDataset.source(_examples()), seed=3, batch_size=4, max_len=12,
+                     pack=pack)
+  it = iter(ds)
+  for _ in range(7):
+    next(it)
+  state = it.get_state()
+  expected = [next(it) for _ in range(15)]  # crosses epoch boundaries (reshuffled)
+  resumed = iter(ds)
+  resumed.set_state(state)
+  for want in expected:
+    got = next(resumed)
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k])
+
+
+@pytest.mark.skipif(not os.path.isdir(MULTI30K), reason="../shared/data/multi30k is absent")
+def test_multi30k_reads_and_its_vocabulary_round_trips(tmp_path):
+  pairs = read_parallel(os.path.join(MULTI30K, "val.en.gz"), os.path.join(MULTI30K, "val.de.gz"))
+  assert len(pairs) == 1014
+  tok = train_tokenizer((s for p in pairs for s in p), str(tmp_path / "m.model"), 2000)
+  for en, de in pairs[:50]:
+    assert tok.decode(tok.encode(en)) == en and tok.decode(tok.encode(de)) == de

@@ -1,0 +1,38 @@
+"""Parallel text corpora: one sentence per line, a source and a target file per split,
+plain or gzip. Bad input fails with a ConfigError naming the file (and line)."""
+
+import gzip
+import os
+
+from transformer.registry import ConfigError
+
+
+def read_lines(path: str) -> list[str]:
+  """The lines of a UTF-8 text file (.gz is decompressed), without line endings."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"corpus file not found: {path}")
+  opener = gzip.open if path.endswith(".gz") else open
+  lines = []
+  try:
+    with opener(path, "rb") as f:
+      for number, raw in enumerate(f, start=1):
+        try:
+          lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+          raise ConfigError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
+                            ) from None
+  except (OSError, EOFError) as e:  # e.g. a truncated or non-gzip .gz
+    raise ConfigError(f"cannot read {path}: {e}") from None
+  return lines
+
+
+def read_parallel(source_path: str, target_path: str) -> list[tuple[str, str]]:
+  """Aligned (source, target) sentence pairs of two files with one sentence per line."""
+  sources, targets = read_lines(source_path), read_lines(target_path)
+  if len(sources) != len(targets):
+    raise ConfigError(f"{source_path} has {len(sources)} lines but {target_path} has "
+                      f"{len(targets)}; parallel files must align line by line")
+  if not any(s.strip() and t.strip() for s, t in zip(sources, targets)):
+    raise ConfigError(f"empty corpus: no non-empty sentence pair in {source_path} and "
+                      f"{target_path}")
+  return list(zip(sources, targets))

@@ -1,0 +1,67 @@
+"""SentencePiece subword vocabularies with the project's reserved ids (PAD 0, BOS 1, EOS 2)."""
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+
+import numpy as np
+import sentencepiece as spm
+
+from transformer.registry import ConfigError
+from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+
+MODEL_TYPES = ("unigram", "bpe", "char", "word")
+UNK_ID = 3
+
+
+class Tokenizer:
+  """Text <-> int32 ids; every encoded sequence ends in EOS."""
+
+  def __init__(self, model_path: str):
+    if not os.path.isfile(model_path):
+      raise ConfigError(f"sentencepiece model not found: {model_path}")
+    self.path = model_path
+    self.sp = spm.SentencePieceProcessor(model_file=model_path)
+    if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
+      raise ConfigError(f"{model_path} must use pad/bos/eos ids {PAD_ID}/{BOS_ID}/{EOS_ID}, has "
+                        f"{self.sp.pad_id()}/{self.sp.bos_id()}/{self.sp.eos_id()}")
+
+  @property
+  def vocab_size(self) -> int:
+    return self.sp.get_piece_size()
+
+  def encode(self, text: str) -> np.ndarray:
+    return np.asarray(self.sp.encode(text) + [EOS_ID], np.int32)
+
+  def decode(self, ids) -> str:
+    """Decodes up to the first EOS, skipping padding and BOS."""
+    out = []
+    for i in np.asarray(ids).tolist():
+      if i == EOS_ID:
+        break
+      if i not in (PAD_ID, BOS_ID):
+        out.append(i)
+    return self.sp.decode(out)
+
+
+def train_tokenizer(sentences: Iterable[str], model_path: str, vocab_size: int,
+                    model_type: str = "unigram", max_sentences: int = 1_000_000) -> Tokenizer:
+  """Trains a joint vocabulary on `sentences` and writes it atomically to `model_path`."""
+  if model_type not in MODEL_TYPES:
+    raise ConfigError(f"unknown tokenizer type {model_type!r}; choose one of: "
+                      f"{', '.join(sorted(MODEL_TYPES))}")
+  with tempfile.TemporaryDirectory() as tmp:
+    prefix = os.path.join(tmp, "spm")
+    try:
+      spm.SentencePieceTrainer.train(
+          sentence_iterator=iter(s for s in sentences if s.strip()), model_prefix=prefix,
+          vocab_size=vocab_size, model_type=model_type, character_coverage=1.0,
+          input_sentence_size=max_sentences, shuffle_input_sentence=True,
+          pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID, minloglevel=2)
+    except RuntimeError as e:  # e.g. a vocab_size larger than the corpus supports
+      raise ConfigError(f"sentencepiece training failed: {' '.join(str(e).split())}") from None
+    os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
+    shutil.copyfile(prefix + ".model", model_path + ".tmp")
+    os.replace(model_path + ".tmp", model_path)
+  return Tokenizer(model_path)
