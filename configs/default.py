@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_encoder_layers = 2
   config.model.num_decoder_layers = 2
   config.model.dropout = 0.0
-  config.model.position = "sinusoidal"  # none | sinusoidal | learned | rotary
+  config.model.position = "sinusoidal"  # none | sinusoidal | learned | rotary | alibi | t5
   config.model.max_len = 64  # rows of the `learned` position table
   config.model.norm = "post"  # post | pre
   config.model.share_embeddings = True

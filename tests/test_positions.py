@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.positions import POSITIONS, make_positional_encoding, rotate_half_pairs, sinusoid
+from transformer.positions import (POSITIONS, alibi_slopes, make_positional_encoding,
+                                   relative_position_bucket, rotate_half_pairs, sinusoid)
 from transformer.registry import ConfigError
 
 
@@ -79,7 +80,7 @@ def test_every_encoding_keeps_shapes(name):
 
 
 def test_unknown_position_lists_choices():
-  with pytest.raises(ConfigError, match=r"unknown position 'sinusodal'; choose one of: learned, none"):
+  with pytest.raises(ConfigError, match=r"unknown position .sinusodal.; choose one of: alibi, learned, none"):
     make_positional_encoding("sinusodal", 8, 2, 16, rngs=nnx.Rngs(0))
 
 
@@ -89,3 +90,50 @@ def test_jit_compatible():
   pos = jnp.arange(4)[None]
   out = jax.jit(lambda q: enc.rotate(q, pos))(q)
   assert out.shape == q.shape
+
+
+def test_alibi_slopes():
+  np.testing.assert_allclose(alibi_slopes(8), [2.0 ** -i for i in range(1, 9)])
+  np.testing.assert_allclose(alibi_slopes(4), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8])
+  # 6 heads: the 4-head slopes, then every other slope of the 8-head sequence.
+  np.testing.assert_allclose(alibi_slopes(6), [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8,
+                                               2.0 ** -1, 2.0 ** -3])
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+  enc = make_positional_encoding("alibi", 8, 2, 0, rngs=nnx.Rngs(0))
+  pos = jnp.arange(5)[None]
+  bias = np.asarray(enc.bias(pos, pos))[0]  # [h, q, k]
+  i, j = np.meshgrid(np.arange(5), np.arange(5), indexing="ij")
+  for h, m in enumerate([2.0 ** -4, 2.0 ** -8]):
+    np.testing.assert_allclose(bias[h], -m * np.abs(i - j))
+
+
+BIDIRECTIONAL = {0: 0, -1: 1, 1: 17, -7: 7, 7: 23, -8: 8, -16: 10, -127: 15, -128: 15, -1000: 15,
+                 1000: 31}
+CAUSAL = {0: 0, -1: 1, -15: 15, -16: 16, -32: 21, -127: 31, -128: 31, -5000: 31, 3: 0}
+
+
+@pytest.mark.parametrize("bidirectional,table", [(True, BIDIRECTIONAL), (False, CAUSAL)])
+def test_t5_bucket_boundaries(bidirectional, table):
+  relative = jnp.asarray(list(table))
+  buckets = relative_position_bucket(relative, bidirectional=bidirectional)
+  assert dict(zip(table, np.asarray(buckets).tolist())) == table
+
+
+def test_t5_bias_reads_its_table_per_head_and_is_shift_invariant():
+  enc = make_positional_encoding("t5", 8, 2, 0, causal=True, rngs=nnx.Rngs(0))
+  pos = jnp.arange(6)[None]
+  bias = np.asarray(enc.bias(pos, pos))[0]
+  table = np.asarray(enc.table[...])
+  assert bias.shape == (2, 6, 6)
+  np.testing.assert_allclose(bias[:, 4, 1], table[3])  # key 3 before the query: bucket 3
+  np.testing.assert_allclose(bias[:, 2, 5], table[0])  # causal: the future shares bucket 0
+  np.testing.assert_allclose(enc.bias(pos + 7, pos + 7), enc.bias(pos, pos))
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_bias_encodings_depend_only_on_offsets(name):
+  enc = make_positional_encoding(name, 8, 2, 0, rngs=nnx.Rngs(0))
+  q, k = jnp.array([[2, 5]]), jnp.array([[0, 3, 9]])
+  np.testing.assert_allclose(enc.bias(q + 11, k + 11), enc.bias(q, k))

@@ -115,7 +115,8 @@ class Stack(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
     self.position = make_positional_encoding(
-        cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len, rngs=rngs)
+        cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len,
+        causal=issubclass(layer, DecoderLayer), rngs=rngs)
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
     self.window_size = cfg.attention.window_size
     self.dropout = nnx.Dropout(cfg.dropout)

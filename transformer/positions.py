@@ -12,6 +12,8 @@ never inferred from array indices, so packing and cached decoding see the right 
 """
 
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -22,8 +24,10 @@ from transformer.registry import ConfigError, lookup
 class PositionalEncoding(nnx.Module):
   """No positional information: the identity at every seam."""
 
-  def __init__(self, d_model: int, num_heads: int, max_len: int, *, rngs: nnx.Rngs):
-    del d_model, num_heads, max_len, rngs
+  def __init__(self, d_model: int, num_heads: int, max_len: int, *, causal: bool = False,
+               rngs: nnx.Rngs):
+    """causal: the encoding serves a decoder (keys never follow the query)."""
+    del d_model, num_heads, max_len, causal, rngs
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
@@ -61,7 +65,7 @@ def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
 class Sinusoidal(PositionalEncoding):
   """Fixed sinusoids added to the embeddings ("Attention Is All You Need", 3.5)."""
 
-  def __init__(self, d_model, num_heads, max_len, *, rngs):
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
     if d_model % 2:
       raise ConfigError(f"sinusoidal positions need an even d_model, got {d_model}")
     self.d_model = d_model
@@ -73,7 +77,7 @@ class Sinusoidal(PositionalEncoding):
 class Learned(PositionalEncoding):
   """A learned absolute embedding per position 0..max_len-1."""
 
-  def __init__(self, d_model, num_heads, max_len, *, rngs):
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
     self.max_len = max_len
     self.table = nnx.Embed(max_len, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
 
@@ -111,7 +115,7 @@ class Rotary(PositionalEncoding):
 
   base = 10000.0
 
-  def __init__(self, d_model, num_heads, max_len, *, rngs):
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
     head_dim = d_model // num_heads
     if head_dim % 2:
       raise ConfigError(f"rotary positions need an even head dimension, got {head_dim}")
@@ -120,15 +124,81 @@ class Rotary(PositionalEncoding):
     return rotate_half_pairs(x, positions, self.base)
 
 
+def alibi_slopes(num_heads: int) -> list[float]:
+  """ALiBi's head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n a power of
+  two; otherwise those of the next lower power of two, then every other slope of the next
+  higher one (Press et al. 2022)."""
+  if num_heads & (num_heads - 1) == 0:
+    return [2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)]
+  lower = 2 ** int(math.floor(math.log2(num_heads)))
+  return alibi_slopes(lower) + alibi_slopes(2 * lower)[0::2][:num_heads - lower]
+
+
+class ALiBi(PositionalEncoding):
+  """Attention with linear biases: logits − m_h·|i − j| per head, no position embedding."""
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
+    self.slopes = tuple(alibi_slopes(num_heads))
+
+  def bias(self, q_positions, k_positions):
+    distance = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])
+    return -jnp.asarray(self.slopes, jnp.float32)[None, :, None, None] * distance
+
+
+def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
+                             num_buckets: int = 32, max_distance: int = 128) -> jax.Array:
+  """T5's buckets of relative_position = key − query: exact for small distances, then
+  logarithmic up to max_distance, beyond which all share the last bucket. Bidirectional
+  buckets give half the range to keys after the query."""
+  n = -relative_position
+  bucket = jnp.zeros_like(n)
+  if bidirectional:
+    num_buckets //= 2
+    bucket += (n < 0).astype(n.dtype) * num_buckets
+    n = jnp.abs(n)
+  else:
+    n = jnp.maximum(n, 0)
+  max_exact = num_buckets // 2
+  log_ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(
+      max_distance / max_exact)
+  large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(n.dtype)
+  large = jnp.minimum(large, num_buckets - 1)
+  return bucket + jnp.where(n < max_exact, n, large)
+
+
+class T5Bias(PositionalEncoding):
+  """T5's learned relative position bias: one scalar per (bucket, head), shared by the
+  layers of a stack; bidirectional in the encoder, causal in the decoder."""
+
+  num_buckets = 32
+  max_distance = 128
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
+    self.bidirectional = not causal
+    self.table = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(),
+                                                         (self.num_buckets, num_heads)))
+
+  def bias(self, q_positions, k_positions):
+    relative = k_positions[:, None, :] - q_positions[:, :, None]  # [b, q, k]
+    buckets = relative_position_bucket(relative, bidirectional=self.bidirectional,
+                                       num_buckets=self.num_buckets,
+                                       max_distance=self.max_distance)
+    return jnp.transpose(self.table[...][buckets], (0, 3, 1, 2))  # [b, h, q, k]
+
+
 POSITIONS: dict[str, type[PositionalEncoding]] = {
     "none": PositionalEncoding,
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "rotary": Rotary,
+    "alibi": ALiBi,
+    "t5": T5Bias,
 }
 
 
-def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *, rngs):
-  return lookup(POSITIONS, name, "position")(d_model, num_heads, max_len, rngs=rngs)
+def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
+                             causal: bool = False, rngs):
+  return lookup(POSITIONS, name, "position")(d_model, num_heads, max_len, causal=causal,
+                                             rngs=rngs)
 
 
