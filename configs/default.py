@@ -14,7 +14,11 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
 
-  # Synthetic seq2seq task (transformer/data/synthetic.py).
+  # Where batches come from (transformer/data/sources.py): synthetic | text.
+  config.data = ml_collections.ConfigDict()
+  config.data.source = "synthetic"
+
+  # The synthetic seq2seq task (transformer/data/synthetic.py).
   config.task = ml_collections.ConfigDict()
   config.task.name = "reverse"  # reverse | copy | sort
   config.task.num_symbols = 16

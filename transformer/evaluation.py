@@ -1,5 +1,6 @@
-"""Held-out evaluation: teacher-forced loss and token accuracy, greedy exact match."""
+"""Held-out evaluation: teacher-forced loss and token accuracy, decoding metrics."""
 
+import functools
 import json
 import os
 
@@ -8,44 +9,69 @@ import numpy as np
 from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
-from transformer.decoding import greedy_decode
-from transformer.metrics import exact_matches, token_metrics
+from transformer.data import sources
+from transformer.decoding import beam_search, greedy_decode
+from transformer.metrics import token_metrics
 
 
 class Evaluator:
-  """Jitted evaluation of a model given as (graphdef, params) over padded batches."""
+  """Jitted evaluation of a model given as (graphdef, params) over padded batches:
+  teacher-forced loss and accuracy, then decoding (greedy, or beam search when
+  beam_size > 1) for exact match and, on text sources, BLEU and chrF."""
 
-  def __init__(self, graphdef: nnx.GraphDef, batch_size: int):
+  def __init__(self, graphdef: nnx.GraphDef, batch_size: int, beam_size: int = 1,
+               alpha: float = 0.6):
     self.batch_size = batch_size
 
     @jax.jit
-    def eval_step(params, batch):
+    def score(params, batch):
+      logits = nnx.merge(graphdef, params)(batch)
+      return token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def predict(params, batch, max_len):
       model = nnx.merge(graphdef, params)
-      logits = model(batch)
-      weights = batch["targets_segmentation"] > 0
-      sums = token_metrics(logits, batch["targets"], weights)
-      predictions = greedy_decode(model, batch, batch["targets"].shape[1])
-      sums["exact"] = exact_matches(predictions, batch["targets"], batch["row_mask"])
-      return sums
+      if beam_size == 1:
+        return greedy_decode(model, batch, max_len)
+      return beam_search(model, batch, max_len, beam_size, alpha)[0]
 
-    self._eval_step = eval_step
+    self._score, self._predict = score, predict
 
-  def evaluate_split(self, params, split: dict[str, np.ndarray]) -> dict[str, float]:
-    """Mean NLL per target token, token accuracy and exact-match rate over a split."""
+  def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int):
+    """Returns (metrics, predictions [n, decode_len]) for one split."""
     n = len(split["inputs"])
     totals: dict[str, float] = {}
+    predictions = []
     for start in range(0, n, self.batch_size):
       batch = _pad_rows({k: v[start:start + self.batch_size] for k, v in split.items()},
                         self.batch_size)
-      for k, v in jax.device_get(self._eval_step(params, batch)).items():
+      for k, v in jax.device_get(self._score(params, batch)).items():
         totals[k] = totals.get(k, 0.0) + float(v)
-    return {"loss": totals["nll"] / totals["tokens"],
-            "accuracy": totals["correct"] / totals["tokens"],
-            "exact_match": totals["exact"] / n,
-            "examples": n}
+      predictions.append(np.asarray(self._predict(params, batch, decode_len)))
+    predictions = np.concatenate(predictions)[:n]
+    metrics = {"loss": totals["nll"] / totals["tokens"],
+               "accuracy": totals["correct"] / totals["tokens"],
+               "exact_match": exact_match_rate(predictions, split["targets"]),
+               "examples": n}
+    return metrics, predictions
 
-  def evaluate(self, params, splits) -> dict[str, dict[str, float]]:
-    return {name: self.evaluate_split(params, split) for name, split in splits.items()}
+  def evaluate(self, params, splits, source):
+    """Metrics of every split, with the source's text metrics; and the hypotheses (text
+    sources) or None per split."""
+    results, hypotheses = {}, {}
+    for name, split in splits.items():
+      metrics, predictions = self.evaluate_split(params, split, source.decode_len(split))
+      text_metrics, hypotheses[name] = source.text_metrics(name, predictions)
+      results[name] = {**metrics, **text_metrics}
+    return results, hypotheses
+
+
+def exact_match_rate(predictions: np.ndarray, targets: np.ndarray) -> float:
+  """Fraction of rows equal to the target everywhere, padding included, so a match needs
+  every token and the EOS in place and nothing after it."""
+  width = max(predictions.shape[1], targets.shape[1])
+  pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
+  return float(np.mean(np.all(pad(predictions) == pad(targets), axis=1)))
 
 
 def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
@@ -58,28 +84,40 @@ def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
 
 
 
-def restore_and_evaluate(workdir: str, step: int | None = None,
-                         output: str | None = None) -> tuple[int, dict, str]:
+def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
+                         beam_size: int = 1, alpha: float = 0.6) -> tuple[int, dict, str]:
   """Restores the run in `workdir` (latest checkpoint by default), evaluates every held-out
-  split and writes the metrics as JSON. Returns (step, metrics, output path)."""
+  split and writes the metrics as JSON (and, for text, the detokenized predictions beside
+  it, one file per split). Returns (step, metrics, metrics path)."""
   config = workdir_lib.load_config(workdir)
-  task = experiment.make_task(config)
-  graphdef, init = experiment.make_init(config, task.vocab_size, experiment.make_optimizer(config))
+  source = sources.make_source(config, workdir)
+  graphdef, init = experiment.make_init(config, source.vocab_size,
+                                        experiment.make_optimizer(config))
   abstract = jax.eval_shape(init)
   replicated = jax.tree.map(lambda _: sharding.replicated(sharding.make_mesh()), abstract)
   step, state = checkpoint.restore(checkpoint.manager(workdir, read_only=True), abstract,
                                    replicated, step)
-  results = Evaluator(graphdef, config.eval.batch_size).evaluate(
-      state["params"], experiment.eval_data(config, task))
+  source.prepare()
+  evaluator = Evaluator(graphdef, config.eval.batch_size, beam_size, alpha)
+  results, hypotheses = evaluator.evaluate(state["params"], source.eval_splits(), source)
   output = output or os.path.join(workdir, f"eval_step_{step}.json")
+  for split, lines in hypotheses.items():
+    if lines is not None:
+      path = f"{os.path.splitext(output)[0]}.{split}.txt"
+      with open(path, "w") as f:
+        f.writelines(line + "\n" for line in lines)
+      results[split]["predictions"] = path
   with open(output, "w") as f:
-    json.dump({"step": step, "workdir": os.path.abspath(workdir), "splits": results}, f, indent=2)
+    json.dump({"step": step, "workdir": os.path.abspath(workdir), "beam_size": beam_size,
+               "alpha": alpha, "splits": results}, f, indent=2)
   return step, results, output
 
 
-def format_table(results: dict[str, dict[str, float]]) -> str:
-  rows = [f"{'split':<10}{'examples':>10}{'loss':>10}{'accuracy':>10}{'exact':>10}"]
+def format_table(results: dict[str, dict]) -> str:
+  columns = [c for c in ("loss", "accuracy", "exact_match", "bleu", "chrf")
+             if any(c in m for m in results.values())]
+  rows = [f"{'split':<10}{'examples':>10}" + "".join(f"{c:>13}" for c in columns)]
   for name, m in results.items():
-    rows.append(f"{name:<10}{m['examples']:>10d}{m['loss']:>10.4f}{m['accuracy']:>10.4f}"
-                f"{m['exact_match']:>10.4f}")
-  return "\n".join(rows)
+    rows.append(f"{name:<10}{m['examples']:>10d}" + "".join(f"{m[c]:>13.4f}" for c in columns))
+  signatures = {m["bleu_signature"] for m in results.values() if "bleu_signature" in m}
+  return "\n".join(rows + [f"sacreBLEU signature: {s}" for s in signatures])

@@ -5,7 +5,6 @@ The only module that reads the config object; everything it builds takes plain v
 
 import dataclasses
 
-import grain
 import jax.numpy as jnp
 import ml_collections
 import optax
@@ -13,8 +12,6 @@ from flax import nnx
 
 from transformer import optim
 from transformer.attention import AttentionConfig
-from transformer.data import synthetic
-from transformer.data.synthetic import SyntheticTask
 from transformer.model import ModelConfig, Transformer
 from transformer.registry import ConfigError
 
@@ -26,12 +23,6 @@ def _dataclass_from(cls, section: ml_collections.ConfigDict, name: str, **extra)
     raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
                       f"fields: {', '.join(sorted(fields - set(extra)))}")
   return cls(**{**section.to_dict(), **extra})
-
-
-def make_task(config: ml_collections.ConfigDict) -> SyntheticTask:
-  task = config.task.to_dict()
-  task.pop("longer_max_len")
-  return _dataclass_from(SyntheticTask, ml_collections.ConfigDict(task), "task")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
@@ -68,15 +59,3 @@ def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer):
             "opt_state": optimizer.init(params)}
 
   return graphdef, init
-
-
-def train_data(config: ml_collections.ConfigDict, task: synthetic.SyntheticTask):
-  """The endless stream of training batches: a grain IterDataset whose iterators are
-  checkpointable. Reading runs in background threads, ahead of the train step."""
-  dataset = synthetic.train_dataset(task, config.seed, config.train.batch_size)
-  return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
-
-
-def eval_data(config: ml_collections.ConfigDict, task: synthetic.SyntheticTask):
-  return synthetic.eval_splits(task, config.seed, config.eval.num_examples,
-                               config.task.longer_max_len)

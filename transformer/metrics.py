@@ -22,9 +22,3 @@ def token_metrics(logits, targets, weights, label_smoothing=0.0) -> dict[str, ja
   loss = nll if label_smoothing == 0.0 else cross_entropy(logits, targets, weights, label_smoothing)
   correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
   return {"loss": loss, "nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
-
-
-def exact_matches(predictions: jax.Array, targets: jax.Array, row_weights: jax.Array) -> jax.Array:
-  """Weighted count of rows whose prediction equals the target everywhere, padding included:
-  a match needs every token and the EOS in place and nothing after it."""
-  return jnp.sum(jnp.all(predictions == targets, axis=-1) * row_weights)

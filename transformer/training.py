@@ -12,6 +12,7 @@ import optax
 from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
+from transformer.data import sources
 from transformer.evaluation import Evaluator
 from transformer.metrics import token_metrics
 
@@ -46,10 +47,10 @@ def _format_duration(seconds: float) -> str:
   return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
 
 
-def log_eval(workdir: str, step: int, results: dict[str, dict[str, float]]) -> None:
+def log_eval(workdir: str, step: int, results: dict[str, dict]) -> None:
   for split, m in results.items():
-    log.info("eval %s step %d | loss %.4f | acc %.4f | exact match %.4f (%d examples)",
-                 split, step, m["loss"], m["accuracy"], m["exact_match"], m["examples"])
+    shown = " | ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
+    log.info("eval %s step %d | %s (%d examples)", split, step, shown, m["examples"])
     workdir_lib.append_metrics(workdir, {"step": step, "split": split, **m})
 
 
@@ -61,18 +62,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   training returns early. Returns the step reached.
   """
   train_cfg = config.train
-  task = experiment.make_task(config)
+  source = sources.make_source(config, workdir)
   optimizer = experiment.make_optimizer(config)
   schedule = experiment.make_schedule(config)
-  graphdef, init = experiment.make_init(config, task.vocab_size, optimizer)  # validates the model config
+  graphdef, init = experiment.make_init(config, source.vocab_size, optimizer)  # validates it
   mesh = sharding.make_mesh()
   sharding.check_batch_size(train_cfg.batch_size, mesh)
   workdir_lib.prepare(config, workdir)  # nothing is written before the config is known good
+  source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
 
   state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), jax.eval_shape(init))
   batch_sharding = sharding.batch_sharding(mesh)
   mngr = checkpoint.manager(workdir, max_to_keep=train_cfg.keep_checkpoints)
-  batches = iter(experiment.train_data(config, task))
+  batches = iter(source.train_batches())
   if mngr.latest_step() is not None:
     step, state = checkpoint.restore(mngr, jax.eval_shape(init), state_sharding,
                                      data_iterator=batches)
@@ -89,7 +91,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
       donate_argnums=0)
   evaluator = Evaluator(graphdef, config.eval.batch_size)
-  splits = experiment.eval_data(config, task)
+  splits = source.eval_splits()
 
   sums, interval_start, interval_steps, timed_steps, timed_seconds = [], time.time(), 0, 0, 0.0
   while step < train_cfg.num_steps:
@@ -119,7 +121,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       sums, interval_start, interval_steps = [], time.time(), 0
     if step == train_cfg.num_steps or (train_cfg.eval_every and step % train_cfg.eval_every == 0):
       eval_start = time.time()
-      log_eval(workdir, step, evaluator.evaluate(state["params"], splits))
+      log_eval(workdir, step, evaluator.evaluate(state["params"], splits, source)[0])
       interval_start += time.time() - eval_start  # evaluation time is not training throughput
     stopping = should_stop()
     if step % train_cfg.checkpoint_every == 0 or step == train_cfg.num_steps or stopping:

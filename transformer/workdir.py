@@ -26,7 +26,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
   if os.path.exists(path):
     with open(path) as f:
       saved = json.load(f)
-    for section in ("task", "model"):
+    for section in ("data", "task", "model"):
       new, old = _flatten(resolved.get(section, {})), _flatten(saved.get(section, {}))
       changed = sorted(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
       if changed:

@@ -1,0 +1,131 @@
+"""Data sources, chosen by `config.data.source`: what the trainer and evaluator read.
+
+A source gives the vocabulary size, an endless stream of training batches (a checkpointable
+grain IterDataset), held-out splits as padded batches, and, for text, a tokenizer that turns
+predictions back into sentences for BLEU/chrF.
+"""
+
+import os
+
+import grain
+import ml_collections
+import numpy as np
+import sacrebleu
+
+from transformer.data import pipeline, synthetic, text
+from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.registry import ConfigError, lookup
+
+TOKENIZER_FILE = "spm.model"
+
+
+class SyntheticSource:
+  """config.task: reverse/copy/sort of random strings, generated from the seed."""
+
+  tokenizer = None
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    task = config.task.to_dict()
+    self.longer_max_len = task.pop("longer_max_len")
+    unknown = sorted(set(task) - {"name", "num_symbols", "min_len", "max_len", "heldout_modulus"})
+    if unknown:
+      raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.task")
+    self.task = synthetic.SyntheticTask(**task)
+    self.config = config
+    self.vocab_size = self.task.vocab_size
+
+  def prepare(self) -> None:
+    """Nothing to build: the data is a function of the seed."""
+
+  def train_batches(self) -> grain.IterDataset:
+    dataset = synthetic.train_dataset(self.task, self.config.seed, self.config.train.batch_size)
+    return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+
+  def eval_splits(self) -> dict[str, dict[str, np.ndarray]]:
+    return synthetic.eval_splits(self.task, self.config.seed, self.config.eval.num_examples,
+                                 self.longer_max_len)
+
+  def decode_len(self, split: dict[str, np.ndarray]) -> int:
+    return split["targets"].shape[1]  # exact match needs the full target and its EOS
+
+  def text_metrics(self, split_name: str, predictions: np.ndarray):
+    """No text: exact match says it all. Returns (metrics, hypotheses)."""
+    return {}, None
+
+
+class ParallelTextSource:
+  """config.data: source/target files per split under `dir`, a sentencepiece vocabulary
+  trained on the training pairs into the workdir (or `tokenizer`, an existing model)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    self.config, self.data = config, config.data
+    self.vocab_size = self.data.vocab_size
+    self.tokenizer_path = self.data.tokenizer or os.path.join(workdir or ".", TOKENIZER_FILE)
+    self.tokenizer: Tokenizer | None = None
+    self.references: dict[str, list[str]] = {}
+    for split in ("train", "valid"):
+      for side in ("source", "target"):
+        path = self.path(split, side)
+        if not os.path.isfile(path):
+          raise ConfigError(f"config.data.{split}_{side}: corpus file not found: {path}")
+
+  def path(self, split: str, side: str) -> str:
+    return os.path.join(self.data.dir, self.data[f"{split}_{side}"])
+
+  def pairs(self, split: str) -> list[tuple[str, str]]:
+    return text.read_parallel(self.path(split, "source"), self.path(split, "target"))
+
+  def prepare(self) -> None:
+    """Loads the tokenizer, training it on the training pairs first if it does not exist."""
+    if os.path.exists(self.tokenizer_path):
+      self.tokenizer = Tokenizer(self.tokenizer_path)
+    else:
+      self.tokenizer = train_tokenizer((s for pair in self.pairs("train") for s in pair),
+                                       self.tokenizer_path, self.vocab_size,
+                                       self.data.tokenizer_type)
+    if self.tokenizer.vocab_size != self.vocab_size:
+      raise ConfigError(f"{self.tokenizer_path} has {self.tokenizer.vocab_size} pieces but "
+                        f"config.data.vocab_size is {self.vocab_size}")
+
+  def _encode(self, pairs):
+    return [(self.tokenizer.encode(s), self.tokenizer.encode(t)) for s, t in pairs]
+
+  def train_batches(self) -> grain.IterDataset:
+    examples = grain.MapDataset.source(self._encode(self.pairs("train")))
+    return pipeline.train_batches(examples, seed=self.config.seed,
+                                  batch_size=self.config.train.batch_size,
+                                  max_len=self.data.max_len, pack=self.data.pack)
+
+  def eval_splits(self) -> dict[str, dict[str, np.ndarray]]:
+    """The first eval.num_examples pairs of each held-out split (0: all), none dropped."""
+    splits = {}
+    for split in ("valid", "test"):
+      if not self.data.get(f"{split}_source"):
+        continue
+      pairs = self.pairs(split)[:self.config.eval.num_examples or None]
+      self.references[split] = [t for _, t in pairs]
+      encoded = self._encode(pairs)
+      width = max(max(len(s), len(t)) for s, t in encoded)
+      splits[split] = pipeline.pad_batch(encoded, width)
+    return splits
+
+  def decode_len(self, split: dict[str, np.ndarray]) -> int:
+    return split["inputs"].shape[1] + self.data.decode_offset
+
+  def text_metrics(self, split_name: str, predictions: np.ndarray):
+    """Corpus sacreBLEU and chrF of the detokenized predictions against the raw references.
+    Returns (metrics, hypotheses)."""
+    hypotheses = [self.tokenizer.decode(row) for row in predictions]
+    references = [self.references[split_name]]
+    bleu = sacrebleu.metrics.BLEU()
+    metrics = {"bleu": bleu.corpus_score(hypotheses, references).score,
+               "chrf": sacrebleu.metrics.CHRF().corpus_score(hypotheses, references).score,
+               "bleu_signature": str(bleu.get_signature())}
+    return metrics, hypotheses
+
+
+SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource}
+
+
+def make_source(config: ml_collections.ConfigDict, workdir: str | None = None):
+  return lookup(SOURCES, config.data.source, "data source")(config, workdir)
