@@ -1,9 +1,8 @@
-"""Wiring: builds the task, model and optimizer from an ml_collections config.
+"""Wiring: builds the model, optimizer and initial train state from an ml_collections config.
 
-The only module that reads the config object; everything it builds takes plain values.
+Data sources are built from the config in transformer/data/sources.py; the model and
+optimizer modules themselves take plain values, never the config object.
 """
-
-import dataclasses
 
 import jax.numpy as jnp
 import ml_collections
@@ -13,24 +12,13 @@ from flax import nnx
 from transformer import optim
 from transformer.attention import AttentionConfig
 from transformer.model import ModelConfig, Transformer
-from transformer.registry import ConfigError
-
-
-def _dataclass_from(cls, section: ml_collections.ConfigDict, name: str, **extra):
-  fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(section.keys()) - fields)
-  if unknown:
-    raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
-                      f"fields: {', '.join(sorted(fields - set(extra)))}")
-  return cls(**{**section.to_dict(), **extra})
+from transformer.registry import dataclass_from
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
   model = config.model.to_dict()
-  attention = _dataclass_from(AttentionConfig, ml_collections.ConfigDict(model.pop("attention")),
-                              "model.attention")
-  return _dataclass_from(ModelConfig, ml_collections.ConfigDict(model), "model",
-                         vocab_size=vocab_size, attention=attention)
+  attention = dataclass_from(AttentionConfig, model.pop("attention"), "model.attention")
+  return dataclass_from(ModelConfig, model, "model", vocab_size=vocab_size, attention=attention)
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, seed: int) -> Transformer:

@@ -1,7 +1,8 @@
 """Config-string registries: every pluggable axis is a small dict chosen from once."""
 
+import dataclasses
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -17,3 +18,13 @@ def lookup(registry: Mapping[str, T], name: str, what: str) -> T:
   except (KeyError, TypeError):
     choices = ", ".join(sorted(registry))
     raise ConfigError(f"unknown {what} {name!r}; choose one of: {choices}") from None
+
+
+def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra) -> T:
+  """cls(**section, **extra), or a ConfigError naming unknown fields of config.<name>."""
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(section) - fields)
+  if unknown:
+    raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
+                      f"fields: {', '.join(sorted(fields - set(extra)))}")
+  return cls(**{**section, **extra})

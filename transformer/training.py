@@ -47,6 +47,23 @@ def _format_duration(seconds: float) -> str:
   return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
 
 
+def log_train(workdir: str, step: int, num_steps: int, sums: list[dict], elapsed: float,
+              steps: int, eta_seconds: float) -> None:
+  """Logs and records the metrics summed over the last `steps` train steps."""
+  totals = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
+  record = {"step": step, "split": "train",
+            "loss": totals["loss"] / totals["tokens"],
+            "accuracy": totals["correct"] / totals["tokens"],
+            "learning_rate": float(sums[-1]["learning_rate"]),
+            "tokens_per_sec": totals["tokens"] / elapsed,
+            "ms_per_step": 1e3 * elapsed / steps}
+  log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | %s tgt tok/s | %.1f ms/step | ETA %s",
+           step, num_steps, record["loss"], record["accuracy"], record["learning_rate"],
+           f"{record['tokens_per_sec']:,.0f}", record["ms_per_step"],
+           _format_duration(eta_seconds))
+  workdir_lib.append_metrics(workdir, record)
+
+
 def log_eval(workdir: str, step: int, results: dict[str, dict]) -> None:
   for split, m in results.items():
     shown = " | ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
@@ -101,23 +118,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     step += 1
     interval_steps += 1
     if step % train_cfg.log_every == 0 or step == train_cfg.num_steps:
-      totals = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
       elapsed = time.time() - interval_start
       if step > train_cfg.log_every:  # the first interval includes compilation
         timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
       sec_per_step = timed_seconds / timed_steps if timed_steps else elapsed / interval_steps
-      record = {"step": step, "split": "train",
-                "loss": totals["loss"] / totals["tokens"],
-                "accuracy": totals["correct"] / totals["tokens"],
-                "learning_rate": float(metrics["learning_rate"]),
-                "tokens_per_sec": totals["tokens"] / elapsed,
-                "ms_per_step": 1e3 * elapsed / interval_steps}
-      log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | %s tgt tok/s | %.1f ms/step "
-                   "| ETA %s", step, train_cfg.num_steps, record["loss"], record["accuracy"],
-                   record["learning_rate"], f"{record['tokens_per_sec']:,.0f}",
-                   record["ms_per_step"],
-                   _format_duration(sec_per_step * (train_cfg.num_steps - step)))
-      workdir_lib.append_metrics(workdir, record)
+      log_train(workdir, step, train_cfg.num_steps, sums, elapsed, interval_steps,
+                eta_seconds=sec_per_step * (train_cfg.num_steps - step))
       sums, interval_start, interval_steps = [], time.time(), 0
     if step == train_cfg.num_steps or (train_cfg.eval_every and step % train_cfg.eval_every == 0):
       eval_start = time.time()

@@ -14,7 +14,7 @@ import sacrebleu
 
 from transformer.data import pipeline, synthetic, text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
-from transformer.registry import ConfigError, lookup
+from transformer.registry import ConfigError, dataclass_from, lookup
 
 TOKENIZER_FILE = "spm.model"
 
@@ -27,10 +27,7 @@ class SyntheticSource:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     task = config.task.to_dict()
     self.longer_max_len = task.pop("longer_max_len")
-    unknown = sorted(set(task) - {"name", "num_symbols", "min_len", "max_len", "heldout_modulus"})
-    if unknown:
-      raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.task")
-    self.task = synthetic.SyntheticTask(**task)
+    self.task = dataclass_from(synthetic.SyntheticTask, task, "task")
     self.config = config
     self.vocab_size = self.task.vocab_size
 
