@@ -15,6 +15,7 @@ def make_tiny_config(**overrides):
   config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
                       num_decoder_layers=1, max_len=16)
   config.train.update(batch_size=32, num_steps=40, warmup_steps=20, learning_rate=0.5,
+                      label_smoothing=0.0,
                       log_every=10, eval_every=0, checkpoint_every=10, keep_checkpoints=10)
   config.eval.update(num_examples=64, batch_size=32)
   for key, value in overrides.items():
