@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.model import Transformer
+from transformer.model import Transformer, default_positions, default_segments
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1.0e9
@@ -17,12 +17,10 @@ NEG_INF = -1.0e9
 
 def _start(model: Transformer, batch: dict[str, jax.Array], max_len: int, repeat: int = 1):
   """Encodes, makes caches for `repeat` hypotheses per sentence and returns
-  (step_fn, cache, inputs_segments, inputs_positions), step_fn(cache, tokens, t) ->
-  (logits, cache)."""
+  (step_fn, cache) with step_fn(cache, tokens, t) -> (logits, cache)."""
   inputs = batch["inputs"]
-  in_seg = batch.get("inputs_segmentation", (inputs != PAD_ID).astype(jnp.int32))
-  in_pos = batch.get("inputs_positions",
-                     jnp.broadcast_to(jnp.arange(inputs.shape[1], dtype=jnp.int32), inputs.shape))
+  in_seg = batch.get("inputs_segmentation", default_segments(inputs))
+  in_pos = batch.get("inputs_positions", default_positions(inputs))
   model = nnx.clone(model)  # the caches go on a copy, never on the caller's model
   encoded = model.encode(inputs, in_pos, in_seg)
   expand = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  [b, ...] -> [b*repeat, ...]

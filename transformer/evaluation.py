@@ -82,8 +82,6 @@ def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   return padded
 
 
-
-
 def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
                          beam_size: int = 1, alpha: float = 0.6) -> tuple[int, dict, str]:
   """Restores the run in `workdir` (latest checkpoint by default), evaluates every held-out
@@ -94,9 +92,10 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
   graphdef, init = experiment.make_init(config, source.vocab_size,
                                         experiment.make_optimizer(config))
   abstract = jax.eval_shape(init)
-  replicated = jax.tree.map(lambda _: sharding.replicated(sharding.make_mesh()), abstract)
+  replicated = sharding.replicated(sharding.make_mesh())
+  shardings = jax.tree.map(lambda _: replicated, abstract)
   step, state = checkpoint.restore(checkpoint.manager(workdir, read_only=True), abstract,
-                                   replicated, step)
+                                   shardings, step)
   source.prepare()
   evaluator = Evaluator(graphdef, config.eval.batch_size, beam_size, alpha)
   results, hypotheses = evaluator.evaluate(state["params"], source.eval_splits(), source)
