@@ -1,9 +1,12 @@
-"""Evaluates a trained run: python eval.py --workdir DIR [--step N] [--output FILE].
+"""Evaluates a trained run: python eval.py --workdir DIR [--step N] [--output FILE]
+[--beam_size K --alpha A] [--average N] [--source_file F --reference_file R].
 
 Restores the config saved in DIR and its checkpoint (the latest by default), reports loss,
 token accuracy, exact match and (text) sacreBLEU/chrF on every held-out split, and writes
 them as JSON, with the detokenized predictions beside it. --beam_size 4 --alpha 0.6 decodes
-as the paper does.
+as the paper does, and --average 5 averages the last 5 checkpoints' parameters as it does.
+--source_file/--reference_file evaluate any parallel text (e.g. a new test set) with the
+run's vocabulary.
 """
 
 from absl import app, flags
@@ -16,17 +19,27 @@ flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the la
 flags.DEFINE_string("output", None, "Metrics JSON path (default: DIR/eval_step_N.json).")
 flags.DEFINE_integer("beam_size", 1, "1: greedy decoding; k > 1: beam search with k beams.")
 flags.DEFINE_float("alpha", 0.6, "GNMT length-penalty exponent for beam search.")
+flags.DEFINE_integer("average", 1, "Average the parameters of the last N checkpoints (up to "
+                     "--step); the paper averages 5.")
+flags.DEFINE_string("source_file", None, "Evaluate this source text file (plain or .gz, one "
+                    "sentence per line) instead of the config's splits; needs --reference_file.")
+flags.DEFINE_string("reference_file", None, "References for --source_file, line by line.")
 flags.mark_flags_as_required(["workdir"])
+flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
+flags.register_multi_flags_validator(
+    ["source_file", "reference_file"], lambda f: (f["source_file"] is None) == (
+        f["reference_file"] is None), "--source_file and --reference_file go together")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   cli.setup_logging()
+  f = flags.FLAGS
+  files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.config_errors_exit():
-    step, results, path = restore_and_evaluate(
-        flags.FLAGS.workdir, flags.FLAGS.step, flags.FLAGS.output, flags.FLAGS.beam_size,
-        flags.FLAGS.alpha)
+    step, results, path = restore_and_evaluate(f.workdir, f.step, f.output, f.beam_size, f.alpha,
+                                               f.average, files)
   print(f"step {step}")
   print(format_table(results))
   print(f"metrics written to {path}")

@@ -39,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.max_len = 64  # rows of the `learned` position table
   config.model.norm = "post"  # post | pre
   config.model.share_embeddings = True
+  config.model.dtype = "float32"  # float32 | bfloat16 (computation; parameters stay float32)
   config.model.attention = ml_collections.ConfigDict()
   config.model.attention.score = "scaled_dot"  # scaled_dot | dot | additive | gaussian
   config.model.attention.window = "full"  # full | local
@@ -47,6 +48,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention.additive_dim = 0  # 0: head_dim
   config.model.attention.gaussian_sigma = 0.0  # 0: head_dim ** 0.25
   config.model.attention.learn_sigma = True
+  # reference (any score, attention dropout) | xla | cudnn (jax.nn.dot_product_attention:
+  # dot-product scores, no attention dropout; cudnn = flash attention on NVIDIA GPUs)
+  config.model.attention.kernel = "reference"
 
   # Optimization: AdamW(0.9, 0.98, 1e-9), lr = learning_rate · d^-0.5 · min(n^-0.5, n·warmup^-1.5).
   config.train = ml_collections.ConfigDict()
@@ -59,6 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.grad_clip_norm = 0.0  # 0: off
   config.train.log_every = 100
   config.train.eval_every = 500  # 0: only at the end
+  config.train.eval_examples = 0  # per held-out split during training; 0: eval.num_examples
   config.train.checkpoint_every = 1000
   config.train.keep_checkpoints = 3
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import (SCORES, WINDOWS, AttentionConfig, MultiHeadAttention,
-                                   causal_mask, local_window, masked_softmax, segment_mask)
+from transformer.attention import (KERNELS, SCORES, WINDOWS, AttentionConfig,
+                                   MultiHeadAttention, causal_mask, local_window, masked_softmax,
+                                   reference_kernel, segment_mask)
 from transformer.positions import PositionalEncoding
 from transformer.registry import ConfigError
 
@@ -176,3 +177,34 @@ def test_windows_registry():
   pos = jnp.arange(4)[None]
   assert np.asarray(WINDOWS["full"](pos, pos, 1)).all()
   assert set(WINDOWS) == {"full", "local"}
+
+
+@pytest.mark.parametrize("score,bias", [("scaled_dot", False), ("dot", False),
+                                        ("scaled_dot", True)])
+def test_fused_kernel_equals_reference(score, bias):
+  """jax.nn.dot_product_attention gives the reference formula's output on every query that
+  sees a key, under padding + packing + causal masks and an additive (ALiBi/T5-like) bias."""
+  rng = np.random.default_rng(3)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 6, H, D)), jnp.float32) for _ in range(3))
+  seg = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  pos = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
+  mask = segment_mask(seg, seg) & causal_mask(pos, pos)
+  logit_bias = jnp.asarray(rng.normal(size=(2, H, 6, 6)), jnp.float32) if bias else jnp.zeros(())
+  scorer, dropout = _make_score(score), nnx.Dropout(0.0)
+  ref = reference_kernel(q, k, v, logit_bias, mask, scorer, dropout, None)
+  out = KERNELS["xla"](q, k, v, logit_bias, mask, scorer, dropout, None)
+  seen = np.asarray(seg) > 0
+  np.testing.assert_allclose(np.asarray(out)[seen], np.asarray(ref)[seen], rtol=1e-5, atol=1e-5)
+
+
+def test_fused_kernels_refuse_what_they_cannot_compute():
+  with pytest.raises(ConfigError, match="kernel 'xla' computes dot-product scores only .*'additive'"):
+    _attention_with(score="additive", kernel="xla")
+  with pytest.raises(ConfigError, match="kernel 'cudnn' has no attention dropout"):
+    _attention_with(kernel="cudnn", dropout=0.1)
+  with pytest.raises(ConfigError, match="unknown attention kernel 'flash'; choose one of: "):
+    _attention_with(kernel="flash")
+
+
+def _attention_with(**cfg):
+  return MultiHeadAttention(8, 2, AttentionConfig(**cfg), rngs=nnx.Rngs(0))

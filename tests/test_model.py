@@ -1,5 +1,6 @@
 """Model shapes for every registry entry, packing equivalence, embeddings, configs build."""
 
+import dataclasses
 import glob
 import importlib.util
 import itertools
@@ -111,7 +112,35 @@ def test_every_config_file_builds(path):
   spec.loader.exec_module(module)
   config = module.get_config()
   # Text sources need their corpus to be constructed; the model needs only the vocab size.
-  vocab_size = (config.data.vocab_size if config.data.source == "text"
-                else sources.SyntheticSource(config).vocab_size)
+  vocab_size = (sources.SyntheticSource(config).vocab_size if config.data.source == "synthetic"
+                else config.data.vocab_size)
   model = nnx.eval_shape(lambda: experiment.build_model(config, vocab_size, 0))
   assert model.cfg.vocab_size == vocab_size
+
+
+def test_bfloat16_computes_in_bfloat16_with_float32_parameters():
+  """dtype=bfloat16: every matmul takes bf16 operands, the parameters stay float32, and the
+  logits stay near the float32 model's (same parameters)."""
+  cfg = ModelConfig(**{**TINY, "dropout": 0.0})
+  ref = Transformer(cfg, rngs=nnx.Rngs(0))
+  low = Transformer(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
+  assert {x.dtype for x in jax.tree.leaves(nnx.state(low, nnx.Param))} == {jnp.dtype("float32")}
+  batch = _batch()
+  dots = _equations(jax.make_jaxpr(lambda m, b: m(b))(low, batch).jaxpr, "dot_general")
+  assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+  a, b = np.asarray(forward(ref, batch)), np.asarray(forward(low, batch))
+  assert np.linalg.norm(b - a) / np.linalg.norm(a) < 2e-2
+  with pytest.raises(ConfigError, match="unknown model dtype 'float8'"):
+    Transformer(dataclasses.replace(cfg, dtype="float8"), rngs=nnx.Rngs(0))
+
+
+def _equations(jaxpr, primitive):
+  """The equations applying `primitive` in jaxpr and in the jaxprs nested in it (jit, ...)."""
+  found = []
+  for eqn in jaxpr.eqns:
+    found += [eqn] if eqn.primitive.name == primitive else []
+    for param in eqn.params.values():
+      inner = getattr(param, "jaxpr", param)
+      if hasattr(inner, "eqns"):
+        found += _equations(inner, primitive)
+  return found

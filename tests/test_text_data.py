@@ -3,7 +3,6 @@
 import gzip
 import os
 
-import grain
 import numpy as np
 import pytest
 
@@ -85,7 +84,7 @@ def _segments(row, key):
 def test_packing_never_mixes_segments():
   pairs = _examples()
   by_marker = {int(src[0]): (src, tgt) for src, tgt in pairs}
-  it = iter(train_batches(grain.MapDataset.source(pairs), seed=0, batch_size=4, max_len=12))
+  it = iter(train_batches(pairs, seed=0, batch_size=4, max_len=12))
   seen, rows = set(), 0
   for _ in range(10):
     batch = next(it)
@@ -112,7 +111,7 @@ def test_packing_never_mixes_segments():
 
 def test_unpacked_rows_hold_one_pair_and_long_pairs_are_dropped():
   pairs = _examples() + [(np.arange(3, 30, dtype=np.int32), np.array([5, EOS_ID], np.int32))]
-  it = iter(train_batches(grain.MapDataset.source(pairs), seed=0, batch_size=8, max_len=12,
+  it = iter(train_batches(pairs, seed=0, batch_size=8, max_len=12,
                           pack=False))
   for _ in range(12):
     batch = next(it)
@@ -122,7 +121,7 @@ def test_unpacked_rows_hold_one_pair_and_long_pairs_are_dropped():
 
 @pytest.mark.parametrize("pack", [True, False])
 def test_restored_iterator_continues_the_exact_stream(pack):
-  ds = train_batches(grain.MapDataset.source(_examples()), seed=3, batch_size=4, max_len=12,
+  ds = train_batches(_examples(), seed=3, batch_size=4, max_len=12,
                      pack=pack)
   it = iter(ds)
   for _ in range(7):

@@ -65,6 +65,14 @@ def test_text_run_trains_evaluates_and_resumes_with_its_tokenizer(tmp_path):
     with open(results[split]["predictions"], encoding="utf-8") as f:
       assert len(f.read().splitlines()) == 20
 
+  # Any source/reference file pair, no config edit: the valid files give the valid figures.
+  data = config.data
+  files = (os.path.join(data.dir, data.valid_source), os.path.join(data.dir, data.valid_target))
+  _, by_file, _ = restore_and_evaluate(workdir, beam_size=2, files=files)
+  assert set(by_file) == {"valid.en"}
+  for key in ("bleu", "chrf", "loss"):
+    assert by_file["valid.en"][key] == results["valid"][key]
+
 
 def test_missing_corpus_file_fails_before_writing(tmp_path):
   config = _config(tmp_path / "data")

@@ -8,7 +8,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer import checkpoint
+from transformer import checkpoint, experiment, sharding
 from transformer.evaluation import restore_and_evaluate
 from transformer.metrics import cross_entropy
 from transformer.optim import rsqrt_schedule
@@ -65,6 +65,16 @@ def test_tiny_model_learns_copy_and_eval_restores_it(tmp_path, tiny_config):
       np.testing.assert_allclose(results[split][key], final[split][key], rtol=1e-5)
 
 
+def test_bfloat16_with_fused_attention_learns_copy(tmp_path, tiny_config):
+  config = tiny_config(**{"train.num_steps": 300, "train.checkpoint_every": 300,
+                          "model.dtype": "bfloat16", "model.attention.kernel": "xla"})
+  train_and_evaluate(config, str(tmp_path))
+  final = {r["split"]: r for r in _records(str(tmp_path)) if r["split"] != "train"}
+  assert final["valid"]["exact_match"] >= 0.9, final
+  params = _params(str(tmp_path), 300)
+  assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype("float32")}
+
+
 def test_resume_reaches_the_same_parameters(tmp_path, tiny_config):
   config = tiny_config(**{"model.dropout": 0.1})  # dropout keys must resume too
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
@@ -79,6 +89,25 @@ def test_resume_reaches_the_same_parameters(tmp_path, tiny_config):
   # The run actually moved: final parameters differ from the first checkpoint's.
   first = _params(straight, 10)
   assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(a)))
+
+
+def test_checkpoint_average_is_the_mean_of_the_last_checkpoints(tmp_path, tiny_config):
+  config = tiny_config()
+  workdir = str(tmp_path / "run")
+  train_and_evaluate(config, workdir)  # checkpoints at 10, 20, 30, 40
+  _, init = experiment.make_init(config, 9, experiment.make_optimizer(config))
+  abstract = jax.eval_shape(init)
+  shardings = jax.tree.map(lambda _: sharding.replicated(sharding.make_mesh()), abstract)
+  mngr = checkpoint.manager(workdir, read_only=True)
+  steps, state = checkpoint.restore_average(mngr, abstract, shardings, 30, 3)
+  assert steps == [10, 20, 30] and int(state["step"]) == 30
+  expected = jax.tree.map(lambda *p: (p[0] + p[1] + p[2]) / 3, *(_params(workdir, s) for s in steps))
+  for x, y in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(expected), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+  with pytest.raises(ConfigError, match=r"cannot average 5 checkpoints: .* holds 4 up to step 40"):
+    checkpoint.restore_average(mngr, abstract, shardings, None, 5)
+  with pytest.raises(ConfigError, match="needs a text data source; this run's is 'synthetic'"):
+    restore_and_evaluate(workdir, files=("a.en", "a.de"))
 
 
 def test_workdir_with_another_model_is_refused_and_untouched(tmp_path, tiny_config):

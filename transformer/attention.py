@@ -27,6 +27,7 @@ class AttentionConfig:
   additive_dim: int = 0  # hidden size of the additive scorer per head; 0 = head_dim
   gaussian_sigma: float = 0.0  # initial kernel width; 0 = head_dim ** 0.25 (matches √d scaling)
   learn_sigma: bool = True  # Gaussian width learned per head, or fixed
+  kernel: str = "reference"  # a key of KERNELS: how softmax(scores + bias)·V is computed
 
 
 # --------------------------------------------------------------------------- scorers
@@ -60,10 +61,10 @@ class Additive(nnx.Module):
     self.w_v = nnx.Param(nnx.initializers.normal(a ** -0.5)(rngs.params(), (num_heads, a)))
 
   def __call__(self, q, k):
-    qa = jnp.einsum("bqhd,hda->bhqa", q, self.w_q[...])
-    ka = jnp.einsum("bkhd,hda->bhka", k, self.w_k[...])
+    qa = jnp.einsum("bqhd,hda->bhqa", q, self.w_q[...].astype(q.dtype))
+    ka = jnp.einsum("bkhd,hda->bhka", k, self.w_k[...].astype(k.dtype))
     hidden = jnp.tanh(qa[:, :, :, None, :] + ka[:, :, None, :, :])  # [b, h, q, k, a]
-    return jnp.einsum("bhqka,ha->bhqk", hidden, self.w_v[...])
+    return jnp.einsum("bhqka,ha->bhqk", hidden, self.w_v[...].astype(q.dtype))
 
 
 class Gaussian(nnx.Module):
@@ -134,19 +135,71 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
 
 
+# --------------------------------------------------------------------------- kernels
+# A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], the layer's
+# scorer and dropout, a logit bias broadcastable to [b, h, tq, tk] and the boolean mask.
+
+
+def reference_kernel(q, k, v, bias, mask, score, dropout, rngs):
+  """The formula, any scorer: softmax(score(q, k) + bias) over unmasked keys, dropout, ·V."""
+  weights = masked_softmax(score(q, k) + bias, mask).astype(v.dtype)
+  weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def fused_kernel(implementation: str):
+  """jax.nn.dot_product_attention (XLA's fused attention, or cuDNN's flash attention on
+  NVIDIA GPUs) for the dot-product scorers; no dropout on the weights. A query row with no
+  visible key (padding) attends to every key instead of none, so it stays finite (no NaN
+  to leak into later layers); the loss never reads it."""
+
+  def kernel(q, k, v, bias, mask, score, dropout, rngs):
+    del dropout, rngs
+    mask = mask | ~jnp.any(mask, axis=-1, keepdims=True)
+    bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
+    impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=score.scale,
+                                        implementation=impl)
+
+  return kernel
+
+
+KERNELS: dict[str, Callable] = {
+    "reference": reference_kernel,
+    "xla": fused_kernel("xla"),
+    "cudnn": fused_kernel("cudnn"),
+}
+
+
+def check_kernel(cfg: AttentionConfig) -> Callable:
+  """The kernel for cfg, or a ConfigError naming what the fused kernels cannot do."""
+  kernel = lookup(KERNELS, cfg.kernel, "attention kernel")
+  if kernel is not reference_kernel:
+    if not issubclass(SCORES[cfg.score], ScaledDot):
+      raise ConfigError(f"attention.kernel '{cfg.kernel}' computes dot-product scores only "
+                        f"(scaled_dot, dot), not '{cfg.score}'; use kernel 'reference'")
+    if cfg.dropout:
+      raise ConfigError(f"attention.kernel '{cfg.kernel}' has no attention dropout; set "
+                        f"model.attention.dropout=0 (got {cfg.dropout}) or kernel 'reference'")
+  return kernel
+
+
 # --------------------------------------------------------------------------- layer
 
 
 class MultiHeadAttention(nnx.Module):
   """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads."""
 
-  def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, rngs: nnx.Rngs):
+  def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    """dtype: of the computation; parameters stay float32."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     self.num_heads, self.head_dim = num_heads, d_model // num_heads
-    dense = lambda: nnx.Linear(d_model, d_model, use_bias=False, rngs=rngs)  # noqa: E731
+    dense = lambda: nnx.Linear(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query, self.key, self.value, self.out = dense(), dense(), dense(), dense()
     self.score = lookup(SCORES, cfg.score, "attention score")(num_heads, self.head_dim, cfg, rngs=rngs)
+    self.kernel = check_kernel(cfg)
     self.dropout = nnx.Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 
@@ -181,10 +234,8 @@ class MultiHeadAttention(nnx.Module):
     """
     k, v = kv
     q = encoding.rotate(self._heads(self.query(x_q)), q_positions)
-    logits = self.score(q, k) + encoding.bias(q_positions, k_positions)
-    weights = masked_softmax(logits, mask).astype(v.dtype)
-    weights = self.dropout(weights, deterministic=rngs is None, rngs=rngs)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    out = self.kernel(q, k, v, encoding.bias(q_positions, k_positions), mask, self.score,
+                      self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 
   def self_attend(self, x, mask, positions, encoding, rngs=None):

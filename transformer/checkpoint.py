@@ -6,6 +6,7 @@ import os
 
 import grain
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from transformer.registry import ConfigError
@@ -48,3 +49,19 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | 
   if data_iterator is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
   return step, mngr.restore(step, args=ocp.args.Composite(**items))["state"]
+
+
+def restore_average(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | None,
+                    count: int):
+  """The parameters averaged over the last `count` checkpoints up to `step` (default: the
+  latest), as the paper averages its last 5. Returns (steps averaged, state of `step` with
+  the averaged params)."""
+  step, state = restore(mngr, abstract_state, shardings, step)
+  steps = [s for s in sorted(mngr.all_steps()) if s <= step][-count:]
+  if len(steps) < count:
+    raise ConfigError(f"cannot average {count} checkpoints: {mngr.directory} holds "
+                      f"{len(steps)} up to step {step}: {steps}")
+  total = state["params"]
+  for other in steps[:-1]:
+    total = jax.tree.map(jnp.add, total, restore(mngr, abstract_state, shardings, other)[1]["params"])
+  return steps, {**state, "params": jax.tree.map(lambda x: x / count, total)}

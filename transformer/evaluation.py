@@ -37,22 +37,28 @@ class Evaluator:
 
     self._score, self._predict = score, predict
 
+  def _batches(self, split: dict[str, np.ndarray]):
+    for start in range(0, len(split["inputs"]), self.batch_size):
+      yield _pad_rows({k: v[start:start + self.batch_size] for k, v in split.items()},
+                      self.batch_size)
+
+  def predict(self, params, split: dict[str, np.ndarray], decode_len: int) -> np.ndarray:
+    """Decoded tokens [n, decode_len] of every row of the split."""
+    predictions = [np.asarray(self._predict(params, batch, decode_len))
+                   for batch in self._batches(split)]
+    return np.concatenate(predictions)[:len(split["inputs"])]
+
   def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int):
     """Returns (metrics, predictions [n, decode_len]) for one split."""
-    n = len(split["inputs"])
     totals: dict[str, float] = {}
-    predictions = []
-    for start in range(0, n, self.batch_size):
-      batch = _pad_rows({k: v[start:start + self.batch_size] for k, v in split.items()},
-                        self.batch_size)
+    for batch in self._batches(split):
       for k, v in jax.device_get(self._score(params, batch)).items():
         totals[k] = totals.get(k, 0.0) + float(v)
-      predictions.append(np.asarray(self._predict(params, batch, decode_len)))
-    predictions = np.concatenate(predictions)[:n]
+    predictions = self.predict(params, split, decode_len)
     metrics = {"loss": totals["nll"] / totals["tokens"],
                "accuracy": totals["correct"] / totals["tokens"],
                "exact_match": exact_match_rate(predictions, split["targets"]),
-               "examples": n}
+               "examples": len(split["inputs"])}
     return metrics, predictions
 
   def evaluate(self, params, splits, source):
@@ -83,10 +89,13 @@ def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
 
 
 def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
-                         beam_size: int = 1, alpha: float = 0.6) -> tuple[int, dict, str]:
-  """Restores the run in `workdir` (latest checkpoint by default), evaluates every held-out
-  split and writes the metrics as JSON (and, for text, the detokenized predictions beside
-  it, one file per split). Returns (step, metrics, metrics path)."""
+                         beam_size: int = 1, alpha: float = 0.6, average: int = 1,
+                         files: tuple[str, str] | None = None) -> tuple[int, dict, str]:
+  """Restores the run in `workdir` (latest checkpoint by default; with `average` > 1 the
+  mean parameters of the last `average` checkpoints up to it), evaluates every held-out
+  split, or the (source, reference) text `files` instead, and writes the metrics as JSON
+  (and, for text, the detokenized predictions beside it, one file per split). Returns
+  (step, metrics, metrics path)."""
   config = workdir_lib.load_config(workdir)
   source = sources.make_source(config, workdir)
   graphdef, init = experiment.make_init(config, source.vocab_size,
@@ -94,11 +103,13 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
   abstract = jax.eval_shape(init)
   replicated = sharding.replicated(sharding.make_mesh())
   shardings = jax.tree.map(lambda _: replicated, abstract)
-  step, state = checkpoint.restore(checkpoint.manager(workdir, read_only=True), abstract,
-                                   shardings, step)
+  mngr = checkpoint.manager(workdir, read_only=True)
+  steps, state = checkpoint.restore_average(mngr, abstract, shardings, step, average)
+  step = steps[-1]
   source.prepare()
+  splits = source.eval_splits() if files is None else source.file_split(*files)
   evaluator = Evaluator(graphdef, config.eval.batch_size, beam_size, alpha)
-  results, hypotheses = evaluator.evaluate(state["params"], source.eval_splits(), source)
+  results, hypotheses = evaluator.evaluate(state["params"], splits, source)
   output = output or os.path.join(workdir, f"eval_step_{step}.json")
   for split, lines in hypotheses.items():
     if lines is not None:
@@ -107,8 +118,8 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
         f.writelines(line + "\n" for line in lines)
       results[split]["predictions"] = path
   with open(output, "w") as f:
-    json.dump({"step": step, "workdir": os.path.abspath(workdir), "beam_size": beam_size,
-               "alpha": alpha, "splits": results}, f, indent=2)
+    json.dump({"step": step, "averaged_steps": steps, "workdir": os.path.abspath(workdir),
+               "beam_size": beam_size, "alpha": alpha, "splits": results}, f, indent=2)
   return step, results, output
 
 

@@ -32,7 +32,15 @@ class ModelConfig:
   max_len: int = 512  # longest sequence the `learned` table covers
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
   share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
+  dtype: str = "float32"  # a key of DTYPES: the computation's; parameters are always float32
   attention: AttentionConfig = AttentionConfig()
+
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def compute_dtype(cfg: ModelConfig):
+  return lookup(DTYPES, cfg.dtype, "model dtype")
 
 
 # --------------------------------------------------------------------------- residual blocks
@@ -43,8 +51,8 @@ class PostNorm(nnx.Module):
 
   final_norm = False  # the stack output is already normalised
 
-  def __init__(self, d_model: int, dropout: float, *, rngs: nnx.Rngs):
-    self.norm = nnx.LayerNorm(d_model, epsilon=1e-6, rngs=rngs)
+  def __init__(self, d_model: int, dropout: float, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.norm = nnx.LayerNorm(d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(dropout)
 
   def __call__(self, x, sublayer, rngs):
@@ -63,12 +71,17 @@ class PreNorm(PostNorm):
 RESIDUALS: dict[str, type[PostNorm]] = {"post": PostNorm, "pre": PreNorm}
 
 
+def residual_block(cfg: ModelConfig, rngs: nnx.Rngs) -> PostNorm:
+  residual = lookup(RESIDUALS, cfg.norm, "norm")
+  return residual(cfg.d_model, cfg.dropout, dtype=compute_dtype(cfg), rngs=rngs)
+
+
 class FeedForward(nnx.Module):
   """max(0, x W_1 + b_1) W_2 + b_2."""
 
-  def __init__(self, d_model: int, d_ff: int, *, rngs: nnx.Rngs):
-    self.wi = nnx.Linear(d_model, d_ff, rngs=rngs)
-    self.wo = nnx.Linear(d_ff, d_model, rngs=rngs)
+  def __init__(self, d_model: int, d_ff: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.wi = nnx.Linear(d_model, d_ff, dtype=dtype, rngs=rngs)
+    self.wo = nnx.Linear(d_ff, d_model, dtype=dtype, rngs=rngs)
 
   def __call__(self, x):
     return self.wo(jax.nn.relu(self.wi(x)))
@@ -81,11 +94,12 @@ NO_POSITION = PositionalEncoding(0, 1, 0, rngs=None)
 class EncoderLayer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    residual = lookup(RESIDUALS, cfg.norm, "norm")
-    self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention, rngs=rngs)
-    self.attention_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
-    self.ffn = FeedForward(cfg.d_model, cfg.d_ff, rngs=rngs)
-    self.ffn_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
+    dtype = compute_dtype(cfg)
+    self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
+                                             dtype=dtype, rngs=rngs)
+    self.attention_block = residual_block(cfg, rngs)
+    self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dtype=dtype, rngs=rngs)
+    self.ffn_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, positions, encoding, rngs):
     attend = lambda y: self.self_attention.self_attend(y, mask, positions, encoding, rngs)  # noqa: E731
@@ -97,9 +111,9 @@ class DecoderLayer(EncoderLayer):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     super().__init__(cfg, rngs=rngs)
-    residual = lookup(RESIDUALS, cfg.norm, "norm")
-    self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention, rngs=rngs)
-    self.cross_block = residual(cfg.d_model, cfg.dropout, rngs=rngs)
+    self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
+                                              dtype=compute_dtype(cfg), rngs=rngs)
+    self.cross_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, positions, encoding, rngs, *, encoded, cross_mask, encoded_positions):
     attend = lambda y: self.self_attention.self_attend(y, mask, positions, encoding, rngs)  # noqa: E731
@@ -122,7 +136,8 @@ class Stack(nnx.Module):
     self.dropout = nnx.Dropout(cfg.dropout)
     self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
-    self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, rngs=rngs) if has_final else None
+    self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
+                                    rngs=rngs) if has_final else None
 
   def __call__(self, x, positions, mask, rngs, key_positions=None, **cross):
     """key_positions: those of the self-attention keys when they differ from the queries'
@@ -145,14 +160,16 @@ class Embeddings(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     init = nnx.initializers.normal(cfg.d_model ** -0.5)  # unit variance after the √d scale
-    embed = lambda: nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=init, rngs=rngs)  # noqa: E731
+    dtype = compute_dtype(cfg)
+    embed = lambda: nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=init, dtype=dtype,  # noqa: E731
+                              rngs=rngs)
     self.scale = math.sqrt(cfg.d_model)
     self.source_table = embed()
     if cfg.share_embeddings:
       self.target_table, self.output = None, None
     else:
       self.target_table = embed()
-      self.output = nnx.Linear(cfg.d_model, cfg.vocab_size, rngs=rngs)
+      self.output = nnx.Linear(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs)
 
   def source(self, tokens):
     return self.source_table(tokens) * self.scale
@@ -226,12 +243,12 @@ class Transformer(nnx.Module):
 
   # ------------------------------------------------------------------ incremental decoding
 
-  def init_decoding(self, encoded, inputs_positions, max_len: int, dtype=jnp.float32) -> None:
+  def init_decoding(self, encoded, inputs_positions, max_len: int) -> None:
     """Prepares decode_step: empty self-attention caches of max_len positions and the
     cross-attention K/V of `encoded` [b, s, d], projected once here."""
     self.decoder.position.check_length(max_len)
     for layer in self.decoder.layers:
-      layer.self_attention.init_self_cache(encoded.shape[0], max_len, dtype)
+      layer.self_attention.init_self_cache(encoded.shape[0], max_len, encoded.dtype)
       layer.cross_attention.init_cross_cache(encoded, inputs_positions, NO_POSITION)
 
   def decode_step(self, tokens, index, inputs_segments, inputs_positions):

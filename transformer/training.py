@@ -108,7 +108,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
       donate_argnums=0)
   evaluator = Evaluator(graphdef, config.eval.batch_size)
-  splits = source.eval_splits()
+  splits = source.eval_splits(config.train.eval_examples)
 
   sums, interval_start, interval_steps, timed_steps, timed_seconds = [], time.time(), 0, 0, 0.0
   while step < train_cfg.num_steps:

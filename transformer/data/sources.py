@@ -38,9 +38,15 @@ class SyntheticSource:
     dataset = synthetic.train_dataset(self.task, self.config.seed, self.config.train.batch_size)
     return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
 
-  def eval_splits(self) -> dict[str, dict[str, np.ndarray]]:
-    return synthetic.eval_splits(self.task, self.config.seed, self.config.eval.num_examples,
+  def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """`valid` and `longer`, num_examples each (0: config.eval.num_examples)."""
+    return synthetic.eval_splits(self.task, self.config.seed,
+                                 num_examples or self.config.eval.num_examples,
                                  self.longer_max_len)
+
+  def file_split(self, source_path: str, reference_path: str):
+    raise ConfigError("evaluating a source/reference file pair needs a text data source; "
+                      "this run's is 'synthetic'")
 
   def decode_len(self, split: dict[str, np.ndarray]) -> int:
     return split["targets"].shape[1]  # exact match needs the full target and its EOS
@@ -60,6 +66,10 @@ class ParallelTextSource:
     self.tokenizer_path = self.data.tokenizer or os.path.join(workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
     self.references: dict[str, list[str]] = {}
+    self.check()
+
+  def check(self) -> None:
+    """Fails early, before anything is written, if the corpus is not there."""
     for split in ("train", "valid"):
       for side in ("source", "target"):
         path = self.path(split, side)
@@ -88,23 +98,30 @@ class ParallelTextSource:
     return [(self.tokenizer.encode(s), self.tokenizer.encode(t)) for s, t in pairs]
 
   def train_batches(self) -> grain.IterDataset:
-    examples = grain.MapDataset.source(self._encode(self.pairs("train")))
+    examples = self._encode(self.pairs("train"))
     return pipeline.train_batches(examples, seed=self.config.seed,
                                   batch_size=self.config.train.batch_size,
                                   max_len=self.data.max_len, pack=self.data.pack)
 
-  def eval_splits(self) -> dict[str, dict[str, np.ndarray]]:
-    """The first eval.num_examples pairs of each held-out split (0: all), none dropped."""
-    splits = {}
-    for split in ("valid", "test"):
-      if not self.data.get(f"{split}_source"):
-        continue
-      pairs = self.pairs(split)[:self.config.eval.num_examples or None]
-      self.references[split] = [t for _, t in pairs]
-      encoded = self._encode(pairs)
-      width = max(max(len(s), len(t)) for s, t in encoded)
-      splits[split] = pipeline.pad_batch(encoded, width)
-    return splits
+  def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """The first num_examples pairs (0: config.eval.num_examples; 0 there: all) of the
+    `valid` and, if configured, `test` splits, none dropped."""
+    limit = num_examples or self.config.eval.num_examples or None
+    return {split: self._split(split, self.pairs(split)[:limit]) for split in self.held_out()}
+
+  def held_out(self) -> list[str]:
+    return [split for split in ("valid", "test") if self.data.get(f"{split}_source")]
+
+  def file_split(self, source_path: str, reference_path: str):
+    """({name: split}) for any source/reference file pair, named after the source file."""
+    name = os.path.basename(source_path).removesuffix(".gz")
+    return {name: self._split(name, text.read_parallel(source_path, reference_path))}
+
+  def _split(self, name: str, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
+    """Padded arrays of the pairs; the raw references are kept for BLEU."""
+    self.references[name] = [t for _, t in pairs]
+    encoded = self._encode(pairs)
+    return pipeline.pad_batch(encoded, max(max(len(s), len(t)) for s, t in encoded))
 
   def decode_len(self, split: dict[str, np.ndarray]) -> int:
     return split["inputs"].shape[1] + self.data.decode_offset
@@ -121,7 +138,44 @@ class ParallelTextSource:
     return metrics, hypotheses
 
 
-SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource}
+class TfdsSource(ParallelTextSource):
+  """config.data.tfds_name (e.g. wmt14_translate/de-en) read through tfds.data_source from
+  array_record files under tfds_dir, without TensorFlow; source_lang → target_lang. The
+  dataset must have been prepared once (that step needs TensorFlow for the WMT builders)."""
+
+  def check(self) -> None:
+    for split in ("train", "valid"):
+      self._data_source(split)
+
+  def _data_source(self, split: str):
+    try:
+      import tensorflow_datasets as tfds  # noqa: PLC0415 - optional: pip install '.[tfds]'
+    except ImportError:
+      raise ConfigError("data.source 'tfds' needs tensorflow-datasets: pip install -e '.[tfds]'"
+                        ) from None
+    name, data_dir = self.data.tfds_name, self.data.tfds_dir or None
+    try:
+      return tfds.data_source(name, split=self.data[f"{split}_split"], data_dir=data_dir,
+                              download=False)
+    except Exception as e:  # noqa: BLE001 - tfds raises assorted errors for an unprepared set
+      raise ConfigError(
+          f"TFDS dataset {name!r} (split {self.data[f'{split}_split']!r}) is not readable under "
+          f"{data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
+          f"{' '.join(str(e).split())[:200]}). Prepare it once in array_record format: pip install "
+          f"tensorflow tensorflow-datasets && python -c \"import tensorflow_datasets as tfds; "
+          f"tfds.builder('{name}', data_dir={data_dir!r}, file_format='array_record')"
+          f".download_and_prepare()\"") from None
+
+  def held_out(self) -> list[str]:
+    return [split for split in ("valid", "test") if self.data.get(f"{split}_split")]
+
+  def pairs(self, split: str) -> list[tuple[str, str]]:
+    text_of = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)  # noqa: E731
+    src, tgt = self.data.source_lang, self.data.target_lang
+    return [(text_of(ex[src]), text_of(ex[tgt])) for ex in self._data_source(split)]
+
+
+SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource}
 
 
 def make_source(config: ml_collections.ConfigDict, workdir: str | None = None):
