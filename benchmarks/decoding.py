@@ -32,9 +32,8 @@ def main(argv):
   graphdef, init = experiment.make_init(config, source.vocab_size,
                                         experiment.make_optimizer(config))
   abstract = jax.eval_shape(init)
-  replicated = sharding.replicated(sharding.make_mesh())
   step, state = checkpoint.restore(checkpoint.manager(FLAGS.workdir, read_only=True), abstract,
-                                   jax.tree.map(lambda _: replicated, abstract))
+                                   sharding.state_shardings(abstract, sharding.make_mesh()))
   source.prepare()
   split = source.eval_splits()[FLAGS.split]
   n, batch_size = len(split["inputs"]), FLAGS.batch_size or config.eval.batch_size

@@ -61,11 +61,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.label_smoothing = 0.1  # also damps the late Adam spikes of this converged task
   config.train.weight_decay = 0.0
   config.train.grad_clip_norm = 0.0  # 0: off
+  config.train.accumulation_steps = 1  # micro-batches per step (gradients summed): same update
   config.train.log_every = 100
   config.train.eval_every = 500  # 0: only at the end
   config.train.eval_examples = 0  # per held-out split during training; 0: eval.num_examples
   config.train.checkpoint_every = 1000
   config.train.keep_checkpoints = 3
+
+  # Device mesh (transformer/sharding.py): batch split over data x fsdp, parameters and
+  # optimizer state split over fsdp and tensor. -1: the devices left over.
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
 
   config.eval = ml_collections.ConfigDict()
   config.eval.num_examples = 512  # per held-out split

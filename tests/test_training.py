@@ -97,7 +97,7 @@ def test_checkpoint_average_is_the_mean_of_the_last_checkpoints(tmp_path, tiny_c
   train_and_evaluate(config, workdir)  # checkpoints at 10, 20, 30, 40
   _, init = experiment.make_init(config, 9, experiment.make_optimizer(config))
   abstract = jax.eval_shape(init)
-  shardings = jax.tree.map(lambda _: sharding.replicated(sharding.make_mesh()), abstract)
+  shardings = sharding.state_shardings(abstract, sharding.make_mesh())
   mngr = checkpoint.manager(workdir, read_only=True)
   steps, state = checkpoint.restore_average(mngr, abstract, shardings, 30, 3)
   assert steps == [10, 20, 30] and int(state["step"]) == 30

@@ -101,8 +101,7 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
   graphdef, init = experiment.make_init(config, source.vocab_size,
                                         experiment.make_optimizer(config))
   abstract = jax.eval_shape(init)
-  replicated = sharding.replicated(sharding.make_mesh())
-  shardings = jax.tree.map(lambda _: replicated, abstract)
+  shardings = sharding.state_shardings(abstract, sharding.make_mesh())
   mngr = checkpoint.manager(workdir, read_only=True)
   steps, state = checkpoint.restore_average(mngr, abstract, shardings, step, average)
   step = steps[-1]

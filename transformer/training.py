@@ -19,20 +19,43 @@ from transformer.metrics import token_metrics
 log = logging.getLogger("transformer")
 
 
-def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int):
+def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int,
+                    accumulation_steps: int = 1):
   """(state, batch) -> (state, metric sums); dropout keys are folded from (seed, step), so
-  a resumed run draws the same masks as an uninterrupted one."""
+  a resumed run draws the same masks as an uninterrupted one.
 
-  def loss_fn(params, batch, key):
+  With accumulation_steps = k the batch is split into k micro-batches (rows i, i+k, ...)
+  whose gradients of the summed loss are added up before dividing by the batch's token
+  count: the update of the whole batch, in 1/k of the activation memory.
+  """
+
+  def summed_loss(params, batch, key):
     model = nnx.merge(graphdef, params)
     logits = model(batch, rngs=nnx.Rngs(dropout=key))
     sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0,
                          label_smoothing)
-    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(summed_loss, has_aux=True)
+
+  def gradients(params, batch, key):
+    if accumulation_steps == 1:
+      return grad_fn(params, batch, key)
+    k = accumulation_steps
+    micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+
+    def add_micro_batch(total, xs):
+      part = grad_fn(params, xs[0], jax.random.fold_in(key, xs[1]))
+      return jax.tree.map(jnp.add, total, part), None
+
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, batch, key))
+    return jax.lax.scan(add_micro_batch, zeros, (micro, jnp.arange(k)))[0]
 
   def train_step(state, batch):
     key = jax.random.fold_in(jax.random.key(seed), state["step"])
-    grads, sums = jax.grad(loss_fn, has_aux=True)(state["params"], batch, key)
+    grads, sums = gradients(state["params"], batch, key)
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
     sums["learning_rate"] = schedule(state["step"])
     new_state = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
@@ -83,12 +106,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   optimizer = experiment.make_optimizer(config)
   schedule = experiment.make_schedule(config)
   graphdef, init = experiment.make_init(config, source.vocab_size, optimizer)  # validates it
-  mesh = sharding.make_mesh()
-  sharding.check_batch_size(train_cfg.batch_size, mesh)
+  mesh = sharding.make_mesh(config.mesh.to_dict())
+  sharding.check_batch_size(train_cfg.batch_size, mesh, train_cfg.accumulation_steps)
   workdir_lib.prepare(config, workdir)  # nothing is written before the config is known good
   source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
 
-  state_sharding = jax.tree.map(lambda _: sharding.replicated(mesh), jax.eval_shape(init))
+  state_sharding = sharding.state_shardings(jax.eval_shape(init), mesh)
   batch_sharding = sharding.batch_sharding(mesh)
   mngr = checkpoint.manager(workdir, max_to_keep=train_cfg.keep_checkpoints)
   batches = iter(source.train_batches())
@@ -104,7 +127,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   train_step = jax.jit(
       make_train_step(graphdef, optimizer, schedule, label_smoothing=train_cfg.label_smoothing,
-                      seed=config.seed),
+                      seed=config.seed, accumulation_steps=train_cfg.accumulation_steps),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
       donate_argnums=0)
   evaluator = Evaluator(graphdef, config.eval.batch_size)
@@ -112,7 +135,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   sums, interval_start, interval_steps, timed_steps, timed_seconds = [], time.time(), 0, 0, 0.0
   while step < train_cfg.num_steps:
-    batch = jax.device_put(next(batches), batch_sharding)
+    batch = jax.make_array_from_process_local_data(batch_sharding, next(batches))
     state, metrics = train_step(state, batch)
     sums.append(metrics)
     step += 1
