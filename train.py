@@ -2,6 +2,10 @@
 
 Re-running the same command resumes from the latest checkpoint in DIR. SIGINT/SIGTERM save
 a checkpoint and exit with status 128 + signal number.
+
+Several processes (hosts): run the same command on each with --distributed (TPU pods, SLURM
+and Open MPI are detected from the environment), or with --coordinator_address HOST:PORT
+--num_processes N --process_id I. Each process reads its share of the data; process 0 logs.
 """
 
 import signal
@@ -15,12 +19,20 @@ from transformer.training import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, config and metrics.")
+flags.DEFINE_bool("distributed", False, "jax.distributed.initialize() from the cluster "
+                  "environment (TPU pod, SLURM, Open MPI).")
+flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, to start several "
+                    "processes by hand (with --num_processes and --process_id).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.start_distributed(flags.FLAGS.distributed, flags.FLAGS.coordinator_address,
+                        flags.FLAGS.num_processes, flags.FLAGS.process_id)
   cli.setup_logging()
   received = []
   for sig in (signal.SIGINT, signal.SIGTERM):

@@ -123,7 +123,8 @@ def main(argv):
   print(f"matmul peak       {peak / 1e9:.1f} GFLOP/s ({dtype.name})")
   print(f"MFU               {100 * flops / step_s / peak:.1f}% "
         f"(XLA-counted: {100 * xla_flops / step_s / peak:.1f}%)")
-  print(f"peak memory       {peak_memory()}")
+  temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
+  print(f"peak memory       {peak_memory()}; XLA temporaries of the step {temp:.2f} GiB")
 
 
 if __name__ == "__main__":

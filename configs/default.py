@@ -40,6 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.norm = "post"  # post | pre
   config.model.share_embeddings = True
   config.model.dtype = "float32"  # float32 | bfloat16 (computation; parameters stay float32)
+  config.model.remat = False  # recompute layer activations in the backward pass: less memory
   config.model.attention = ml_collections.ConfigDict()
   config.model.attention.score = "scaled_dot"  # scaled_dot | dot | additive | gaussian
   config.model.attention.window = "full"  # full | local
@@ -50,7 +51,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention.learn_sigma = True
   # reference (any score, attention dropout) | xla | cudnn (jax.nn.dot_product_attention:
   # dot-product scores, no attention dropout; cudnn = flash attention on NVIDIA GPUs)
+  # blockwise (any score, no attention dropout): online softmax over blocks of block_size,
+  # memory O(L·block) and, with window=local, O(L·(block + 2·window_size)) work.
   config.model.attention.kernel = "reference"
+  config.model.attention.block_size = 512
 
   # Optimization: AdamW(0.9, 0.98, 1e-9), lr = learning_rate · d^-0.5 · min(n^-0.5, n·warmup^-1.5).
   config.train = ml_collections.ConfigDict()

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import (KERNELS, AttentionConfig, ScaledDot, causal_mask,
-                                   reference_kernel, segment_mask)
+from transformer.attention import KERNELS, AttentionConfig, Mask, ScaledDot, reference_kernel
+from transformer.positions import PositionalEncoding
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU")
 
@@ -26,18 +26,20 @@ def test_cudnn_attention_matches_reference_in_bfloat16():
                          jnp.zeros((b, 8), jnp.int32)], axis=1)  # two segments, then padding
   pos = jnp.concatenate([jnp.arange(40), jnp.arange(16), jnp.zeros(8, jnp.int32)])[None]
   pos = jnp.broadcast_to(pos, (b, t))
-  mask = segment_mask(seg, seg) & causal_mask(pos, pos)
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  no_bias = PositionalEncoding(0, 1, 0, rngs=None).bias
   score = ScaledDot(h, d, AttentionConfig(), rngs=nnx.Rngs(0))
   dropout = nnx.Dropout(0.0)
 
   def loss(kernel, q, k, v):
-    out = kernel(q, k, v, jnp.zeros(()), mask, score, dropout, None)
+    out = kernel(q, k, v, mask, no_bias, score, dropout, None)
     return jnp.sum(jnp.where((seg > 0)[:, :, None, None], out, 0).astype(jnp.float32) * g), out
 
   def f32_reference(q, k, v):
     return loss(reference_kernel, *(x.astype(jnp.float32) for x in (q, k, v)))
 
-  cudnn = jax.jit(jax.value_and_grad(lambda *a: loss(KERNELS["cudnn"], *a), (0, 1, 2), has_aux=True))
+  kernel = KERNELS["cudnn"](AttentionConfig())
+  cudnn = jax.jit(jax.value_and_grad(lambda *a: loss(kernel, *a), (0, 1, 2), has_aux=True))
   hlo = cudnn.lower(q, k, v).compile().as_text()
   assert "cudnn" in hlo and "fmha" in hlo  # the fused cuDNN call, not an XLA fallback
   (_, out), grads = cudnn(q, k, v)

@@ -7,6 +7,7 @@ segment ids and positions, so padding, packing, causality and windows compose by
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -28,6 +29,7 @@ class AttentionConfig:
   gaussian_sigma: float = 0.0  # initial kernel width; 0 = head_dim ** 0.25 (matches √d scaling)
   learn_sigma: bool = True  # Gaussian width learned per head, or fixed
   kernel: str = "reference"  # a key of KERNELS: how softmax(scores + bias)·V is computed
+  block_size: int = 512  # `blockwise`: queries and keys per block
 
 
 # --------------------------------------------------------------------------- scorers
@@ -112,9 +114,10 @@ def causal_mask(q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
   return (k_positions[:, None, :] <= q_positions[:, :, None])[:, None]
 
 
-def full_window(q_positions, k_positions, size: int) -> jax.Array:
-  del k_positions, size
-  return jnp.ones((q_positions.shape[0], 1, q_positions.shape[1], 1), bool)
+WINDOWS: dict[str, Callable[[int], int | None]] = {
+    "full": lambda size: None,  # every key of the sequence (within the segment)
+    "local": lambda size: size,  # keys within ±size positions
+}
 
 
 def local_window(q_positions, k_positions, size: int) -> jax.Array:
@@ -123,10 +126,37 @@ def local_window(q_positions, k_positions, size: int) -> jax.Array:
   return (jnp.abs(offset) <= size)[:, None]
 
 
-WINDOWS: dict[str, Callable[[jax.Array, jax.Array, int], jax.Array]] = {
-    "full": full_window,
-    "local": local_window,
-}
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["q_segments", "k_segments", "q_positions", "k_positions"],
+                   meta_fields=["causal", "window"])
+@dataclasses.dataclass(frozen=True)
+class Mask:
+  """Which keys each query may see, kept as its ingredients ([b, tq] / [b, tk] segment ids
+  and positions) so a kernel can build the whole [b, 1, tq, tk] boolean or any block of it
+  without the rest: the same non-pad segment, and optionally causal (key position ≤ the
+  query's) and a local window (|query − key position| ≤ window)."""
+
+  q_segments: jax.Array
+  k_segments: jax.Array
+  q_positions: jax.Array
+  k_positions: jax.Array
+  causal: bool = False
+  window: int | None = None
+
+  def dense(self) -> jax.Array:
+    mask = segment_mask(self.q_segments, self.k_segments)
+    if self.causal:
+      mask &= causal_mask(self.q_positions, self.k_positions)
+    if self.window is not None:
+      mask &= local_window(self.q_positions, self.k_positions, self.window)
+    return mask
+
+  def block(self, q_start, q_size: int, k_start, k_size: int) -> "Mask":
+    """The mask of queries q_start.. (q_size of them) against keys k_start.. (k_size)."""
+    q = lambda x: jax.lax.dynamic_slice_in_dim(x, q_start, q_size, axis=1)  # noqa: E731
+    k = lambda x: jax.lax.dynamic_slice_in_dim(x, k_start, k_size, axis=1)  # noqa: E731
+    return dataclasses.replace(self, q_segments=q(self.q_segments), q_positions=q(self.q_positions),
+                               k_segments=k(self.k_segments), k_positions=k(self.k_positions))
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
@@ -136,13 +166,16 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 # --------------------------------------------------------------------------- kernels
-# A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], the layer's
-# scorer and dropout, a logit bias broadcastable to [b, h, tq, tk] and the boolean mask.
+# A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], a Mask, the
+# logit bias as a function of (query positions, key positions) -> broadcastable to
+# [b, h, tq, tk], and the layer's scorer and dropout. KERNELS maps a name to a function of
+# the AttentionConfig that returns the kernel.
 
 
-def reference_kernel(q, k, v, bias, mask, score, dropout, rngs):
+def reference_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs):
   """The formula, any scorer: softmax(score(q, k) + bias) over unmasked keys, dropout, ·V."""
-  weights = masked_softmax(score(q, k) + bias, mask).astype(v.dtype)
+  logits = score(q, k) + bias(mask.q_positions, mask.k_positions)
+  weights = masked_softmax(logits, mask.dense()).astype(v.dtype)
   weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
   return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
@@ -153,34 +186,100 @@ def fused_kernel(implementation: str):
   visible key (padding) attends to every key instead of none, so it stays finite (no NaN
   to leak into later layers); the loss never reads it."""
 
-  def kernel(q, k, v, bias, mask, score, dropout, rngs):
+  def kernel(q, k, v, mask, bias, score, dropout, rngs):
     del dropout, rngs
-    mask = mask | ~jnp.any(mask, axis=-1, keepdims=True)
+    dense = mask.dense()
+    dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
+    bias = bias(mask.q_positions, mask.k_positions)
     bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
     impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=score.scale,
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=dense, scale=score.scale,
                                         implementation=impl)
 
   return kernel
 
 
-KERNELS: dict[str, Callable] = {
-    "reference": reference_kernel,
-    "xla": fused_kernel("xla"),
-    "cudnn": fused_kernel("cudnn"),
+def _pad_time(x, before: int, after: int):
+  return jnp.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2))
+
+
+def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: int):
+  """Memory-bounded attention, any scorer: queries in blocks of `block`, each block's softmax
+  accumulated online over key blocks (flash-attention style, in plain JAX), and each query
+  block rematerialised in the backward pass, so no [tq, tk] array exists, only
+  [block, block] ones. With a local window a query block reads only the keys within the
+  window of it: O(L·(block + 2w)) work and memory instead of O(L²). Fully masked rows give
+  0, as the reference does; no attention dropout."""
+  del dropout, rngs
+  b, tq, h, d = q.shape
+  tk = k.shape[1]
+  if tq == 1 or (tq <= block and tk <= block):
+    return reference_kernel(q, k, v, mask, bias, score, nnx.Dropout(0.0), None)
+  local = mask.window is not None and tq == tk  # self-attention: keys at the queries' indices
+  q_pad = -tq % block
+  span = block + 2 * mask.window if local else block
+  k_before = mask.window if local else 0
+  k_after = (tq + q_pad + mask.window - tk) if local else -tk % block
+  q, k, v = _pad_time(q, 0, q_pad), _pad_time(k, k_before, k_after), _pad_time(v, k_before, k_after)
+  mask = dataclasses.replace(  # padding has segment 0: masked
+      mask, q_segments=_pad_time(mask.q_segments, 0, q_pad),
+      q_positions=_pad_time(mask.q_positions, 0, q_pad),
+      k_segments=_pad_time(mask.k_segments, k_before, k_after),
+      k_positions=_pad_time(mask.k_positions, k_before, k_after))
+  num_key_blocks = 1 if local else k.shape[1] // block
+
+  def key_block(carry, q_start, k_start, q_blk):
+    top, total, acc = carry  # running max [b,h,bq], normaliser [b,h,bq], output [b,h,bq,d]
+    m = mask.block(q_start, block, k_start, span)
+    k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, span, axis=1)
+    v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, span, axis=1)
+    visible = m.dense()
+    logits = (score(q_blk, k_blk) + bias(m.q_positions, m.k_positions)).astype(jnp.float32)
+    logits = jnp.where(visible, logits, -jnp.inf)
+    new_top = jnp.maximum(top, logits.max(-1))
+    safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
+    p = jnp.where(visible, jnp.exp(logits - safe_top[..., None]), 0.0)
+    rescale = jnp.exp(jnp.where(jnp.isfinite(top), top - safe_top, -jnp.inf))
+    acc = acc * rescale[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), v_blk,
+                                                preferred_element_type=jnp.float32)
+    return new_top, total * rescale + p.sum(-1), acc
+
+  @jax.checkpoint
+  def query_block(q_start):
+    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, block, axis=1)
+    carry = (jnp.full((b, h, block), -jnp.inf, jnp.float32), jnp.zeros((b, h, block), jnp.float32),
+             jnp.zeros((b, h, block, d), jnp.float32))
+    if local:  # padded keys start `window` before the queries: this block's span
+      carry = key_block(carry, q_start, q_start, q_blk)
+    else:
+      step = jax.checkpoint(lambda c, j: (key_block(c, q_start, j * block, q_blk), None))
+      carry = jax.lax.scan(step, carry, jnp.arange(num_key_blocks))[0]
+    _, total, acc = carry
+    out = acc / jnp.where(total > 0, total, 1.0)[..., None]  # no visible key: 0
+    return jnp.swapaxes(out, 1, 2).astype(v.dtype)  # [b, block, h, d]
+
+  blocks = jax.lax.map(query_block, jnp.arange(0, tq + q_pad, block))  # [n, b, block, h, d]
+  return jnp.moveaxis(blocks, 0, 1).reshape(b, tq + q_pad, h, d)[:, :tq]
+
+
+KERNELS: dict[str, Callable[[AttentionConfig], Callable]] = {
+    "reference": lambda cfg: reference_kernel,
+    "xla": lambda cfg: fused_kernel("xla"),
+    "cudnn": lambda cfg: fused_kernel("cudnn"),
+    "blockwise": lambda cfg: functools.partial(blockwise_kernel, block=cfg.block_size),
 }
 
 
 def check_kernel(cfg: AttentionConfig) -> Callable:
   """The kernel for cfg, or a ConfigError naming what the fused kernels cannot do."""
-  kernel = lookup(KERNELS, cfg.kernel, "attention kernel")
-  if kernel is not reference_kernel:
+  kernel = lookup(KERNELS, cfg.kernel, "attention kernel")(cfg)
+  if cfg.kernel in ("xla", "cudnn"):
     if not issubclass(SCORES[cfg.score], ScaledDot):
       raise ConfigError(f"attention.kernel '{cfg.kernel}' computes dot-product scores only "
                         f"(scaled_dot, dot), not '{cfg.score}'; use kernel 'reference'")
-    if cfg.dropout:
-      raise ConfigError(f"attention.kernel '{cfg.kernel}' has no attention dropout; set "
-                        f"model.attention.dropout=0 (got {cfg.dropout}) or kernel 'reference'")
+  if cfg.kernel != "reference" and cfg.dropout:
+    raise ConfigError(f"attention.kernel '{cfg.kernel}' has no attention dropout; set "
+                      f"model.attention.dropout=0 (got {cfg.dropout}) or kernel 'reference'")
   return kernel
 
 
@@ -216,46 +315,33 @@ class MultiHeadAttention(nnx.Module):
     k = encoding.rotate(self._heads(self.key(x_kv)), k_positions)
     return k, self._heads(self.value(x_kv))
 
-  def __call__(
-      self,
-      x_q: jax.Array,
-      kv: tuple[jax.Array, jax.Array],
-      mask: jax.Array,
-      *,
-      q_positions: jax.Array,
-      k_positions: jax.Array,
-      encoding: PositionalEncoding,
-      rngs: nnx.Rngs | None = None,
-  ) -> jax.Array:
-    """Attends from x_q [b, tq, d_model] to kv = keys_values(...) under mask [b, 1, tq, tk].
+  def __call__(self, x_q: jax.Array, kv: tuple[jax.Array, jax.Array], mask: Mask, *,
+               encoding: PositionalEncoding, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Attends from x_q [b, tq, d_model] to kv = keys_values(...) under `mask`.
 
     `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
     k, v = kv
-    q = encoding.rotate(self._heads(self.query(x_q)), q_positions)
-    out = self.kernel(q, k, v, encoding.bias(q_positions, k_positions), mask, self.score,
-                      self.dropout, rngs)
+    q = encoding.rotate(self._heads(self.query(x_q)), mask.q_positions)
+    out = self.kernel(q, k, v, mask, encoding.bias, self.score, self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 
-  def self_attend(self, x, mask, positions, encoding, rngs=None):
-    """Self-attention of x [b, t, d_model]. With a cache (init_self_cache), x holds the next
-    token(s): their keys/values are appended and they attend over everything cached, with
-    `mask` [b, 1, t, cache_len] given against cache positions 0..cache_len-1."""
-    kv = self.keys_values(x, positions, encoding)
-    k_positions = positions
+  def self_attend(self, x, mask: Mask, encoding, rngs=None):
+    """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
+    (init_self_cache), x holds the next token(s): their keys/values are appended and they
+    attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
+    kv = self.keys_values(x, mask.q_positions, encoding)
     if self.cache is not None:
-      kv, k_positions = self.cache.append(kv)
-    return self(x, kv, mask, q_positions=positions, k_positions=k_positions, encoding=encoding,
-                rngs=rngs)
+      kv = self.cache.append(kv)
+    return self(x, kv, mask, encoding=encoding, rngs=rngs)
 
-  def cross_attend(self, x, encoded, mask, positions, encoded_positions, encoding, rngs=None):
+  def cross_attend(self, x, encoded, mask: Mask, encoding, rngs=None):
     """Attention from x to the encoder output; K/V come from the cache when one was made
     (init_cross_cache), so decoding projects the source once, not at every step."""
     kv = (self.cache.k[...], self.cache.v[...]) if self.cache is not None else (
-        self.keys_values(encoded, encoded_positions, encoding))
-    return self(x, kv, mask, q_positions=positions, k_positions=encoded_positions,
-                encoding=encoding, rngs=rngs)
+        self.keys_values(encoded, mask.k_positions, encoding))
+    return self(x, kv, mask, encoding=encoding, rngs=rngs)
 
   def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
     shape = (batch, max_len, self.num_heads, self.head_dim)
@@ -273,12 +359,9 @@ class KVCache(nnx.Module):
     self.index = nnx.Cache(jnp.zeros((), jnp.int32))
 
   def append(self, kv):
-    """Writes kv ([b, t, h, d] each) at the current index; returns the whole cache and the
-    key positions [b, max_len]."""
+    """Writes kv ([b, t, h, d] each) at the current index; returns the whole cache."""
     i = self.index[...]
     self.k[...] = jax.lax.dynamic_update_slice_in_dim(self.k[...], kv[0].astype(self.k.dtype), i, 1)
     self.v[...] = jax.lax.dynamic_update_slice_in_dim(self.v[...], kv[1].astype(self.v.dtype), i, 1)
     self.index[...] = i + kv[0].shape[1]
-    b, max_len = self.k.shape[:2]
-    return (self.k[...], self.v[...]), jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32),
-                                                        (b, max_len))
+    return self.k[...], self.v[...]

@@ -5,21 +5,33 @@ import logging
 import re
 import sys
 
+import jax
 from absl import flags
 from absl import logging as absl_logging
 
 from transformer.registry import ConfigError
 
 
+def start_distributed(from_environment: bool, coordinator_address: str | None,
+                      num_processes: int | None, process_id: int | None) -> None:
+  """jax.distributed.initialize for multi-process runs; must precede any other JAX call."""
+  if coordinator_address:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                               heartbeat_timeout_seconds=30)
+  elif from_environment:
+    jax.distributed.initialize()
+
+
 def setup_logging() -> None:
-  """Progress lines from the `transformer` logger to stdout; libraries stay at warnings."""
+  """Progress lines from the `transformer` logger to stdout (process 0 only; the others
+  log warnings); libraries stay at warnings."""
+  absl_logging.set_verbosity(absl_logging.ERROR)  # orbax logs every save step; jax its backends
   handler = logging.StreamHandler(sys.stdout)
   handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
   logger = logging.getLogger("transformer")
   logger.addHandler(handler)
-  logger.setLevel(logging.INFO)
+  logger.setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   logger.propagate = False
-  absl_logging.set_verbosity(absl_logging.ERROR)  # orbax logs every save step
 
 
 @contextlib.contextmanager

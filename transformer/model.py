@@ -12,8 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.attention import (WINDOWS, AttentionConfig, MultiHeadAttention, causal_mask,
-                                   segment_mask)
+from transformer.attention import WINDOWS, AttentionConfig, Mask, MultiHeadAttention
 from transformer.positions import PositionalEncoding, make_positional_encoding
 from transformer.registry import lookup
 from transformer.vocab import BOS_ID, PAD_ID
@@ -33,6 +32,7 @@ class ModelConfig:
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
   share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
   dtype: str = "float32"  # a key of DTYPES: the computation's; parameters are always float32
+  remat: bool = False  # recompute each layer's activations in the backward pass (less memory)
   attention: AttentionConfig = AttentionConfig()
 
 
@@ -101,8 +101,8 @@ class EncoderLayer(nnx.Module):
     self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dtype=dtype, rngs=rngs)
     self.ffn_block = residual_block(cfg, rngs)
 
-  def __call__(self, x, mask, positions, encoding, rngs):
-    attend = lambda y: self.self_attention.self_attend(y, mask, positions, encoding, rngs)  # noqa: E731
+  def __call__(self, x, mask, encoding, rngs):
+    attend = lambda y: self.self_attention.self_attend(y, mask, encoding, rngs)  # noqa: E731
     x = self.attention_block(x, attend, rngs)
     return self.ffn_block(x, self.ffn, rngs)
 
@@ -115,11 +115,11 @@ class DecoderLayer(EncoderLayer):
                                               dtype=compute_dtype(cfg), rngs=rngs)
     self.cross_block = residual_block(cfg, rngs)
 
-  def __call__(self, x, mask, positions, encoding, rngs, *, encoded, cross_mask, encoded_positions):
-    attend = lambda y: self.self_attention.self_attend(y, mask, positions, encoding, rngs)  # noqa: E731
+  def __call__(self, x, mask, encoding, rngs, *, encoded, cross_mask):
+    attend = lambda y: self.self_attention.self_attend(y, mask, encoding, rngs)  # noqa: E731
     x = self.attention_block(x, attend, rngs)
     cross = lambda y: self.cross_attention.cross_attend(  # noqa: E731
-        y, encoded, cross_mask, positions, encoded_positions, NO_POSITION, rngs)
+        y, encoded, cross_mask, NO_POSITION, rngs)
     x = self.cross_block(x, cross, rngs)
     return self.ffn_block(x, self.ffn, rngs)
 
@@ -135,19 +135,21 @@ class Stack(nnx.Module):
     self.window_size = cfg.attention.window_size
     self.dropout = nnx.Dropout(cfg.dropout)
     self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
+    self.remat = cfg.remat
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
     self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
                                     rngs=rngs) if has_final else None
 
-  def __call__(self, x, positions, mask, rngs, key_positions=None, **cross):
-    """key_positions: those of the self-attention keys when they differ from the queries'
-    (incremental decoding, where the keys are the cache)."""
-    key_positions = positions if key_positions is None else key_positions
-    x = self.position.embed(x, positions)
+  def __call__(self, x, mask: Mask, rngs, **cross):
+    """x [b, t, d_model] at positions mask.q_positions; `mask` is the self-attention's, to
+    which the stack adds its window."""
+    x = self.position.embed(x, mask.q_positions)
     x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
-    mask = mask & self.window(positions, key_positions, self.window_size)
+    mask = dataclasses.replace(mask, window=self.window(self.window_size))
+    call = lambda layer, x, rngs: layer(x, mask, self.position, rngs, **cross)  # noqa: E731
+    call = nnx.remat(call) if self.remat else call
     for layer in self.layers:
-      x = layer(x, mask, positions, self.position, rngs, **cross)
+      x = call(layer, x, rngs)
     return x if self.final_norm is None else self.final_norm(x)
 
 
@@ -213,7 +215,7 @@ class Transformer(nnx.Module):
     positions = default_positions(inputs) if positions is None else positions
     segments = default_segments(inputs) if segments is None else segments
     x = self.embeddings.source(inputs)
-    return self.encoder(x, positions, segment_mask(segments, segments), rngs)
+    return self.encoder(x, Mask(segments, segments, positions, positions), rngs)
 
   def decode(self, encoded, inputs_segments, decoder_inputs, positions=None, segments=None,
              *, inputs_positions=None, rngs=None):
@@ -223,10 +225,9 @@ class Transformer(nnx.Module):
     inputs_positions = (default_positions(inputs_segments) if inputs_positions is None
                         else inputs_positions)
     x = self.embeddings.target(decoder_inputs)
-    mask = segment_mask(segments, segments) & causal_mask(positions, positions)
-    y = self.decoder(x, positions, mask, rngs, encoded=encoded,
-                     cross_mask=segment_mask(segments, inputs_segments),
-                     encoded_positions=inputs_positions)
+    y = self.decoder(x, Mask(segments, segments, positions, positions, causal=True), rngs,
+                     encoded=encoded,
+                     cross_mask=Mask(segments, inputs_segments, positions, inputs_positions))
     return self.embeddings.logits(y).astype(jnp.float32)
 
   def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -258,8 +259,8 @@ class Transformer(nnx.Module):
     positions = jnp.full((b, 1), index, jnp.int32)
     key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
     x = self.embeddings.target(tokens[:, None])
-    y = self.decoder(x, positions, causal_mask(positions, key_positions), None,
-                     key_positions=key_positions, encoded=None,
-                     cross_mask=segment_mask(jnp.ones((b, 1), jnp.int32), inputs_segments),
-                     encoded_positions=inputs_positions)
+    ones = jnp.ones((b, 1), jnp.int32)
+    y = self.decoder(x, Mask(ones, jnp.ones((b, max_len), jnp.int32), positions, key_positions,
+                             causal=True), None, encoded=None,
+                     cross_mask=Mask(ones, inputs_segments, positions, inputs_positions))
     return self.embeddings.logits(y[:, 0]).astype(jnp.float32)

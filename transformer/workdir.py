@@ -34,9 +34,10 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> None:
             f"workdir {workdir} holds a run with a different config.{section} "
             f"(differs in: {', '.join(changed)}); use a new --workdir")
   os.makedirs(workdir, exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(resolved, f, indent=2)
-  os.replace(path + ".tmp", path)
+  if jax.process_index() == 0:
+    with open(path + ".tmp", "w") as f:
+      json.dump(resolved, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

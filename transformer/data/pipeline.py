@@ -128,7 +128,7 @@ def train_batches(examples: Sequence, *, seed: int, batch_size: int, max_len: in
   Examples longer than `max_len` on either side are dropped; each process reads its own
   1/process_count of the examples; every epoch is reshuffled from `seed`. With `pack`,
   several pairs share a row, each with its own segment id and positions restarting at 0;
-  otherwise one pair per row, padded. The batch size is per process.
+  otherwise one pair per row, padded. `batch_size` is this process's rows per batch.
   """
   fits = [ex for ex in examples if 0 < len(ex[0]) <= max_len and 0 < len(ex[1]) <= max_len]
   mine = fits[jax.process_index()::jax.process_count()]

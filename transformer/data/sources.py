@@ -8,9 +8,11 @@ predictions back into sentences for BLEU/chrF.
 import os
 
 import grain
+import jax
 import ml_collections
 import numpy as np
 import sacrebleu
+from jax.experimental import multihost_utils
 
 from transformer.data import pipeline, synthetic, text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
@@ -35,7 +37,8 @@ class SyntheticSource:
     """Nothing to build: the data is a function of the seed."""
 
   def train_batches(self) -> grain.IterDataset:
-    dataset = synthetic.train_dataset(self.task, self.config.seed, self.config.train.batch_size)
+    dataset = synthetic.train_dataset(self.task, self.config.seed, self.config.train.batch_size,
+                                      jax.process_index(), jax.process_count())
     return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
@@ -84,12 +87,12 @@ class ParallelTextSource:
 
   def prepare(self) -> None:
     """Loads the tokenizer, training it on the training pairs first if it does not exist."""
-    if os.path.exists(self.tokenizer_path):
-      self.tokenizer = Tokenizer(self.tokenizer_path)
-    else:
-      self.tokenizer = train_tokenizer((s for pair in self.pairs("train") for s in pair),
-                                       self.tokenizer_path, self.vocab_size,
-                                       self.data.tokenizer_type)
+    if not os.path.exists(self.tokenizer_path) and jax.process_index() == 0:
+      train_tokenizer((s for pair in self.pairs("train") for s in pair), self.tokenizer_path,
+                      self.vocab_size, self.data.tokenizer_type)
+    if jax.process_count() > 1:  # the others wait for process 0's tokenizer
+      multihost_utils.sync_global_devices("tokenizer")
+    self.tokenizer = Tokenizer(self.tokenizer_path)
     if self.tokenizer.vocab_size != self.vocab_size:
       raise ConfigError(f"{self.tokenizer_path} has {self.tokenizer.vocab_size} pieces but "
                         f"config.data.vocab_size is {self.vocab_size}")
@@ -100,7 +103,7 @@ class ParallelTextSource:
   def train_batches(self) -> grain.IterDataset:
     examples = self._encode(self.pairs("train"))
     return pipeline.train_batches(examples, seed=self.config.seed,
-                                  batch_size=self.config.train.batch_size,
+                                  batch_size=self.config.train.batch_size // jax.process_count(),
                                   max_len=self.data.max_len, pack=self.data.pack)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:

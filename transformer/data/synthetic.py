@@ -64,12 +64,16 @@ class SyntheticTask:
     return np.concatenate([symbols, eos]), np.concatenate([target, eos])
 
 
-def train_dataset(task: SyntheticTask, seed: int, batch_size: int) -> grain.MapDataset:
-  """Endless training batches; `dataset[step]` is the batch of that step."""
-  width = task.max_len + 1
+def train_dataset(task: SyntheticTask, seed: int, batch_size: int, process_index: int = 0,
+                  process_count: int = 1) -> grain.MapDataset:
+  """Endless training batches; `dataset[step]` is this process's rows of the global batch
+  of that step (batch_size rows in all, split evenly between the processes)."""
+  width, rows = task.max_len + 1, batch_size // process_count
+  global_index = lambda j: (j // rows) * batch_size + process_index * rows + j % rows  # noqa: E731
   examples = grain.MapDataset.range(2**62).map(
-      lambda i: task.example(seed, _TRAIN_STREAM, i, task.min_len, task.max_len, heldout=False))
-  return examples.batch(batch_size, batch_fn=lambda pairs: pad_batch(pairs, width))
+      lambda j: task.example(seed, _TRAIN_STREAM, global_index(j), task.min_len, task.max_len,
+                             heldout=False))
+  return examples.batch(rows, batch_fn=lambda pairs: pad_batch(pairs, width))
 
 
 def eval_splits(task: SyntheticTask, seed: int, num_examples: int,
