@@ -49,7 +49,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   (`--config.model.positon=rotary`) prints one `error:` line and exits with status 2."""
   try:
     argv = flags.FLAGS(argv)
-    if "config" in flags.FLAGS:
+    if "config" in flags.FLAGS and not isinstance(flags.FLAGS.config, (str, type(None))):
       flags.FLAGS.config.keys()  # config_flags defers a config file's load error to first use
     return argv
   except Exception as e:  # noqa: BLE001 - config_flags raises Attribute/Key/Value/OS errors

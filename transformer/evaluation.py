@@ -11,7 +11,7 @@ from flax import nnx
 from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
 from transformer.data import sources
 from transformer.decoding import beam_search, greedy_decode
-from transformer.metrics import token_metrics
+from transformer.metrics import exact_matches, token_metrics
 
 
 class Evaluator:
@@ -57,7 +57,7 @@ class Evaluator:
     predictions = self.predict(params, split, decode_len)
     metrics = {"loss": totals["nll"] / totals["tokens"],
                "accuracy": totals["correct"] / totals["tokens"],
-               "exact_match": exact_match_rate(predictions, split["targets"]),
+               "exact_match": float(np.mean(exact_matches(predictions, split["targets"]))),
                "examples": len(split["inputs"])}
     return metrics, predictions
 
@@ -70,14 +70,6 @@ class Evaluator:
       text_metrics, hypotheses[name] = source.text_metrics(name, predictions)
       results[name] = {**metrics, **text_metrics}
     return results, hypotheses
-
-
-def exact_match_rate(predictions: np.ndarray, targets: np.ndarray) -> float:
-  """Fraction of rows equal to the target everywhere, padding included, so a match needs
-  every token and the EOS in place and nothing after it."""
-  width = max(predictions.shape[1], targets.shape[1])
-  pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
-  return float(np.mean(np.all(pad(predictions) == pad(targets), axis=1)))
 
 
 def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:

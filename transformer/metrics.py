@@ -3,6 +3,7 @@ devices and logging intervals combine by adding before a final division."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
@@ -28,3 +29,11 @@ def token_metrics(logits, targets, weights, label_smoothing=0.0) -> dict[str, ja
   loss = nll if label_smoothing == 0.0 else cross_entropy(logits, targets, weights, label_smoothing)
   correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
   return {"loss": loss, "nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
+
+
+def exact_matches(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
+  """Per row: equal to the target everywhere, padding included, so a match needs every token
+  and the EOS in place and nothing after it."""
+  width = max(predictions.shape[1], targets.shape[1])
+  pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
+  return np.all(pad(predictions) == pad(targets), axis=1)

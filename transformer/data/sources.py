@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 
 from transformer.data import pipeline, synthetic, text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.metrics import exact_matches
 from transformer.registry import ConfigError, dataclass_from, lookup
 
 TOKENIZER_FILE = "spm.model"
@@ -43,9 +44,10 @@ class SyntheticSource:
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid` and `longer`, num_examples each (0: config.eval.num_examples)."""
-    return synthetic.eval_splits(self.task, self.config.seed,
-                                 num_examples or self.config.eval.num_examples,
-                                 self.longer_max_len)
+    self.splits = synthetic.eval_splits(self.task, self.config.seed,
+                                        num_examples or self.config.eval.num_examples,
+                                        self.longer_max_len)
+    return self.splits
 
   def file_split(self, source_path: str, reference_path: str):
     raise ConfigError("evaluating a source/reference file pair needs a text data source; "
@@ -55,8 +57,13 @@ class SyntheticSource:
     return split["targets"].shape[1]  # exact match needs the full target and its EOS
 
   def text_metrics(self, split_name: str, predictions: np.ndarray):
-    """No text: exact match says it all. Returns (metrics, hypotheses)."""
-    return {}, None
+    """No text; exact match per input length, for length-extrapolation curves. Returns
+    (metrics, hypotheses)."""
+    split = self.splits[split_name]
+    lengths = (split["inputs"] != 0).sum(1) - 1  # symbols, EOS excluded
+    exact = exact_matches(predictions, split["targets"])
+    by_length = {str(n): float(exact[lengths == n].mean()) for n in np.unique(lengths)}
+    return {"exact_match_by_length": by_length}, None
 
 
 class ParallelTextSource:

@@ -1,0 +1,16 @@
+"""Ablation: attention scoring functions on the reverse task, 3 seeds each.
+
+  python sweep.py --config configs/scorers.py --sweep_dir sweeps/scorers
+"""
+
+from configs import default
+from transformer.sweep import axis, product
+
+
+def get_config():
+  return default.get_config()
+
+
+def get_sweep():
+  scores = ["scaled_dot", "dot", "additive", "gaussian"]
+  return product(axis("model.attention.score", scores), axis("seed", [0, 1, 2]))

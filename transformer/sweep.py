@@ -1,0 +1,192 @@
+"""Sweeps: named sets of config overrides declared next to a config's get_config(), one
+workdir per run under the sweep directory, and a report that averages over seeds.
+
+A sweep config file defines `get_config()` as usual and `get_sweep()`, a list of override
+dicts, usually built as `product(axis("model.position", [...]), axis("seed", [0, 1, 2]))`.
+Running a sweep is idempotent: finished runs are skipped, interrupted ones resume from
+their checkpoints, and workers (hosts) take every num_workers-th run.
+"""
+
+import csv
+import importlib.util
+import itertools
+import json
+import logging
+import os
+
+import ml_collections
+import numpy as np
+
+from transformer import checkpoint, workdir as workdir_lib
+from transformer.registry import ConfigError
+from transformer.training import train_and_evaluate
+
+log = logging.getLogger("transformer")
+SEED = "seed"
+
+
+def axis(field: str, values) -> list[dict]:
+  """One override set per value of a config field (dotted path)."""
+  return [{field: value} for value in values]
+
+
+def product(*axes: list[dict]) -> list[dict]:
+  """Every combination of one override set from each axis."""
+  return [dict(itertools.chain.from_iterable(d.items() for d in combo))
+          for combo in itertools.product(*axes)]
+
+
+def run_name(overrides: dict) -> str:
+  """A readable, filesystem-safe directory name: `model.position=rotary,seed=1`."""
+  return ",".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or "base"
+
+
+def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
+  """(base config, override sets) of a sweep config file."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"sweep config file not found: {path}")
+  spec = importlib.util.spec_from_file_location("sweep_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not hasattr(module, "get_sweep"):
+    raise ConfigError(f"{path} defines no get_sweep(); a sweep config returns its override sets")
+  return module.get_config(), module.get_sweep()
+
+
+def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(config.to_dict())  # a copy, type-checked on assignment
+  for field, value in overrides.items():
+    *sections, name = field.split(".")
+    node = config
+    for section in sections:
+      node = node[section]
+    if name not in node:
+      raise ConfigError(f"sweep override {field}={value!r}: the config has no field {field!r}")
+    node[name] = value
+  return config
+
+
+def is_finished(workdir: str, num_steps: int) -> bool:
+  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
+    return False
+  return checkpoint.manager(workdir, read_only=True).latest_step() == num_steps
+
+
+def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1) -> list[str]:
+  """Runs this worker's share of the sweep; returns the names of the runs it trained."""
+  if not 0 <= worker < num_workers:
+    raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
+  base, sweep = load(config_path)
+  trained = []
+  for overrides in sweep[worker::num_workers]:
+    name, config = run_name(overrides), with_overrides(base, overrides)
+    workdir = os.path.join(sweep_dir, name)
+    if is_finished(workdir, config.train.num_steps):
+      log.info("sweep: %s is finished; skipped", name)
+      continue
+    log.info("sweep: training %s", name)
+    train_and_evaluate(config, workdir)
+    trained.append(name)
+  return trained
+
+
+def final_metrics(workdir: str) -> dict[str, dict]:
+  """The last evaluation record of each held-out split in a run's metrics.jsonl."""
+  final = {}
+  with open(os.path.join(workdir, workdir_lib.METRICS_FILE)) as f:
+    for record in map(json.loads, f):
+      if record["split"] != "train":
+        final[record["split"]] = record
+  return final
+
+
+def _train_curve(workdir: str) -> dict[int, float]:
+  with open(os.path.join(workdir, workdir_lib.METRICS_FILE)) as f:
+    return {r["step"]: r["loss"] for r in map(json.loads, f) if r["split"] == "train"}
+
+
+def report(config_path: str, sweep_dir: str) -> tuple[str, str]:
+  """Writes under sweep_dir: report.md and report.csv, one row per variant (the overrides
+  other than the seed) with each final held-out metric as mean ± std over its finished
+  seeds; and PNG plots: curves.png (training loss), final.png (the main held-out metric)
+  and, when runs report exact match per length, extrapolation.png. Returns the table paths."""
+  base, sweep = load(config_path)
+  variants: dict[str, list[str]] = {}
+  for overrides in sweep:
+    workdir = os.path.join(sweep_dir, run_name(overrides))
+    if is_finished(workdir, with_overrides(base, overrides).train.num_steps):
+      variant = run_name({k: v for k, v in overrides.items() if k != SEED})
+      variants.setdefault(variant, []).append(workdir)
+  finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in variants.items()}
+  names = sorted({f"{split}/{key}" for runs in finals.values() for r in runs
+                  for split, m in r.items() for key, value in m.items()
+                  if isinstance(value, float) and key != "step"})
+  stats = {}
+  for variant, runs in finals.items():
+    for name in names:
+      split, key = name.split("/")
+      values = [r[split][key] for r in runs if key in r.get(split, {})]
+      stats[variant, name] = (float(np.mean(values)), float(np.std(values))) if values else None
+  md_path, csv_path = os.path.join(sweep_dir, "report.md"), os.path.join(sweep_dir, "report.csv")
+  with open(md_path, "w") as f:
+    f.write("| variant | seeds | " + " | ".join(names) + " |\n")
+    f.write("|---" * (len(names) + 2) + "|\n")
+    for variant, runs in finals.items():
+      cells = [f"{stats[variant, n][0]:.4f} ± {stats[variant, n][1]:.4f}" if stats[variant, n]
+               else "" for n in names]
+      f.write(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |\n")
+  with open(csv_path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["variant", "seeds"] + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
+    for variant, runs in finals.items():
+      writer.writerow([variant, len(runs)] + [x for n in names for x in (stats[variant, n] or ("", ""))])
+  _plot(sweep_dir, variants, finals, stats, names, base)
+  return md_path, csv_path
+
+
+def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
+  import matplotlib  # noqa: PLC0415 - only the report draws
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for variant, workdirs in variants.items():
+    curves = [_train_curve(w) for w in workdirs]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], label=variant)
+  ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale="log",
+         title="Learning curves")
+  ax.legend(fontsize=7)
+  fig.savefig(os.path.join(sweep_dir, "curves.png"), dpi=120, bbox_inches="tight")
+  plt.close(fig)
+
+  main = next((n for n in ("valid/bleu", "valid/exact_match", "valid/accuracy") if n in names), None)
+  if main:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = list(finals)
+    means = [stats[v, main][0] if stats[v, main] else 0.0 for v in labels]
+    stds = [stats[v, main][1] if stats[v, main] else 0.0 for v in labels]
+    ax.bar(range(len(labels)), means, yerr=stds, capsize=4)
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set(ylabel=f"{main} (mean ± std over seeds)", title="Final held-out metric")
+    fig.savefig(os.path.join(sweep_dir, "final.png"), dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+  if any("exact_match_by_length" in m for runs in finals.values() for r in runs for m in r.values()):
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for variant, runs in finals.items():
+      by_length: dict[int, list[float]] = {}
+      for r in runs:
+        for m in r.values():
+          for length, value in m.get("exact_match_by_length", {}).items():
+            by_length.setdefault(int(length), []).append(value)
+      lengths = sorted(by_length)
+      ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], marker="o", label=variant)
+    if "task" in base:
+      ax.axvline(base.task.max_len + 0.5, color="gray", linestyle="--",
+                 label="longest training length")
+    ax.set(xlabel="input length", ylabel="exact match (mean over seeds)",
+           title="Length extrapolation")
+    ax.legend(fontsize=7)
+    fig.savefig(os.path.join(sweep_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
+    plt.close(fig)
