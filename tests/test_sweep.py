@@ -38,6 +38,8 @@ def test_bad_override_names_the_field(tiny_config):
   with pytest.raises(ConfigError, match=r"sweep override model.positon='rotary': the config has "
                                         r"no field 'model.positon'"):
     sweep.with_overrides(tiny_config(), {"model.positon": "rotary"})
+  with pytest.raises(ConfigError, match="the config has no field 'modle.position'"):
+    sweep.with_overrides(tiny_config(), {"modle.position": "rotary"})
 
 
 def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):

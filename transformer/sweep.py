@@ -59,8 +59,8 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
     *sections, name = field.split(".")
     node = config
     for section in sections:
-      node = node[section]
-    if name not in node:
+      node = node.get(section) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or name not in node:
       raise ConfigError(f"sweep override {field}={value!r}: the config has no field {field!r}")
     node[name] = value
   return config
