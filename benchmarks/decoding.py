@@ -13,9 +13,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
-from transformer.data import sources
-from transformer.evaluation import Evaluator
+from transformer.evaluation import Evaluator, restore_run
 from transformer.vocab import PAD_ID
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.", required=True)
@@ -27,14 +25,7 @@ flags.DEFINE_integer("batch_size", 0, "Sentences per batch (0: config.eval.batch
 def main(argv):
   del argv
   FLAGS = flags.FLAGS
-  config = workdir_lib.load_config(FLAGS.workdir)
-  source = sources.make_source(config, FLAGS.workdir)
-  graphdef, init = experiment.make_init(config, source.vocab_size,
-                                        experiment.make_optimizer(config))
-  abstract = jax.eval_shape(init)
-  step, state = checkpoint.restore(checkpoint.manager(FLAGS.workdir, read_only=True), abstract,
-                                   sharding.state_shardings(abstract, sharding.make_mesh()))
-  source.prepare()
+  config, source, graphdef, (step,), state = restore_run(FLAGS.workdir)
   split = source.eval_splits()[FLAGS.split]
   n, batch_size = len(split["inputs"]), FLAGS.batch_size or config.eval.batch_size
   print(f"device  {jax.devices()[0].device_kind}; step {step}; {n} sentences of split "

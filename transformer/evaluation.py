@@ -80,14 +80,11 @@ def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   return padded
 
 
-def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
-                         beam_size: int = 1, alpha: float = 0.6, average: int = 1,
-                         files: tuple[str, str] | None = None) -> tuple[int, dict, str]:
-  """Restores the run in `workdir` (latest checkpoint by default; with `average` > 1 the
-  mean parameters of the last `average` checkpoints up to it), evaluates every held-out
-  split, or the (source, reference) text `files` instead, and writes the metrics as JSON
-  (and, for text, the detokenized predictions beside it, one file per split). Returns
-  (step, metrics, metrics path)."""
+def restore_run(workdir: str, step: int | None = None, average: int = 1):
+  """The run in `workdir` ready to evaluate: (config, its prepared data source, graphdef,
+  checkpoint steps averaged, train state of the last of them), the state laid out on this
+  process's devices. average > 1: the mean parameters of the last `average` checkpoints
+  up to `step` (default: the latest)."""
   config = workdir_lib.load_config(workdir)
   source = sources.make_source(config, workdir)
   graphdef, init = experiment.make_init(config, source.vocab_size,
@@ -96,8 +93,20 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
   shardings = sharding.state_shardings(abstract, sharding.make_mesh())
   mngr = checkpoint.manager(workdir, read_only=True)
   steps, state = checkpoint.restore_average(mngr, abstract, shardings, step, average)
-  step = steps[-1]
   source.prepare()
+  return config, source, graphdef, steps, state
+
+
+def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
+                         beam_size: int = 1, alpha: float = 0.6, average: int = 1,
+                         files: tuple[str, str] | None = None) -> tuple[int, dict, str]:
+  """Restores the run in `workdir` (latest checkpoint by default; with `average` > 1 the
+  mean parameters of the last `average` checkpoints up to it), evaluates every held-out
+  split, or the (source, reference) text `files` instead, and writes the metrics as JSON
+  (and, for text, the detokenized predictions beside it, one file per split). Returns
+  (step, metrics, metrics path)."""
+  config, source, graphdef, steps, state = restore_run(workdir, step, average)
+  step = steps[-1]
   splits = source.eval_splits() if files is None else source.file_split(*files)
   evaluator = Evaluator(graphdef, config.eval.batch_size, beam_size, alpha)
   results, hypotheses = evaluator.evaluate(state["params"], splits, source)
