@@ -7,11 +7,17 @@ them as JSON, with the detokenized predictions beside it. --beam_size 4 --alpha 
 as the paper does, and --average 5 averages the last 5 checkpoints' parameters as it does.
 --source_file/--reference_file evaluate any parallel text (e.g. a new test set) with the
 run's vocabulary.
+
+Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
+self, decoder self, cross) of S and its greedy translation, and positions.png the
+positional encoding, into --plot_dir (default DIR/plots); --nometrics skips the evaluation.
+  python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
+  python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
 """
 
 from absl import app, flags
 
-from transformer import cli
+from transformer import cli, pictures
 from transformer.evaluation import format_table, restore_and_evaluate
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
@@ -24,6 +30,11 @@ flags.DEFINE_integer("average", 1, "Average the parameters of the last N checkpo
 flags.DEFINE_string("source_file", None, "Evaluate this source text file (plain or .gz, one "
                     "sentence per line) instead of the config's splits; needs --reference_file.")
 flags.DEFINE_string("reference_file", None, "References for --source_file, line by line.")
+flags.DEFINE_multi_string("sentence", [], "Draw attention maps for this input (repeatable): "
+                          "source text, or for synthetic tasks symbols such as '3 1 4'.")
+flags.DEFINE_string("plot_dir", None, "Where pictures go (default DIR/plots); given without "
+                    "--sentence, only the positional-encoding heatmap.")
+flags.DEFINE_bool("metrics", True, "Evaluate the held-out splits; --nometrics only draws.")
 flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
 flags.register_multi_flags_validator(
@@ -38,11 +49,15 @@ def main(argv):
   f = flags.FLAGS
   files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.config_errors_exit():
-    step, results, path = restore_and_evaluate(f.workdir, f.step, f.output, f.beam_size, f.alpha,
-                                               f.average, files)
-  print(f"step {step}")
-  print(format_table(results))
-  print(f"metrics written to {path}")
+    if f.metrics:
+      step, results, path = restore_and_evaluate(f.workdir, f.step, f.output, f.beam_size,
+                                                 f.alpha, f.average, files)
+      print(f"step {step}")
+      print(format_table(results))
+      print(f"metrics written to {path}")
+    if f.sentence or f.plot_dir:
+      paths = pictures.draw(f.workdir, f.sentence, f.plot_dir, f.step)
+      print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
 
 
 if __name__ == "__main__":

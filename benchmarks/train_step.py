@@ -7,6 +7,9 @@
   python benchmarks/train_step.py --dims=base --config.model.dtype=bfloat16 \
       --config.model.attention.kernel=cudnn                    # on a GPU
 
+  XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/train_step.py --profile
+                                                # where the step's time goes, op by op
+
 Prints figures; asserts nothing. MFU = model FLOPs per step (the matmuls of the forward
 pass, attention included, times 3 for forward + backward) / step time / the matmul peak of
 this device in the model's dtype, measured in the same process. The FLOPs XLA counts in
@@ -14,7 +17,13 @@ the compiled step (elementwise work included; custom calls such as cuDNN attenti
 are printed beside it.
 """
 
+import glob
+import gzip
+import json
+import os
+import re
 import resource
+import tempfile
 import time
 
 import jax
@@ -37,6 +46,10 @@ flags.DEFINE_integer("batch_size", 32, "Sequences per step.")
 flags.DEFINE_integer("length", 64, "Source and target tokens per sequence.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after one warm-up step).")
 flags.DEFINE_integer("peak_size", 0, "Matmul size for the peak; 0: 2048 on CPU, 8192 else.")
+flags.DEFINE_bool("profile", False, "Trace 3 steps and print the time of the matmul ops (XLA "
+                  "dot/YNNPACK fusions, cuBLAS/cuDNN kernels) against the rest, and the top ops.")
+
+MATMUL_OPS = re.compile(r"dot|ynn_fusion|gemm|cublas|cutlass|xmma|fmha|flash", re.IGNORECASE)
 
 
 def matmul_peak(n: int, dtype, repeats: int = 10) -> float:
@@ -59,6 +72,43 @@ def model_flops(m, vocab: int, batch: int, src: int, tgt: int) -> float:
   decoder = m.num_decoder_layers * (tgt * (8 * d * d + 4 * tgt * d + 4 * d * d + 4 * src * d
                                            + 4 * d * ff) + src * 4 * d * d)
   return 3.0 * batch * (encoder + decoder + tgt * 2 * d * vocab)
+
+
+def profile(step_fn, state, batch, steps: int = 3):
+  """Traces `steps` steps; returns (state, {op name: (ms per step, calls per step)}) from the
+  device/executor ops in the trace (XLA:CPU reports its ops with
+  --xla_cpu_enable_xprof_traceme=true)."""
+  with tempfile.TemporaryDirectory() as trace_dir:
+    jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+    for _ in range(steps):
+      state, metrics = step_fn(state, batch)
+      jax.block_until_ready(metrics)
+    jax.profiler.stop_trace()
+    path = glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True)[0]
+    with gzip.open(path) as f:
+      events = json.load(f)["traceEvents"]
+  ops: dict[str, list[float]] = {}
+  for e in events:  # complete events, minus the Python, jit and executor wrappers around ops
+    if e.get("ph") == "X" and not re.match(r"\$|PjitFunction|ThunkExecutor|Slinky", e["name"]):
+      total = ops.setdefault(e["name"], [0.0, 0])
+      total[0] += e.get("dur", 0) / 1e3 / steps
+      total[1] += 1 / steps
+  return state, ops
+
+
+def print_profile(ops, flops: float, peak: float) -> None:
+  if not ops:
+    print("profile           no op events in the trace (on CPU set "
+          "XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true)")
+    return
+  matmul = sum(ms for name, (ms, _) in ops.items() if MATMUL_OPS.search(name))
+  rest = sum(ms for name, (ms, _) in ops.items() if not MATMUL_OPS.search(name))
+  print(f"profile           matmul ops {matmul:.1f} ms/step ({flops / matmul / 1e6:.1f} GFLOP/s, "
+        f"{100 * flops / matmul * 1e3 / peak:.0f}% of the peak while they run); other ops "
+        f"{rest:.1f} ms/step in {sum(not MATMUL_OPS.search(n) for n in ops)} distinct ops "
+        f"(times include the tracer's overhead)")
+  for name, (ms, calls) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:15]:
+    print(f"  {ms:8.1f} ms  x{calls:<4.0f} {name[:90]}")
 
 
 def peak_memory() -> str:
@@ -122,9 +172,12 @@ def main(argv):
   print(f"XLA-counted FLOPs {xla_flops / 1e9:.1f} GFLOP/step -> {xla_flops / step_s / 1e9:.1f} GFLOP/s")
   print(f"matmul peak       {peak / 1e9:.1f} GFLOP/s ({dtype.name})")
   print(f"MFU               {100 * flops / step_s / peak:.1f}% "
-        f"(XLA-counted: {100 * xla_flops / step_s / peak:.1f}%)")
+        f"(XLA-counted: {100 * xla_flops / step_s / peak:.1f}%"
+        f"{', which counts a scanned layer once' if config.model.scan_layers else ''})")
   temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
   print(f"peak memory       {peak_memory()}; XLA temporaries of the step {temp:.2f} GiB")
+  if FLAGS.profile:
+    print_profile(profile(compiled, state, batch)[1], flops, peak)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.share_embeddings = True
   config.model.dtype = "float32"  # float32 | bfloat16 (computation; parameters stay float32)
   config.model.remat = False  # recompute layer activations in the backward pass: less memory
+  config.model.scan_layers = False  # each stack's layers as one lax.scan: faster compiles
   config.model.attention = ml_collections.ConfigDict()
   config.model.attention.score = "scaled_dot"  # scaled_dot | dot | additive | gaussian
   config.model.attention.window = "full"  # full | local

@@ -89,3 +89,17 @@ def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
     metrics = json.load(f)
   assert set(metrics["splits"]) == {"valid", "longer"}
   assert 0.0 <= metrics["splits"]["valid"]["exact_match"] <= 1.0
+
+  plot_dir = tmp_path / "plots"
+  bad = _run("eval.py", "--workdir", workdir, "--sentence", "0 9", "--nometrics",
+             "--plot_dir", str(plot_dir))
+  _assert_one_line_error(bad, "'0 9'", "0..5")
+  assert not plot_dir.exists()  # a bad sentence writes nothing
+  drawn = _run("eval.py", "--workdir", workdir, "--sentence", "0 1 2", "--sentence", "5 4",
+               "--nometrics", "--plot_dir", str(plot_dir))
+  assert drawn.returncode == 0, drawn.stderr
+  expected = {f"attention_{i}_{kind}.png" for i in (0, 1) for kind in ("encoder", "decoder", "cross")}
+  assert set(os.listdir(plot_dir)) == expected | {"positions.png"}
+  for name in expected | {"positions.png"}:
+    with open(plot_dir / name, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n", name

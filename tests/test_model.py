@@ -15,6 +15,7 @@ from flax import nnx
 from transformer import experiment
 from transformer.data import sources
 from transformer.attention import SCORES, AttentionConfig
+from transformer.decoding import greedy_decode
 from transformer.model import ModelConfig, Transformer, shift_right
 from transformer.positions import POSITIONS
 from transformer.registry import ConfigError
@@ -160,3 +161,42 @@ def test_remat_gives_the_same_loss_and_gradients_with_dropout():
   np.testing.assert_allclose(remat_loss, loss, rtol=1e-6)
   for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(remat_grads), strict=True):
     np.testing.assert_allclose(r, g, rtol=1e-4, atol=1e-5)  # recomputation reorders sums
+
+
+@pytest.mark.parametrize("position", ["t5", "learned"])  # parameters shared by the layers
+def test_scanned_layers_equal_the_layer_loop(position):
+  """scan_layers: the same parameter layout (checkpoints interchangeable), logits, gradients
+  and cached greedy decoding as the per-layer loop, with the layer traced once per stack."""
+  cfg = ModelConfig(**{**TINY, "dropout": 0.0, "num_encoder_layers": 2, "num_decoder_layers": 3},
+                    position=position)
+  batch = _batch()
+
+  def run(scan):
+    model = Transformer(dataclasses.replace(cfg, scan_layers=scan), rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(batch) ** 2)  # noqa: E731
+    decoded = nnx.jit(greedy_decode, static_argnums=2)(model, batch, 6)
+    dots = len(_equations(jax.make_jaxpr(lambda m, b: m(b))(model, batch).jaxpr, "dot_general"))
+    return params, jax.jit(jax.value_and_grad(loss))(params), decoded, dots
+
+  params, (loss, grads), decoded, dots = run(False)
+  scan_params, (scan_loss, scan_grads), scan_decoded, scan_dots = run(True)
+  assert jax.tree.structure(scan_params) == jax.tree.structure(params)
+  np.testing.assert_allclose(scan_loss, loss, rtol=1e-5)
+  for g, s in zip(jax.tree.leaves(grads), jax.tree.leaves(scan_grads), strict=True):
+    np.testing.assert_allclose(s, g, rtol=1e-4, atol=1e-5)
+  np.testing.assert_array_equal(scan_decoded, decoded)
+  assert scan_dots < dots  # one traced layer per stack instead of one per layer
+
+
+def test_scanned_layers_with_dropout_and_remat():
+  """Dropout draws a key per layer inside the scan; remat recomputes the same masks."""
+  batch, key = _batch(), jax.random.key(3)
+
+  def loss(remat):
+    model = Transformer(ModelConfig(**TINY, scan_layers=True, remat=remat), rngs=nnx.Rngs(0))
+    return forward_train(model, batch, key), forward(model, batch)
+
+  (train, deterministic), (remat_train, _) = loss(False), loss(True)
+  np.testing.assert_allclose(remat_train, train, rtol=1e-5, atol=1e-6)
+  assert np.all(np.isfinite(train)) and not np.allclose(train, deterministic)

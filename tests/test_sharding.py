@@ -58,7 +58,8 @@ def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_pat
   train_and_evaluate(tiny_config(**overrides), single)
 
   sharded = str(tmp_path / "sharded")
-  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
+  # The sharded run also scans its layers: the stacked layer states shard as the loop's do.
+  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
          "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded, json.dumps({**overrides, **mesh})],

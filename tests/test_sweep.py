@@ -93,11 +93,21 @@ def test_workers_split_the_runs_and_commands_are_printed(tmp_path):
   assert sorted(map(sweep.run_name, sum(shares, []))) == sorted(map(sweep.run_name, runs))
 
 
-@pytest.mark.parametrize("name,count", [("positions", 18), ("scorers", 12)])
+@pytest.mark.parametrize("name,count", [("positions", 18), ("scorers", 12), ("heads", 12),
+                                        ("heads.py:gpu", 12), ("heads.py:cpu", 4)])
 def test_shipped_sweeps_build_every_run(name, count):
-  base, runs = sweep.load(os.path.join(ROOT, "configs", f"{name}.py"))
+  base, runs = sweep.load(os.path.join(ROOT, "configs", name if ".py" in name else f"{name}.py"))
   assert len(runs) == count and len({sweep.run_name(r) for r in runs}) == count
   for overrides in runs:
     sweep.with_overrides(base, overrides)
   if name == "positions":
     assert base.task.longer_max_len == 2 * base.task.max_len
+  if name.startswith("heads"):  # fixed d_model, d_k = d_model / heads
+    assert {r["model.num_heads"] for r in runs} == {1, 2, 4, 8}
+    assert base.model.d_model == (128 if name.endswith(":cpu") else 256)
+    assert base.model.dtype == ("bfloat16" if name.endswith(":gpu") else "float32")
+
+
+def test_sweep_argument_is_checked():
+  with pytest.raises(ConfigError, match="unknown heads sweep size 'tpu'; choose one of: cpu, full, gpu"):
+    sweep.load(os.path.join(ROOT, "configs", "heads.py:tpu"))

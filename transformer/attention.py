@@ -172,10 +172,15 @@ def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
 # the AttentionConfig that returns the kernel.
 
 
+def attention_weights(q, k, mask: Mask, bias, score) -> jax.Array:
+  """softmax(score(q, k) + bias) over the unmasked keys: [b, h, tq, tk] float32."""
+  logits = score(q, k) + bias(mask.q_positions, mask.k_positions)
+  return masked_softmax(logits, mask.dense())
+
+
 def reference_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs):
   """The formula, any scorer: softmax(score(q, k) + bias) over unmasked keys, dropout, ·V."""
-  logits = score(q, k) + bias(mask.q_positions, mask.k_positions)
-  weights = masked_softmax(logits, mask.dense()).astype(v.dtype)
+  weights = attention_weights(q, k, mask, bias, score).astype(v.dtype)
   weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
   return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
@@ -301,6 +306,9 @@ class MultiHeadAttention(nnx.Module):
     self.kernel = check_kernel(cfg)
     self.dropout = nnx.Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
+    # True: every call also sows its attention weights (by the formula, whatever the kernel)
+    # as nnx.Intermediate `weights`, for pictures (transformer/pictures.py).
+    self.record_weights = False
 
   def _heads(self, x: jax.Array) -> jax.Array:
     return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
@@ -324,6 +332,8 @@ class MultiHeadAttention(nnx.Module):
     """
     k, v = kv
     q = encoding.rotate(self._heads(self.query(x_q)), mask.q_positions)
+    if self.record_weights:
+      self.sow(nnx.Intermediate, "weights", attention_weights(q, k, mask, encoding.bias, self.score))
     out = self.kernel(q, k, v, mask, encoding.bias, self.score, self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 

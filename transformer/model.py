@@ -33,6 +33,7 @@ class ModelConfig:
   share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
   dtype: str = "float32"  # a key of DTYPES: the computation's; parameters are always float32
   remat: bool = False  # recompute each layer's activations in the backward pass (less memory)
+  scan_layers: bool = False  # run each stack's layers as one lax.scan: compiled once, not N times
   attention: AttentionConfig = AttentionConfig()
 
 
@@ -135,7 +136,7 @@ class Stack(nnx.Module):
     self.window_size = cfg.attention.window_size
     self.dropout = nnx.Dropout(cfg.dropout)
     self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
-    self.remat = cfg.remat
+    self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
     self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
                                     rngs=rngs) if has_final else None
@@ -147,10 +148,35 @@ class Stack(nnx.Module):
     x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
     mask = dataclasses.replace(mask, window=self.window(self.window_size))
     call = lambda layer, x, rngs: layer(x, mask, self.position, rngs, **cross)  # noqa: E731
-    call = nnx.remat(call) if self.remat else call
-    for layer in self.layers:
-      x = call(layer, x, rngs)
+    if self.scan_layers:
+      x = scan_layers(call, self.layers, x, rngs, remat=self.remat)
+    else:
+      call = nnx.remat(call) if self.remat else call
+      for layer in self.layers:
+        x = call(layer, x, rngs)
     return x if self.final_norm is None else self.final_norm(x)
+
+
+def scan_layers(call, layers, x, rngs, *, remat: bool = False):
+  """x after call(layer, x, rngs) for each of `layers` (identical in structure), as one
+  jax.lax.scan over their states stacked along a new leading axis, so the layer is traced
+  and compiled once instead of once per layer. The parameters keep their per-layer layout
+  (checkpoints do not depend on this option); the stack is built inside the step. Each
+  layer draws its own dropout key; caches updated by the calls (decoding) are written back."""
+  graphdef = nnx.graphdef(layers[0])
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *(nnx.state(layer) for layer in layers))
+  keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
+
+  def body(x, per_layer):
+    state, key = per_layer
+    layer = nnx.merge(graphdef, state)
+    x = call(layer, x, None if key is None else nnx.Rngs(dropout=key))
+    return x, nnx.state(layer, nnx.Cache)
+
+  x, caches = jax.lax.scan(jax.checkpoint(body) if remat else body, x, (stacked, keys))
+  for i, layer in enumerate(layers):
+    nnx.update(layer, jax.tree.map(lambda c: c[i], caches))  # noqa: B023
+  return x
 
 
 class Embeddings(nnx.Module):

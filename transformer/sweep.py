@@ -17,7 +17,7 @@ import os
 import ml_collections
 import numpy as np
 
-from transformer import checkpoint, workdir as workdir_lib
+from transformer import checkpoint, pictures, workdir as workdir_lib
 from transformer.registry import ConfigError
 from transformer.training import train_and_evaluate
 
@@ -42,7 +42,9 @@ def run_name(overrides: dict) -> str:
 
 
 def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
-  """(base config, override sets) of a sweep config file."""
+  """(base config, override sets) of a sweep config file. `file.py:ARG`, as with
+  ml_collections' config flags, calls get_config(ARG) and get_sweep(ARG)."""
+  path, _, arg = path.partition(":")
   if not os.path.isfile(path):
     raise ConfigError(f"sweep config file not found: {path}")
   spec = importlib.util.spec_from_file_location("sweep_config", path)
@@ -50,7 +52,8 @@ def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
   spec.loader.exec_module(module)
   if not hasattr(module, "get_sweep"):
     raise ConfigError(f"{path} defines no get_sweep(); a sweep config returns its override sets")
-  return module.get_config(), module.get_sweep()
+  args = (arg,) if arg else ()
+  return module.get_config(*args), module.get_sweep(*args)
 
 
 def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
@@ -145,10 +148,7 @@ def report(config_path: str, sweep_dir: str) -> tuple[str, str]:
 
 
 def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
-  import matplotlib  # noqa: PLC0415 - only the report draws
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-
+  plt = pictures.pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
   for variant, workdirs in variants.items():
     curves = [_train_curve(w) for w in workdirs]

@@ -18,6 +18,7 @@ from transformer.data import pipeline, synthetic, text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 from transformer.metrics import exact_matches
 from transformer.registry import ConfigError, dataclass_from, lookup
+from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 TOKENIZER_FILE = "spm.model"
 
@@ -55,6 +56,18 @@ class SyntheticSource:
 
   def decode_len(self, split: dict[str, np.ndarray]) -> int:
     return split["targets"].shape[1]  # exact match needs the full target and its EOS
+
+  def encode(self, sentence: str) -> np.ndarray:
+    """Space-separated symbols 0..num_symbols-1 (e.g. "3 1 4") -> token ids ending in EOS."""
+    words, n = sentence.split(), self.task.num_symbols
+    if not words or any(not (w.isdigit() and int(w) < n) for w in words):
+      raise ConfigError(f"synthetic input {sentence!r}: give space-separated symbols in "
+                        f"0..{n - 1}, e.g. \"3 1 4\"")
+    return np.asarray([int(w) + NUM_RESERVED for w in words] + [EOS_ID], np.int32)
+
+  def pieces(self, ids) -> list[str]:
+    """A label per token id: its symbol, or <s>, </s>, <pad>."""
+    return [RESERVED_PIECES.get(i, str(i - NUM_RESERVED)) for i in np.asarray(ids).tolist()]
 
   def text_metrics(self, split_name: str, predictions: np.ndarray):
     """No text; exact match per input length, for length-extrapolation curves. Returns
@@ -106,6 +119,13 @@ class ParallelTextSource:
 
   def _encode(self, pairs):
     return [(self.tokenizer.encode(s), self.tokenizer.encode(t)) for s, t in pairs]
+
+  def encode(self, sentence: str) -> np.ndarray:
+    return self.tokenizer.encode(sentence)
+
+  def pieces(self, ids) -> list[str]:
+    """A label per token id: its sentencepiece piece."""
+    return [self.tokenizer.sp.id_to_piece(i) for i in np.asarray(ids).tolist()]
 
   def train_batches(self) -> grain.IterDataset:
     examples = self._encode(self.pairs("train"))

@@ -1,0 +1,84 @@
+"""Pictures: the recorded attention weights are the attention distributions (masks exact,
+rows summing to 1, the model's output unchanged) and the position panels are the formulas."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from transformer import pictures
+from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.model import ModelConfig, Transformer
+from transformer.positions import alibi_slopes, make_positional_encoding, sinusoid
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _model(position="sinusoidal", kernel="reference"):
+  cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
+                    num_decoder_layers=2, dropout=0.0, position=position, max_len=16,
+                    attention=AttentionConfig(kernel=kernel, block_size=4))
+  return Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def _batch():
+  inputs = np.array([[5, 6, 7, 8, 9, 2], [4, 5, 2, 0, 0, 0]], np.int32)  # row 1 padded
+  targets = np.array([[9, 8, 7, 6, 2], [5, 4, 2, 0, 0]], np.int32)
+  return {"inputs": inputs, "targets": targets}
+
+
+@pytest.mark.parametrize("kernel", ["reference", "blockwise"])
+def test_recorded_weights_are_the_attention_distributions(kernel):
+  model, batch = _model(kernel=kernel), _batch()
+  expected_logits = model({k: jnp.asarray(v) for k, v in batch.items()})
+  weights = pictures.attention_weights(model, batch)
+  assert {k: len(v) for k, v in weights.items()} == {"encoder": 2, "decoder": 2, "cross": 2}
+  src_real, tgt_real = batch["inputs"] != 0, batch["targets"] != 0
+  for kind, (q_real, k_real) in {"encoder": (src_real, src_real), "decoder": (tgt_real, tgt_real),
+                                 "cross": (tgt_real, src_real)}.items():
+    for w in weights[kind]:
+      assert w.shape == (2, 2, q_real.shape[1], k_real.shape[1])
+      sums = w.sum(-1)  # [b, h, tq]
+      np.testing.assert_allclose(sums[np.broadcast_to(q_real[:, None], sums.shape)], 1.0,
+                                 rtol=1e-5)
+      padded_keys = np.broadcast_to(~k_real[:, None, None, :], w.shape)
+      assert np.all(w[padded_keys] == 0.0), kind  # exactly zero, not merely small
+  for w in weights["decoder"]:
+    assert np.all(np.triu(w, k=1) == 0.0)  # causal: no weight on later positions
+  assert not nnx.state(model, nnx.Intermediate)  # popped: nothing left on the model
+  assert not any(m.record_weights for _, m in nnx.iter_modules(model)
+                 if isinstance(m, MultiHeadAttention))
+  np.testing.assert_allclose(model({k: jnp.asarray(v) for k, v in batch.items()}),
+                             expected_logits, rtol=1e-6, atol=1e-6)
+
+
+def test_position_panels_are_the_formulas():
+  length, d, heads = 12, 16, 4
+  none = make_positional_encoding("none", d, heads, length, rngs=nnx.Rngs(0))
+  assert pictures.position_panels(none, length, d, heads) == []
+
+  sin = make_positional_encoding("sinusoidal", d, heads, length, rngs=nnx.Rngs(0))
+  (_, table), (_, similarity) = pictures.position_panels(sin, length, d, heads)
+  np.testing.assert_allclose(table, sinusoid(jnp.arange(length), d), atol=1e-6)
+  np.testing.assert_allclose(np.diag(similarity), 1.0, rtol=1e-5)
+
+  rotary = make_positional_encoding("rotary", d, heads, length, rngs=nnx.Rngs(0))
+  (_, rotated), (_, dots) = pictures.position_panels(rotary, length, d, heads)
+  assert rotated.shape == (length, d // heads)
+  # RoPE's relative property: the similarity depends on p - p' only (a Toeplitz matrix).
+  np.testing.assert_allclose(dots[1:, 1:], dots[:-1, :-1], atol=1e-5)
+
+  alibi = make_positional_encoding("alibi", d, heads, length, rngs=nnx.Rngs(0))
+  panels = pictures.position_panels(alibi, length, d, heads)
+  assert len(panels) == heads
+  distance = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :])
+  for (_, bias), slope in zip(panels, alibi_slopes(heads)):
+    np.testing.assert_allclose(bias, -slope * distance, rtol=1e-6)
+
+
+def test_draw_positions_writes_a_png_or_nothing(tmp_path):
+  path = pictures.draw_positions(_model("learned"), 16, str(tmp_path / "positions.png"))
+  with open(path, "rb") as f:
+    assert f.read(8) == PNG
+  assert pictures.draw_positions(_model("none"), 16, str(tmp_path / "none.png")) is None
+  assert not (tmp_path / "none.png").exists()

@@ -1,0 +1,188 @@
+"""Pictures of a trained model: attention maps for given sentences and positional-encoding
+heatmaps, as PNG files (eval.py --sentence ... --plot_dir DIR).
+
+Attention maps come from a teacher-forced pass over (sentence, the model's greedy
+translation of it): every attention layer sows its weights, computed by the formula
+whatever the run's kernel, and each kind (encoder self, decoder self, cross) is drawn as a
+grid of layers × heads with the tokens on the axes.
+"""
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from transformer.attention import MultiHeadAttention
+from transformer.data.pipeline import pad_batch
+from transformer.evaluation import Evaluator, restore_run
+from transformer.model import Stack
+from transformer.positions import PositionalEncoding
+from transformer.vocab import EOS_ID
+
+KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
+         "cross": "decoder-encoder (cross) attention"}
+MAX_LABELS = 48  # more tokens than this: no tick labels
+
+
+def draw(workdir: str, sentences: list[str], plot_dir: str | None = None,
+         step: int | None = None) -> list[str]:
+  """Restores the run in `workdir` (latest checkpoint by default) and writes into plot_dir
+  (default DIR/plots) the attention maps of `sentences` and positions.png. Returns the
+  paths written."""
+  config, source, graphdef, _, state = restore_run(workdir, step)
+  encoded = [source.encode(s) for s in sentences]  # a bad sentence fails before any writing
+  plot_dir = plot_dir or os.path.join(workdir, "plots")
+  os.makedirs(plot_dir, exist_ok=True)
+  model = nnx.merge(graphdef, state["params"])
+  paths = []
+  if sentences:
+    evaluator = Evaluator(graphdef, config.eval.batch_size)
+    paths += draw_attention(model, source, evaluator, state["params"], sentences, encoded,
+                            plot_dir)
+  positions = draw_positions(model, config.model.max_len, os.path.join(plot_dir, "positions.png"))
+  return paths + ([positions] if positions else [])
+
+
+def attention_weights(model, batch: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+  """Teacher-forced pass recording every attention layer's weights:
+  {"encoder" | "decoder" | "cross": [per layer, [b, h, tq, tk]]}."""
+  stacks = (model.encoder, model.decoder)
+  scanned = [stack.scan_layers for stack in stacks]
+  model.set_attributes(MultiHeadAttention, record_weights=True)
+  model.set_attributes(Stack, scan_layers=False)  # what is sown inside a scan stays there
+  try:
+    _, sown = nnx.capture(model, nnx.Intermediate)({k: jnp.asarray(v) for k, v in batch.items()})
+  finally:
+    model.set_attributes(MultiHeadAttention, record_weights=False)
+    for stack, scan in zip(stacks, scanned):
+      stack.scan_layers = scan
+  layers = lambda stack, name: [np.asarray(layer[name]["weights"].get_value()[0])  # noqa: E731
+                                for _, layer in sorted(sown[stack]["layers"].items())]
+  weights = {"encoder": layers("encoder", "self_attention"),
+             "decoder": layers("decoder", "self_attention"),
+             "cross": layers("decoder", "cross_attention")}
+  return weights
+
+
+def _until_eos(ids: np.ndarray) -> np.ndarray:
+  ids = np.asarray(ids)
+  ends = np.flatnonzero(ids == EOS_ID)
+  return ids[:ends[0] + 1] if len(ends) else ids
+
+
+def draw_attention(model, source, evaluator, params, sentences: list[str],
+                   encoded: list[np.ndarray], plot_dir: str) -> list[str]:
+  """For each sentence i (token ids `encoded[i]`): decodes it greedily, then writes
+  attention_{i}_{kind}.png for the three kinds of attention. Returns the paths."""
+  length = max(len(e) for e in encoded)
+  split = pad_batch([(e, np.zeros_like(e)) for e in encoded], length)
+  predictions = evaluator.predict(params, split, source.decode_len(split))
+  pairs = [(e, _until_eos(p)) for e, p in zip(encoded, predictions)]
+  batch = pad_batch(pairs, max(length, max(len(t) for _, t in pairs)))
+  weights = attention_weights(model, batch)
+  paths = []
+  for i, (src, tgt) in enumerate(pairs):
+    decoder_inputs = np.concatenate([[1], tgt[:-1]])  # BOS, then the outputs shifted right
+    axes = {"encoder": (src, src), "decoder": (tgt, decoder_inputs), "cross": (tgt, src)}
+    for kind, (queries, keys) in axes.items():
+      maps = [w[i, :, :len(queries), :len(keys)] for w in weights[kind]]
+      path = os.path.join(plot_dir, f"attention_{i}_{kind}.png")
+      title = (f"{KINDS[kind]}: layers × heads\n{sentences[i]!r} → "
+               f"{' '.join(source.pieces(tgt))}")
+      _grid(maps, source.pieces(queries), source.pieces(keys), title, path,
+            xlabel="key", ylabel="query (output token)" if kind != "encoder" else "query")
+      paths.append(path)
+  return paths
+
+
+def position_panels(encoding: PositionalEncoding, length: int, d_model: int,
+                    num_heads: int) -> list[tuple[str, np.ndarray]]:
+  """What an encoding does at each of its seams, over positions 0..length-1, as titled
+  [rows, columns] arrays; empty for the identity (`none`)."""
+  positions = jnp.arange(length, dtype=jnp.int32)[None]
+  panels = []
+  added = np.asarray(encoding.embed(jnp.zeros((1, length, d_model)), positions)[0])
+  if np.any(added):
+    panels += [("embed: vector added at position p [p, feature]", added),
+               ("cosine similarity of those vectors [p, p']", _cosine(added))]
+  head_dim = d_model // num_heads
+  ones = jnp.ones((1, length, 1, head_dim))
+  rotated = np.asarray(encoding.rotate(ones, positions)[0, :, 0])
+  if not np.allclose(rotated, 1.0):
+    panels += [("rotate: a query of ones at p [p, feature]", rotated),
+               ("⟨rot(1, p), rot(1, p')⟩ / d [p, p']", rotated @ rotated.T / head_dim)]
+  bias = np.asarray(jnp.broadcast_to(encoding.bias(positions, positions),
+                                     (1, num_heads, length, length))[0])
+  if np.any(bias):
+    panels += [(f"bias head {h} [query, key]", bias[h]) for h in range(num_heads)]
+  return panels
+
+
+def _cosine(x: np.ndarray) -> np.ndarray:
+  unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+  return unit @ unit.T
+
+
+def draw_positions(model, length: int, path: str) -> str | None:
+  """positions.png: the encoder's and the decoder's position panels; None for `none`."""
+  cfg = model.cfg
+  rows = [(name, position_panels(stack.position, length, cfg.d_model, cfg.num_heads))
+          for name, stack in (("encoder", model.encoder), ("decoder", model.decoder))]
+  rows = [(name, panels) for name, panels in rows if panels]
+  if not rows:
+    return None
+  plt = pyplot()
+  columns = max(len(panels) for _, panels in rows)
+  fig, axes = plt.subplots(len(rows), columns, figsize=(3.6 * columns, 3.4 * len(rows)),
+                           squeeze=False)
+  for r, (name, panels) in enumerate(rows):
+    for c in range(columns):
+      ax = axes[r, c]
+      if c >= len(panels):
+        ax.axis("off")
+        continue
+      title, values = panels[c]
+      image = ax.imshow(values, aspect="auto", cmap="RdBu_r", interpolation="nearest")
+      fig.colorbar(image, ax=ax, fraction=0.046)
+      ax.set_title(f"{name} {title}", fontsize=7)
+  fig.suptitle(f"position '{cfg.position}', positions 0..{length - 1}")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: str,
+          path: str, *, xlabel: str, ylabel: str) -> None:
+  """maps: per layer [heads, tq, tk]; one image per (layer, head)."""
+  plt = pyplot()
+  layers, heads = len(maps), maps[0].shape[0]
+  size = 1.2 + 0.13 * max(len(queries), len(keys))
+  fig, axes = plt.subplots(layers, heads, figsize=(size * heads, (size + 0.3) * layers + 0.8),
+                           squeeze=False)
+  labelled = max(len(queries), len(keys)) <= MAX_LABELS
+  for l, per_head in enumerate(maps):
+    for h, weights in enumerate(per_head):
+      ax = axes[l, h]
+      ax.imshow(weights, vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
+      ax.set_title(f"layer {l} head {h}", fontsize=7)
+      ax.set_xticks([]), ax.set_yticks([])
+      if labelled and l == layers - 1:
+        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
+        ax.set_xlabel(xlabel, fontsize=7)
+      if labelled and h == 0:
+        ax.set_yticks(range(len(queries)), queries, fontsize=6)
+        ax.set_ylabel(ylabel, fontsize=7)
+  fig.suptitle(title, fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def pyplot():
+  """matplotlib.pyplot drawing to files (imported only by what draws)."""
+  import matplotlib  # noqa: PLC0415
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415
+  return plt
