@@ -8,6 +8,7 @@ grid of layers × heads with the tokens on the axes.
 """
 
 import os
+import textwrap
 
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +19,7 @@ from transformer.data.pipeline import pad_batch
 from transformer.evaluation import Evaluator, restore_run
 from transformer.model import Stack
 from transformer.positions import PositionalEncoding
-from transformer.vocab import EOS_ID
+from transformer.vocab import BOS_ID, EOS_ID
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "decoder-encoder (cross) attention"}
@@ -44,6 +45,11 @@ def draw(workdir: str, sentences: list[str], plot_dir: str | None = None,
   return paths + ([positions] if positions else [])
 
 
+@nnx.jit
+def _capture(model, batch):
+  return nnx.capture(model, nnx.Intermediate)(batch)
+
+
 def attention_weights(model, batch: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
   """Teacher-forced pass recording every attention layer's weights:
   {"encoder" | "decoder" | "cross": [per layer, [b, h, tq, tk]]}."""
@@ -52,17 +58,16 @@ def attention_weights(model, batch: dict[str, np.ndarray]) -> dict[str, list[np.
   model.set_attributes(MultiHeadAttention, record_weights=True)
   model.set_attributes(Stack, scan_layers=False)  # what is sown inside a scan stays there
   try:
-    _, sown = nnx.capture(model, nnx.Intermediate)({k: jnp.asarray(v) for k, v in batch.items()})
+    _, sown = _capture(model, {k: jnp.asarray(v) for k, v in batch.items()})
   finally:
     model.set_attributes(MultiHeadAttention, record_weights=False)
     for stack, scan in zip(stacks, scanned):
       stack.scan_layers = scan
   layers = lambda stack, name: [np.asarray(layer[name]["weights"].get_value()[0])  # noqa: E731
                                 for _, layer in sorted(sown[stack]["layers"].items())]
-  weights = {"encoder": layers("encoder", "self_attention"),
-             "decoder": layers("decoder", "self_attention"),
-             "cross": layers("decoder", "cross_attention")}
-  return weights
+  return {"encoder": layers("encoder", "self_attention"),
+          "decoder": layers("decoder", "self_attention"),
+          "cross": layers("decoder", "cross_attention")}
 
 
 def _until_eos(ids: np.ndarray) -> np.ndarray:
@@ -83,7 +88,7 @@ def draw_attention(model, source, evaluator, params, sentences: list[str],
   weights = attention_weights(model, batch)
   paths = []
   for i, (src, tgt) in enumerate(pairs):
-    decoder_inputs = np.concatenate([[1], tgt[:-1]])  # BOS, then the outputs shifted right
+    decoder_inputs = np.concatenate([[BOS_ID], tgt[:-1]])  # the outputs shifted right
     axes = {"encoder": (src, src), "decoder": (tgt, decoder_inputs), "cross": (tgt, src)}
     for kind, (queries, keys) in axes.items():
       maps = [w[i, :, :len(queries), :len(keys)] for w in weights[kind]]
@@ -159,7 +164,8 @@ def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: st
   plt = pyplot()
   layers, heads = len(maps), maps[0].shape[0]
   size = 1.2 + 0.13 * max(len(queries), len(keys))
-  fig, axes = plt.subplots(layers, heads, figsize=(size * heads, (size + 0.3) * layers + 0.8),
+  width = max(size * heads, 6.0)
+  fig, axes = plt.subplots(layers, heads, figsize=(width, (size + 0.3) * layers + 1.0),
                            squeeze=False)
   labelled = max(len(queries), len(keys)) <= MAX_LABELS
   for l, per_head in enumerate(maps):
@@ -174,7 +180,8 @@ def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: st
       if labelled and h == 0:
         ax.set_yticks(range(len(queries)), queries, fontsize=6)
         ax.set_ylabel(ylabel, fontsize=7)
-  fig.suptitle(title, fontsize=8)
+  fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.splitlines()),
+               fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
