@@ -10,15 +10,18 @@ run's vocabulary.
 
 Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
 self, decoder self, cross) of S and its greedy translation, and positions.png the
-positional encoding, into --plot_dir (default DIR/plots); --nometrics skips the evaluation.
+positional encoding, into --plot_dir (default DIR/plots), from the same parameters as the
+metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
 """
 
+import os
+
 from absl import app, flags
 
 from transformer import cli, pictures
-from transformer.evaluation import format_table, restore_and_evaluate
+from transformer.evaluation import evaluate_run, format_table, restore_run
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the latest).")
@@ -49,14 +52,14 @@ def main(argv):
   f = flags.FLAGS
   files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.config_errors_exit():
+    run = restore_run(f.workdir, f.step, f.average)  # one restore serves metrics and pictures
     if f.metrics:
-      step, results, path = restore_and_evaluate(f.workdir, f.step, f.output, f.beam_size,
-                                                 f.alpha, f.average, files)
+      step, results, path = evaluate_run(f.workdir, run, f.output, f.beam_size, f.alpha, files)
       print(f"step {step}")
       print(format_table(results))
       print(f"metrics written to {path}")
     if f.sentence or f.plot_dir:
-      paths = pictures.draw(f.workdir, f.sentence, f.plot_dir, f.step)
+      paths = pictures.draw(run, f.sentence, f.plot_dir or os.path.join(f.workdir, "plots"))
       print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
 
 

@@ -333,7 +333,8 @@ class MultiHeadAttention(nnx.Module):
     k, v = kv
     q = encoding.rotate(self._heads(self.query(x_q)), mask.q_positions)
     if self.record_weights:
-      self.sow(nnx.Intermediate, "weights", attention_weights(q, k, mask, encoding.bias, self.score))
+      weights = attention_weights(q, k, mask, encoding.bias, self.score)
+      self.sow(nnx.Intermediate, "weights", weights)
     out = self.kernel(q, k, v, mask, encoding.bias, self.score, self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 

@@ -105,7 +105,15 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
   split, or the (source, reference) text `files` instead, and writes the metrics as JSON
   (and, for text, the detokenized predictions beside it, one file per split). Returns
   (step, metrics, metrics path)."""
-  config, source, graphdef, steps, state = restore_run(workdir, step, average)
+  return evaluate_run(workdir, restore_run(workdir, step, average), output, beam_size, alpha,
+                      files)
+
+
+def evaluate_run(workdir: str, run: tuple, output: str | None = None, beam_size: int = 1,
+                 alpha: float = 0.6, files: tuple[str, str] | None = None
+                 ) -> tuple[int, dict, str]:
+  """restore_and_evaluate for a run already restored by restore_run(workdir, ...)."""
+  config, source, graphdef, steps, state = run
   step = steps[-1]
   splits = source.eval_splits() if files is None else source.file_split(*files)
   evaluator = Evaluator(graphdef, config.eval.batch_size, beam_size, alpha)

@@ -16,7 +16,7 @@ from flax import nnx
 
 from transformer.attention import MultiHeadAttention
 from transformer.data.pipeline import pad_batch
-from transformer.evaluation import Evaluator, restore_run
+from transformer.evaluation import Evaluator
 from transformer.model import Stack
 from transformer.positions import PositionalEncoding
 from transformer.vocab import BOS_ID, EOS_ID
@@ -26,14 +26,11 @@ KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention
 MAX_LABELS = 48  # more tokens than this: no tick labels
 
 
-def draw(workdir: str, sentences: list[str], plot_dir: str | None = None,
-         step: int | None = None) -> list[str]:
-  """Restores the run in `workdir` (latest checkpoint by default) and writes into plot_dir
-  (default DIR/plots) the attention maps of `sentences` and positions.png. Returns the
-  paths written."""
-  config, source, graphdef, _, state = restore_run(workdir, step)
+def draw(run: tuple, sentences: list[str], plot_dir: str) -> list[str]:
+  """Writes into plot_dir the attention maps of `sentences` and positions.png for a run
+  restored by evaluation.restore_run. Returns the paths written."""
+  config, source, graphdef, _, state = run
   encoded = [source.encode(s) for s in sentences]  # a bad sentence fails before any writing
-  plot_dir = plot_dir or os.path.join(workdir, "plots")
   os.makedirs(plot_dir, exist_ok=True)
   model = nnx.merge(graphdef, state["params"])
   paths = []
