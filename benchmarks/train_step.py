@@ -136,7 +136,8 @@ def main(argv):
            "inputs_positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()}
   batch["targets_positions"] = batch["inputs_positions"]
   step_fn = jax.jit(make_train_step(graphdef, optimizer, experiment.make_schedule(config),
-                                    label_smoothing=0.1, seed=0), donate_argnums=0)
+                                    label_smoothing=0.1, seed=0,
+                                    loss_chunks=config.train.loss_chunks), donate_argnums=0)
 
   start = time.perf_counter()
   compiled = step_fn.lower(state, batch).compile()
@@ -169,11 +170,12 @@ def main(argv):
         f"min {1e3 * min(times):.1f}, max {1e3 * max(times):.1f})")
   print(f"throughput        {b * t / step_s:,.0f} target tok/s, {2 * b * t / step_s:,.0f} tok/s")
   print(f"model FLOPs       {flops / 1e9:.1f} GFLOP/step -> {flops / step_s / 1e9:.1f} GFLOP/s")
+  loops = config.model.scan_layers or config.train.loss_chunks > 1
   print(f"XLA-counted FLOPs {xla_flops / 1e9:.1f} GFLOP/step -> {xla_flops / step_s / 1e9:.1f} GFLOP/s")
   print(f"matmul peak       {peak / 1e9:.1f} GFLOP/s ({dtype.name})")
   print(f"MFU               {100 * flops / step_s / peak:.1f}% "
         f"(XLA-counted: {100 * xla_flops / step_s / peak:.1f}%"
-        f"{', which counts a scanned layer once' if config.model.scan_layers else ''})")
+        f"{', which counts a loop body once (scanned layers, loss chunks)' if loops else ''})")
   temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
   print(f"peak memory       {peak_memory()}; XLA temporaries of the step {temp:.2f} GiB")
   if FLAGS.profile:

@@ -67,6 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.weight_decay = 0.0
   config.train.grad_clip_norm = 0.0  # 0: off
   config.train.accumulation_steps = 1  # micro-batches per step (gradients summed): same update
+  config.train.loss_chunks = 4  # logits of 1/loss_chunks of the target tokens at a time
   config.train.log_every = 100
   config.train.eval_every = 500  # 0: only at the end
   config.train.eval_examples = 0  # per held-out split during training; 0: eval.num_examples

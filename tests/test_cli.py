@@ -43,6 +43,7 @@ def _assert_one_line_error(result, *fragments):
     ("--config.task.name=rev", ["unknown task 'rev'", "copy, reverse, sort"]),
     ("--config.model.positon=rotary", ["--config.model.positon", 'Did you mean "position"']),
     ("--config.train.batch_size=many", ["batch_size", "'many'"]),
+    ("--config.train.loss_chunks=0", ["train.loss_chunks must be at least 1, got 0"]),
 ])
 def test_bad_config_is_one_line_and_writes_nothing(tmp_path, override, fragments):
   workdir = tmp_path / "run"

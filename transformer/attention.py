@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from transformer.layers import Dense, Dropout, project
 from transformer.positions import PositionalEncoding
 from transformer.registry import ConfigError, lookup
 
@@ -219,7 +220,7 @@ def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: 
   b, tq, h, d = q.shape
   tk = k.shape[1]
   if tq == 1 or (tq <= block and tk <= block):
-    return reference_kernel(q, k, v, mask, bias, score, nnx.Dropout(0.0), None)
+    return reference_kernel(q, k, v, mask, bias, score, Dropout(0.0), None)
   local = mask.window is not None and tq == tk  # self-attention: keys at the queries' indices
   q_pad = -tq % block
   span = block + 2 * mask.window if local else block
@@ -300,11 +301,11 @@ class MultiHeadAttention(nnx.Module):
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     self.num_heads, self.head_dim = num_heads, d_model // num_heads
-    dense = lambda: nnx.Linear(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
+    dense = lambda: Dense(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
     self.query, self.key, self.value, self.out = dense(), dense(), dense(), dense()
     self.score = lookup(SCORES, cfg.score, "attention score")(num_heads, self.head_dim, cfg, rngs=rngs)
     self.kernel = check_kernel(cfg)
-    self.dropout = nnx.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
     # True: every call also sows its attention weights (by the formula, whatever the kernel)
     # as nnx.Intermediate `weights`, for pictures (transformer/pictures.py).
@@ -320,8 +321,11 @@ class MultiHeadAttention(nnx.Module):
     Computed apart from the queries so that cross-attention K/V are projected once per
     source sentence and decoder self-attention K/V are cached step by step.
     """
-    k = encoding.rotate(self._heads(self.key(x_kv)), k_positions)
-    return k, self._heads(self.value(x_kv))
+    k, v = project(x_kv, self.key, self.value, groups=self.num_heads)
+    return self._keys_values(k, v, k_positions, encoding)
+
+  def _keys_values(self, k, v, k_positions, encoding):
+    return encoding.rotate(self._heads(k), k_positions), self._heads(v)
 
   def __call__(self, x_q: jax.Array, kv: tuple[jax.Array, jax.Array], mask: Mask, *,
                encoding: PositionalEncoding, rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -330,8 +334,12 @@ class MultiHeadAttention(nnx.Module):
     `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
+    return self._attend(self.query(x_q), kv, mask, encoding, rngs)
+
+  def _attend(self, q, kv, mask, encoding, rngs):
+    """__call__ with the queries projected: q [b, tq, d_model]."""
     k, v = kv
-    q = encoding.rotate(self._heads(self.query(x_q)), mask.q_positions)
+    q = encoding.rotate(self._heads(q), mask.q_positions)
     if self.record_weights:
       weights = attention_weights(q, k, mask, encoding.bias, self.score)
       self.sow(nnx.Intermediate, "weights", weights)
@@ -342,10 +350,11 @@ class MultiHeadAttention(nnx.Module):
     """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
     (init_self_cache), x holds the next token(s): their keys/values are appended and they
     attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
-    kv = self.keys_values(x, mask.q_positions, encoding)
+    q, k, v = project(x, self.query, self.key, self.value, groups=self.num_heads)
+    kv = self._keys_values(k, v, mask.q_positions, encoding)
     if self.cache is not None:
       kv = self.cache.append(kv)
-    return self(x, kv, mask, encoding=encoding, rngs=rngs)
+    return self._attend(q, kv, mask, encoding, rngs)
 
   def cross_attend(self, x, encoded, mask: Mask, encoding, rngs=None):
     """Attention from x to the encoder output; K/V come from the cache when one was made

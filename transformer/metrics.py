@@ -1,6 +1,8 @@
 """Losses and metrics over non-padding target tokens. Each returns sums, so that batches,
 devices and logging intervals combine by adding before a final division."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,7 +29,9 @@ def token_metrics(logits, targets, weights, label_smoothing=0.0) -> dict[str, ja
   """Sums: `loss` (smoothed CE), `nll` (plain CE), `correct` and `tokens`."""
   nll = cross_entropy(logits, targets, weights)
   loss = nll if label_smoothing == 0.0 else cross_entropy(logits, targets, weights, label_smoothing)
-  correct = jnp.sum((jnp.argmax(logits, -1) == targets) * weights)
+  # The target's logit is a largest one (a tie counts as correct): no argmax pass.
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  correct = jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
   return {"loss": loss, "nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
 
 
@@ -37,3 +41,92 @@ def exact_matches(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
   width = max(predictions.shape[1], targets.shape[1])
   pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
   return np.all(pad(predictions) == pad(targets), axis=1)
+
+
+def _row_losses(logits, targets, label_smoothing, mean_logit):
+  """Per row of logits [n, V] (float32): smoothed loss, plain CE, correct, and the softmax."""
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  exp = jnp.exp(logits - top)
+  total = jnp.sum(exp, axis=-1, keepdims=True)
+  lse = (top + jnp.log(total))[:, 0]
+  onehot = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1) == targets[:, None]
+  target_logit = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+  nll = lse - target_logit
+  loss = nll - label_smoothing * (mean_logit - target_logit)
+  correct = target_logit >= top[:, 0]  # as in token_metrics
+  return loss, nll, correct, (exp / total, onehot)
+
+
+def _num_chunks(rows: int, chunks: int) -> int:
+  """The largest divisor of `rows` that is at most `chunks`."""
+  return max(c for c in range(1, max(1, min(chunks, rows)) + 1) if rows % c == 0)
+
+
+def _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, with_grads):
+  """Sums of the metrics of logits = y @ w_outᵀ + bias, over `chunks` groups of rows
+  (rows i, i + chunks, ... form one group, so a batch sharded by rows stays sharded); with
+  the gradients of the summed loss with respect to y, w_out and bias when with_grads."""
+  n, v = y.shape[0], w_out.shape[0]
+  k = _num_chunks(n, chunks)
+  split = lambda x: x.reshape(n // k, k, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731
+
+  mean_w = jnp.mean(w_out, axis=0, dtype=jnp.float32).astype(w_out.dtype)
+  mean_b = 0.0 if bias is None else jnp.mean(bias, dtype=jnp.float32)
+
+  def chunk(grads, xs):
+    y_c, t_c, w_c = xs
+    logits = jnp.dot(y_c, w_out.T, preferred_element_type=jnp.float32)
+    if bias is not None:
+      logits = logits + bias.astype(jnp.float32)
+    # mean over the vocabulary of y·w_v + b_v = y·mean(w) + mean(b): no pass over logits
+    mean_logit = jnp.dot(y_c, mean_w, preferred_element_type=jnp.float32) + mean_b
+    loss, nll, correct, (probs, onehot) = _row_losses(logits, t_c, label_smoothing, mean_logit)
+    sums = jnp.stack([jnp.sum(loss * w_c), jnp.sum(nll * w_c), jnp.sum(correct * w_c)])
+    if not with_grads:
+      return grads, (sums, None)
+    # d loss / d logits = w · (softmax − (1 − ε)·onehot − ε/V)
+    d_logits = w_c[:, None] * (probs - jnp.where(onehot, 1.0 - label_smoothing, 0.0)
+                               - label_smoothing / v)
+    d_logits = d_logits.astype(y.dtype)
+    d_w, d_bias = grads
+    d_w = d_w + jnp.dot(d_logits.T, y_c, preferred_element_type=jnp.float32)
+    d_bias = None if bias is None else d_bias + jnp.sum(d_logits, axis=0, dtype=jnp.float32)
+    return (d_w, d_bias), (sums, jnp.dot(d_logits, w_out))
+
+  zeros = (jnp.zeros(w_out.shape, jnp.float32),
+           None if bias is None else jnp.zeros(bias.shape, jnp.float32))
+  grads, (sums, d_y) = jax.lax.scan(chunk, zeros, (split(y), split(targets), split(weights)))
+  sums = jnp.sum(sums, axis=0)
+  metrics = {"loss": sums[0], "nll": sums[1], "correct": sums[2], "tokens": jnp.sum(weights)}
+  if not with_grads:
+    return metrics, None
+  d_y = d_y.swapaxes(0, 1).reshape(y.shape)
+  return metrics, (d_y, grads[0].astype(w_out.dtype),
+                   None if bias is None else grads[1].astype(bias.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def loss_head_metrics(y, w_out, bias, targets, weights, label_smoothing=0.0, chunks=1):
+  """token_metrics(y @ w_outᵀ + bias, targets, weights, label_smoothing) for decoder
+  outputs y [n, d], output weights w_out [V, d] (the shared embedding), bias [V] or None,
+  targets and weights [n], without the logits [n, V] ever existing whole: they are made
+  for `chunks` groups of rows at a time (a divisor of n, the largest at most `chunks`),
+  and under jax.grad the gradient of the summed `loss` is computed in the same pass, while
+  each group's logits are in cache, and only scaled in the backward pass. Differentiable
+  in `loss` only: the other sums are metrics, whose cotangents are ignored."""
+  return _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, False)[0]
+
+
+def _loss_head_fwd(y, w_out, bias, targets, weights, label_smoothing, chunks):
+  metrics, grads = _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, True)
+  return metrics, grads
+
+
+def _loss_head_bwd(label_smoothing, chunks, grads, cotangent):
+  del label_smoothing, chunks
+  g = cotangent["loss"]
+  d_y, d_w, d_bias = jax.tree.map(lambda x: (g * x).astype(x.dtype), grads)
+  return d_y, d_w, d_bias, None, None
+
+
+loss_head_metrics.defvjp(_loss_head_fwd, _loss_head_bwd)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.attention import WINDOWS, AttentionConfig, Mask, MultiHeadAttention
+from transformer.layers import Dense, Dropout, LayerNorm
 from transformer.positions import PositionalEncoding, make_positional_encoding
 from transformer.registry import lookup
 from transformer.vocab import BOS_ID, PAD_ID
@@ -53,8 +54,8 @@ class PostNorm(nnx.Module):
   final_norm = False  # the stack output is already normalised
 
   def __init__(self, d_model: int, dropout: float, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    self.norm = nnx.LayerNorm(d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
-    self.dropout = nnx.Dropout(dropout)
+    self.norm = LayerNorm(d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+    self.dropout = Dropout(dropout)
 
   def __call__(self, x, sublayer, rngs):
     return self.norm(x + self.dropout(sublayer(x), deterministic=rngs is None, rngs=rngs))
@@ -81,8 +82,8 @@ class FeedForward(nnx.Module):
   """max(0, x W_1 + b_1) W_2 + b_2."""
 
   def __init__(self, d_model: int, d_ff: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    self.wi = nnx.Linear(d_model, d_ff, dtype=dtype, rngs=rngs)
-    self.wo = nnx.Linear(d_ff, d_model, dtype=dtype, rngs=rngs)
+    self.wi = Dense(d_model, d_ff, dtype=dtype, rngs=rngs)
+    self.wo = Dense(d_ff, d_model, dtype=dtype, rngs=rngs)
 
   def __call__(self, x):
     return self.wo(jax.nn.relu(self.wi(x)))
@@ -134,11 +135,11 @@ class Stack(nnx.Module):
         causal=issubclass(layer, DecoderLayer), rngs=rngs)
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
     self.window_size = cfg.attention.window_size
-    self.dropout = nnx.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
     self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
     self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
-    self.final_norm = nnx.LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
+    self.final_norm = LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
                                     rngs=rngs) if has_final else None
 
   def __call__(self, x, mask: Mask, rngs, **cross):
@@ -197,7 +198,7 @@ class Embeddings(nnx.Module):
       self.target_table, self.output = None, None
     else:
       self.target_table = embed()
-      self.output = nnx.Linear(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs)
+      self.output = Dense(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs)
 
   def source(self, tokens):
     return self.source_table(tokens) * self.scale
@@ -207,6 +208,13 @@ class Embeddings(nnx.Module):
 
   def logits(self, y):
     return self.source_table.attend(y) if self.output is None else self.output(y)
+
+  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
+    """(weights [vocab, d_model], bias [vocab] or None) in `dtype`, such that
+    logits(y) = y @ weightsᵀ + bias: for metrics.loss_head_metrics."""
+    if self.output is None:
+      return self.source_table.embedding[...].astype(dtype), None
+    return self.output.kernel[...].T.astype(dtype), self.output.bias[...].astype(dtype)
 
 
 def default_positions(tokens: jax.Array) -> jax.Array:
@@ -246,27 +254,37 @@ class Transformer(nnx.Module):
   def decode(self, encoded, inputs_segments, decoder_inputs, positions=None, segments=None,
              *, inputs_positions=None, rngs=None):
     """encoded [b, s, d], decoder_inputs [b, t] -> logits [b, t, vocab] (float32)."""
+    return self.embeddings.logits(self.decoder_outputs(
+        encoded, inputs_segments, decoder_inputs, positions, segments,
+        inputs_positions=inputs_positions, rngs=rngs)).astype(jnp.float32)
+
+  def decoder_outputs(self, encoded, inputs_segments, decoder_inputs, positions=None,
+                      segments=None, *, inputs_positions=None, rngs=None):
+    """decode() up to the output projection: the decoder stack's outputs [b, t, d_model]."""
     positions = default_positions(decoder_inputs) if positions is None else positions
     segments = default_segments(decoder_inputs) if segments is None else segments
     inputs_positions = (default_positions(inputs_segments) if inputs_positions is None
                         else inputs_positions)
     x = self.embeddings.target(decoder_inputs)
-    y = self.decoder(x, Mask(segments, segments, positions, positions, causal=True), rngs,
-                     encoded=encoded,
-                     cross_mask=Mask(segments, inputs_segments, positions, inputs_positions))
-    return self.embeddings.logits(y).astype(jnp.float32)
+    return self.decoder(x, Mask(segments, segments, positions, positions, causal=True), rngs,
+                        encoded=encoded,
+                        cross_mask=Mask(segments, inputs_segments, positions, inputs_positions))
 
-  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Teacher-forced logits [b, t, vocab] for a batch with keys `inputs`, `targets` and
-    optional `{inputs,targets}_{positions,segmentation}`."""
+  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Teacher-forced decoder outputs [b, t, d_model] (before the output projection) for a
+    batch with keys `inputs`, `targets` and optional `{inputs,targets}_{positions,segmentation}`."""
     inputs, targets = batch["inputs"], batch["targets"]
     in_pos = batch.get("inputs_positions", default_positions(inputs))
     in_seg = batch.get("inputs_segmentation", default_segments(inputs))
     tgt_pos = batch.get("targets_positions", default_positions(targets))
     tgt_seg = batch.get("targets_segmentation", default_segments(targets))
     encoded = self.encode(inputs, in_pos, in_seg, rngs=rngs)
-    return self.decode(encoded, in_seg, shift_right(targets, tgt_pos), tgt_pos, tgt_seg,
-                       inputs_positions=in_pos, rngs=rngs)
+    return self.decoder_outputs(encoded, in_seg, shift_right(targets, tgt_pos), tgt_pos, tgt_seg,
+                                inputs_positions=in_pos, rngs=rngs)
+
+  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Teacher-forced logits [b, t, vocab] (float32) of a batch, as in features()."""
+    return self.embeddings.logits(self.features(batch, rngs=rngs)).astype(jnp.float32)
 
   # ------------------------------------------------------------------ incremental decoding
 

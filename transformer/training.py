@@ -14,26 +14,34 @@ from flax import nnx
 from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
 from transformer.data import sources
 from transformer.evaluation import Evaluator
-from transformer.metrics import token_metrics
+from transformer.metrics import loss_head_metrics
+from transformer.registry import ConfigError
 
 log = logging.getLogger("transformer")
 
 
 def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int,
-                    accumulation_steps: int = 1):
+                    accumulation_steps: int = 1, loss_chunks: int = 1):
   """(state, batch) -> (state, metric sums); dropout keys are folded from (seed, step), so
   a resumed run draws the same masks as an uninterrupted one.
 
   With accumulation_steps = k the batch is split into k micro-batches (rows i, i+k, ...)
   whose gradients of the summed loss are added up before dividing by the batch's token
   count: the update of the whole batch, in 1/k of the activation memory.
+
+  The loss head (metrics.loss_head_metrics) makes the logits of 1/loss_chunks of the
+  target tokens at a time and their gradients in the same pass, so the [tokens, vocab]
+  logits never exist whole.
   """
 
   def summed_loss(params, batch, key):
     model = nnx.merge(graphdef, params)
-    logits = model(batch, rngs=nnx.Rngs(dropout=key))
-    sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0,
-                         label_smoothing)
+    y = model.features(batch, rngs=nnx.Rngs(dropout=key))
+    w_out, bias = model.embeddings.projection(y.dtype)
+    flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+    sums = loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]),
+                             flat(batch["targets_segmentation"] > 0).astype(jnp.float32),
+                             label_smoothing, loss_chunks)
     return sums["loss"], sums
 
   grad_fn = jax.grad(summed_loss, has_aux=True)
@@ -108,6 +116,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   graphdef, init = experiment.make_init(config, source.vocab_size, optimizer)  # validates it
   mesh = sharding.make_mesh(config.mesh.to_dict())
   sharding.check_batch_size(train_cfg.batch_size, mesh, train_cfg.accumulation_steps)
+  if train_cfg.loss_chunks < 1:
+    raise ConfigError(f"train.loss_chunks must be at least 1, got {train_cfg.loss_chunks}")
   workdir_lib.prepare(config, workdir)  # nothing is written before the config is known good
   source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
 
@@ -127,7 +137,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   train_step = jax.jit(
       make_train_step(graphdef, optimizer, schedule, label_smoothing=train_cfg.label_smoothing,
-                      seed=config.seed, accumulation_steps=train_cfg.accumulation_steps),
+                      seed=config.seed, accumulation_steps=train_cfg.accumulation_steps,
+                      loss_chunks=train_cfg.loss_chunks),
       in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
       donate_argnums=0)
   evaluator = Evaluator(graphdef, config.eval.batch_size)
