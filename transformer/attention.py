@@ -161,9 +161,31 @@ class Mask:
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:
-  """Softmax over the last axis where masked entries get exactly 0 and all-masked rows are 0."""
-  logits = jnp.where(mask, logits.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-  return jnp.where(mask, jax.nn.softmax(logits, axis=-1), 0.0)
+  """Softmax over the last axis where masked entries get exactly 0 and all-masked rows are 0
+  (float32). Its backward pass is the softmax's, p·(g − Σ p·g), which is already 0 where p
+  is: no selects on the way back (about 10 ms of the small benchmark's train step)."""
+  return _masked_softmax(logits.astype(jnp.float32), mask)
+
+
+@jax.custom_vjp
+def _masked_softmax(logits, mask):
+  logits = jnp.where(mask, logits, -jnp.inf)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  exp = jnp.exp(logits - jnp.where(jnp.isfinite(top), top, 0.0))  # masked: exp(-inf) = 0
+  total = jnp.sum(exp, axis=-1, keepdims=True)
+  return exp / jnp.where(total > 0, total, 1.0)
+
+
+def _masked_softmax_fwd(logits, mask):
+  weights = _masked_softmax(logits, mask)
+  return weights, weights
+
+
+def _masked_softmax_bwd(weights, g):
+  return weights * (g - jnp.sum(weights * g, axis=-1, keepdims=True)), None
+
+
+_masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 
 
 # --------------------------------------------------------------------------- kernels
