@@ -152,6 +152,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     step += 1
     interval_steps += 1
     if step % train_cfg.log_every == 0 or step == train_cfg.num_steps:
+      jax.block_until_ready(metrics)  # steps are dispatched ahead: time them to completion
       elapsed = time.time() - interval_start
       if step > train_cfg.log_every:  # the first interval includes compilation
         timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
