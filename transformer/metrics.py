@@ -44,7 +44,8 @@ def exact_matches(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def _row_losses(logits, targets, label_smoothing, mean_logit):
-  """Per row of logits [n, V] (float32): smoothed loss, plain CE, correct, and the softmax."""
+  """Per row of logits [n, V] (float32) with their means over the vocabulary mean_logit [n]:
+  smoothed loss, plain CE, correct, and (softmax, target one-hot) for the gradient."""
   top = jnp.max(logits, axis=-1, keepdims=True)
   exp = jnp.exp(logits - top)
   total = jnp.sum(exp, axis=-1, keepdims=True)
