@@ -119,8 +119,7 @@ def loss_head_metrics(y, w_out, bias, targets, weights, label_smoothing=0.0, chu
 
 
 def _loss_head_fwd(y, w_out, bias, targets, weights, label_smoothing, chunks):
-  metrics, grads = _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, True)
-  return metrics, grads
+  return _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, True)
 
 
 def _loss_head_bwd(label_smoothing, chunks, grads, cotangent):
