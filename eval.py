@@ -17,11 +17,13 @@ metrics (--step, --average); --nometrics skips the evaluation.
 """
 
 import os
+import sys
 
 from absl import app, flags
 
 from transformer import cli, pictures
-from transformer.evaluation import evaluate_run, format_table, restore_run
+from transformer.evaluation import evaluate_run, format_table, output_path, restore_run
+from transformer.registry import Interrupted
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the latest).")
@@ -40,27 +42,38 @@ flags.DEFINE_string("plot_dir", None, "Where pictures go (default DIR/plots); gi
 flags.DEFINE_bool("metrics", True, "Evaluate the held-out splits; --nometrics only draws.")
 flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
+flags.register_validator("beam_size", lambda n: n >= 1, "--beam_size must be at least 1")
+flags.register_validator("alpha", lambda a: a >= 0, "--alpha must be at least 0")
 flags.register_multi_flags_validator(
     ["source_file", "reference_file"], lambda f: (f["source_file"] is None) == (
         f["reference_file"] is None), "--source_file and --reference_file go together")
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.no_arguments(argv)
   cli.setup_logging()
   f = flags.FLAGS
   files = (f.source_file, f.reference_file) if f.source_file else None
-  with cli.config_errors_exit():
+  with cli.StopSignals() as stop, cli.one_line_errors():
     run = restore_run(f.workdir, f.step, f.average)  # one restore serves metrics and pictures
+    plot_dir = f.plot_dir or os.path.join(f.workdir, "plots")
     if f.metrics:
-      step, results, path = evaluate_run(f.workdir, run, f.output, f.beam_size, f.alpha, files)
-      print(f"step {step}")
-      print(format_table(results))
-      print(f"metrics written to {path}")
+      output_path(run, f.output)  # a path that cannot be written fails before the work
     if f.sentence or f.plot_dir:
-      paths = pictures.draw(run, f.sentence, f.plot_dir or os.path.join(f.workdir, "plots"))
-      print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
+      pictures.check_writable(run, f.sentence, plot_dir)
+    try:
+      if f.metrics:
+        step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop)
+        print(f"step {step}")
+        print(format_table(results))
+        print(f"metrics written to {path}")
+      if f.sentence or f.plot_dir:
+        paths = pictures.draw(run, f.sentence, plot_dir)
+        print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
+    except Interrupted:
+      print("stopped by a signal; the metrics were not written", file=sys.stderr)
+  if stop.exit_status:
+    sys.exit(stop.exit_status)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Runs a sweep: python sweep.py --config configs/positions.py --sweep_dir DIR.
 
-Trains every run of the config's get_sweep() into DIR/<overrides>, skipping finished runs and
-resuming interrupted ones, then writes DIR/report.md and DIR/report.csv (mean ± std over
-seeds). Across hosts or workers: --num_workers N --worker I runs every N-th run (or
+Checks every run's config, then trains every run of the config's get_sweep() into
+DIR/<overrides>, skipping finished runs (and runs another process is training) and resuming
+interrupted ones, then writes DIR/report.md and DIR/report.csv (mean ± std over seeds).
+SIGINT/SIGTERM save the current run and exit with 128 + signal; a second signal exits at once. Across hosts or workers: --num_workers N --worker I runs every N-th run (or
 --print_commands prints the N commands); --report_only rewrites the report.
 """
 
@@ -23,8 +24,7 @@ flags.mark_flags_as_required(["config", "sweep_dir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.no_arguments(argv)
   f = flags.FLAGS
   if f.print_commands:
     for worker in range(f.num_workers):
@@ -32,13 +32,20 @@ def main(argv):
                         f.sweep_dir, f"--num_workers={f.num_workers}", f"--worker={worker}"]))
     return
   cli.setup_logging()
-  with cli.config_errors_exit():
+  failed = {}
+  with cli.StopSignals() as stop, cli.one_line_errors():
     if not f.report_only:
-      sweep.run(f.config, f.sweep_dir, f.worker, f.num_workers)
+      _, failed = sweep.run(f.config, f.sweep_dir, f.worker, f.num_workers, stop)
+    if stop.exit_status:
+      sys.exit(stop.exit_status)
     md_path, csv_path = sweep.report(f.config, f.sweep_dir)
   with open(md_path) as report:
     print(report.read())
   print(f"report written to {md_path} and {csv_path}")
+  if failed:
+    print("error: runs failed: " + "; ".join(f"{name}: {e}" for name, e in failed.items()),
+          file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":

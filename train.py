@@ -1,14 +1,15 @@
 """Trains a Transformer: python train.py --config configs/default.py --workdir DIR.
 
-Re-running the same command resumes from the latest checkpoint in DIR. SIGINT/SIGTERM save
-a checkpoint and exit with status 128 + signal number.
+Re-running the same command resumes from the latest checkpoint in DIR that restores.
+SIGINT/SIGTERM save a checkpoint and exit with status 128 + signal number (a second signal
+exits at once). Bad input: one `error:` line, status 2, nothing written; a run that cannot
+go on (the workdir in use, training diverged): one `error:` line, status 1.
 
 Several processes (hosts): run the same command on each with --distributed (TPU pods, SLURM
 and Open MPI are detected from the environment), or with --coordinator_address HOST:PORT
 --num_processes N --process_id I. Each process reads its share of the data; process 0 logs.
 """
 
-import signal
 import sys
 
 from absl import app, flags
@@ -29,18 +30,14 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  cli.no_arguments(argv)
   cli.start_distributed(flags.FLAGS.distributed, flags.FLAGS.coordinator_address,
                         flags.FLAGS.num_processes, flags.FLAGS.process_id)
   cli.setup_logging()
-  received = []
-  for sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(sig, lambda signum, _: received.append(signum))
-  with cli.config_errors_exit():
-    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, should_stop=lambda: bool(received))
-  if received:
-    sys.exit(128 + received[0])
+  with cli.StopSignals() as stop, cli.one_line_errors():
+    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, should_stop=stop)
+  if stop.exit_status:
+    sys.exit(stop.exit_status)
 
 
 if __name__ == "__main__":

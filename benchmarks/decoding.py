@@ -25,16 +25,17 @@ flags.DEFINE_integer("batch_size", 0, "Sentences per batch (0: config.eval.batch
 def main(argv):
   del argv
   FLAGS = flags.FLAGS
-  config, source, graphdef, (step,), state = restore_run(FLAGS.workdir)
-  split = source.eval_splits()[FLAGS.split]
-  n, batch_size = len(split["inputs"]), FLAGS.batch_size or config.eval.batch_size
-  print(f"device  {jax.devices()[0].device_kind}; step {step}; {n} sentences of split "
-        f"'{FLAGS.split}', batch {batch_size}, dtype {config.model.dtype}")
+  run = restore_run(FLAGS.workdir)
+  exp, params = run.experiment, run.params
+  split = exp.source.eval_splits()[FLAGS.split]
+  n, batch_size = len(split["inputs"]), FLAGS.batch_size or exp.eval.batch_size
+  print(f"device  {jax.devices()[0].device_kind}; step {run.steps[-1]}; {n} sentences of split "
+        f"'{FLAGS.split}', batch {batch_size}, dtype {exp.model.dtype}")
   for beam in map(int, FLAGS.beam_sizes):
-    evaluator = Evaluator(graphdef, batch_size, beam_size=beam)
-    evaluator.predict(state["params"], split, source.decode_len(split))  # compiles
+    evaluator = Evaluator(exp.graphdef, batch_size, beam_size=beam)
+    evaluator.predict(params, split, exp.source.decode_len(split))  # compiles
     start = time.perf_counter()
-    predictions = evaluator.predict(state["params"], split, source.decode_len(split))
+    predictions = evaluator.predict(params, split, exp.source.decode_len(split))
     seconds = time.perf_counter() - start
     tokens = int(np.sum(np.cumsum(predictions == PAD_ID, axis=1) == 0))  # up to EOS, inclusive
     name = "greedy" if beam == 1 else f"beam {beam}"

@@ -72,7 +72,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.eval_every = 500  # 0: only at the end
   config.train.eval_examples = 0  # per held-out split during training; 0: eval.num_examples
   config.train.checkpoint_every = 1000
-  config.train.keep_checkpoints = 3
+  config.train.keep_checkpoints = 3  # the latest ones, and besides them the lowest-loss one
+  # A step whose loss, gradient or update is NaN/inf is never applied; this many in a row
+  # are skipped (the data moves on), one more stops the run with an error. 0: stop at once.
+  config.train.skip_nonfinite = 0
 
   # Device mesh (transformer/sharding.py): batch split over data x fsdp, parameters and
   # optimizer state split over fsdp and tensor. -1: the devices left over.

@@ -198,7 +198,7 @@ def test_fused_kernel_equals_reference(score, bias):
   logit_bias = ALiBi(0, H, 0, rngs=None).bias if bias else NONE.bias
   scorer, dropout = _make_score(score), nnx.Dropout(0.0)
   ref = reference_kernel(q, k, v, mask, logit_bias, scorer, dropout, None)
-  out = KERNELS["xla"](AttentionConfig())(q, k, v, mask, logit_bias, scorer, dropout, None)
+  out = KERNELS["xla"].make(AttentionConfig())(q, k, v, mask, logit_bias, scorer, dropout, None)
   seen = np.asarray(seg) > 0
   np.testing.assert_allclose(np.asarray(out)[seen], np.asarray(ref)[seen], rtol=1e-5, atol=1e-5)
 
@@ -232,7 +232,7 @@ def test_blockwise_kernel_equals_reference(score, causal, window, position):
   encoding = {"none": NONE, "alibi": ALiBi(0, H, 0, rngs=None),
               "t5": T5Bias(0, H, 0, causal=causal, rngs=nnx.Rngs(1))}[position]
   scorer, dropout = _make_score(score), nnx.Dropout(0.0)
-  blockwise = KERNELS["blockwise"](AttentionConfig(block_size=4))
+  blockwise = KERNELS["blockwise"].make(AttentionConfig(block_size=4))
 
   def run(kernel, q, k, v):
     return kernel(q, k, v, mask, encoding.bias, scorer, dropout, None)

@@ -1,4 +1,5 @@
-"""train.py and eval.py as a user runs them: errors, SIGTERM and resume, eval output."""
+"""train.py and eval.py as a user runs them: SIGTERM and resume, eval output and pictures.
+(Bad input: tests/test_bad_input.py; faults: tests/test_faults.py.)"""
 
 import json
 import os
@@ -7,15 +8,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ["--config.task.name=copy", "--config.task.num_symbols=6", "--config.task.max_len=5",
-        "--config.task.longer_max_len=7", "--config.model.d_model=32", "--config.model.d_ff=64",
-        "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",
-        "--config.model.num_decoder_layers=1", "--config.train.batch_size=16",
-        "--config.train.log_every=5", "--config.train.eval_every=0",
-        "--config.eval.num_examples=32", "--config.eval.batch_size=32"]
+from tests.clirun import ROOT, TINY
 
 
 def _run(script, *args, timeout=180):
@@ -33,26 +26,6 @@ def _assert_one_line_error(result, *fragments):
   assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
   for fragment in fragments:
     assert fragment in lines[0], lines[0]
-
-
-@pytest.mark.parametrize("override,fragments", [
-    ("--config.model.attention.score=cosine",
-     ["unknown attention score 'cosine'", "additive, dot, gaussian, scaled_dot"]),
-    ("--config.model.position=absolute",
-     ["unknown position 'absolute'", "learned, none, rotary, sinusoidal"]),
-    ("--config.task.name=rev", ["unknown task 'rev'", "copy, reverse, sort"]),
-    ("--config.model.positon=rotary", ["--config.model.positon", 'Did you mean "position"']),
-    ("--config.train.batch_size=many", ["batch_size", "'many'"]),
-    ("--config.train.loss_chunks=0", ["train.loss_chunks must be at least 1, got 0"]),
-])
-def test_bad_config_is_one_line_and_writes_nothing(tmp_path, override, fragments):
-  workdir = tmp_path / "run"
-  _assert_one_line_error(_run("train.py", *_train_args(str(workdir), override)), *fragments)
-  assert not workdir.exists()
-
-
-def test_eval_without_checkpoints(tmp_path):
-  _assert_one_line_error(_run("eval.py", "--workdir", str(tmp_path)), "not a training workdir")
 
 
 def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):

@@ -38,7 +38,7 @@ def test_cudnn_attention_matches_reference_in_bfloat16():
   def f32_reference(q, k, v):
     return loss(reference_kernel, *(x.astype(jnp.float32) for x in (q, k, v)))
 
-  kernel = KERNELS["cudnn"](AttentionConfig())
+  kernel = KERNELS["cudnn"].make(AttentionConfig())
   cudnn = jax.jit(jax.value_and_grad(lambda *a: loss(kernel, *a), (0, 1, 2), has_aux=True))
   hlo = cudnn.lower(q, k, v).compile().as_text()
   assert "cudnn" in hlo and "fmha" in hlo  # the fused cuDNN call, not an XLA fallback

@@ -80,7 +80,8 @@ def test_resume_reaches_the_same_parameters(tmp_path, tiny_config):
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")
   train_and_evaluate(config, straight)
   calls = []
-  stopped = train_and_evaluate(config, resumed, should_stop=lambda: calls.append(1) or len(calls) == 17)
+  # polled before each step: the 18th poll, after step 17, asks to stop
+  stopped = train_and_evaluate(config, resumed, should_stop=lambda: calls.append(1) or len(calls) == 18)
   assert stopped == 17
   assert checkpoint.manager(resumed, read_only=True).latest_step() == 17
   assert train_and_evaluate(config, resumed) == 40
@@ -96,16 +97,16 @@ def test_checkpoint_average_is_the_mean_of_the_last_checkpoints(tmp_path, tiny_c
   workdir = str(tmp_path / "run")
   train_and_evaluate(config, workdir)  # checkpoints at 10, 20, 30, 40
   _, init = experiment.make_init(config, 9, experiment.make_optimizer(config))
-  abstract = jax.eval_shape(init)
+  abstract = jax.eval_shape(init)["params"]
   shardings = sharding.state_shardings(abstract, sharding.make_mesh())
-  mngr = checkpoint.manager(workdir, read_only=True)
-  steps, state = checkpoint.restore_average(mngr, abstract, shardings, 30, 3)
-  assert steps == [10, 20, 30] and int(state["step"]) == 30
+  steps, params = checkpoint.restore_params(workdir, abstract, shardings, 30, 3)
+  assert steps == [10, 20, 30]
   expected = jax.tree.map(lambda *p: (p[0] + p[1] + p[2]) / 3, *(_params(workdir, s) for s in steps))
-  for x, y in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(expected), strict=True):
+  for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
-  with pytest.raises(ConfigError, match=r"cannot average 5 checkpoints: .* holds 4 up to step 40"):
-    checkpoint.restore_average(mngr, abstract, shardings, None, 5)
+  with pytest.raises(ConfigError, match=r"cannot average 5 checkpoints: .* holds 4 \(that "
+                                        r"restore\) up to step 40"):
+    checkpoint.restore_params(workdir, abstract, shardings, None, 5)
   with pytest.raises(ConfigError, match="needs a text data source; this run's is 'synthetic'"):
     restore_and_evaluate(workdir, files=("a.en", "a.de"))
 

@@ -17,7 +17,8 @@ from flax import nnx
 
 from transformer.layers import Dense, Dropout, project
 from transformer.positions import PositionalEncoding
-from transformer.registry import ConfigError, lookup
+from transformer.registry import (AT_LEAST_0, AT_LEAST_1, FRACTION, ConfigError, check_ranges,
+                                  lookup)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,13 @@ class AttentionConfig:
   learn_sigma: bool = True  # Gaussian width learned per head, or fixed
   kernel: str = "reference"  # a key of KERNELS: how softmax(scores + bias)·V is computed
   block_size: int = 512  # `blockwise`: queries and keys per block
+
+  def __post_init__(self):
+    check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, additive_dim=AT_LEAST_0,
+                 gaussian_sigma=AT_LEAST_0, block_size=AT_LEAST_1)
+    lookup(SCORES, self.score, "attention score")
+    lookup(WINDOWS, self.window, "attention window")
+    lookup(KERNELS, self.kernel, "attention kernel")
 
 
 # --------------------------------------------------------------------------- scorers
@@ -191,8 +199,8 @@ _masked_softmax.defvjp(_masked_softmax_fwd, _masked_softmax_bwd)
 # --------------------------------------------------------------------------- kernels
 # A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], a Mask, the
 # logit bias as a function of (query positions, key positions) -> broadcastable to
-# [b, h, tq, tk], and the layer's scorer and dropout. KERNELS maps a name to a function of
-# the AttentionConfig that returns the kernel.
+# [b, h, tq, tk], and the layer's scorer and dropout. KERNELS maps a name to a Kernel: how
+# to make the function from the AttentionConfig, and what it supports.
 
 
 def attention_weights(q, k, mask: Mask, bias, score) -> jax.Array:
@@ -290,25 +298,37 @@ def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: 
   return jnp.moveaxis(blocks, 0, 1).reshape(b, tq + q_pad, h, d)[:, :tq]
 
 
-KERNELS: dict[str, Callable[[AttentionConfig], Callable]] = {
-    "reference": lambda cfg: reference_kernel,
-    "xla": lambda cfg: fused_kernel("xla"),
-    "cudnn": lambda cfg: fused_kernel("cudnn"),
-    "blockwise": lambda cfg: functools.partial(blockwise_kernel, block=cfg.block_size),
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """A way to compute softmax(score + bias)·V, and what it supports."""
+
+  make: Callable[[AttentionConfig], Callable]  # the kernel function for a config
+  any_score: bool  # runs every scorer; False: the dot-product scorers only
+  dropout: bool  # dropout on the attention weights
+  backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
+  stand_in: str | None = None  # a kernel computing the same function on any backend
+
+
+KERNELS: dict[str, Kernel] = {
+    "reference": Kernel(lambda cfg: reference_kernel, any_score=True, dropout=True),
+    "xla": Kernel(lambda cfg: fused_kernel("xla"), any_score=False, dropout=False),
+    "cudnn": Kernel(lambda cfg: fused_kernel("cudnn"), any_score=False, dropout=False,
+                    backends=("gpu",), stand_in="xla"),
+    "blockwise": Kernel(lambda cfg: functools.partial(blockwise_kernel, block=cfg.block_size),
+                        any_score=True, dropout=False),
 }
 
 
 def check_kernel(cfg: AttentionConfig) -> Callable:
-  """The kernel for cfg, or a ConfigError naming what the fused kernels cannot do."""
-  kernel = lookup(KERNELS, cfg.kernel, "attention kernel")(cfg)
-  if cfg.kernel in ("xla", "cudnn"):
-    if not issubclass(SCORES[cfg.score], ScaledDot):
-      raise ConfigError(f"attention.kernel '{cfg.kernel}' computes dot-product scores only "
-                        f"(scaled_dot, dot), not '{cfg.score}'; use kernel 'reference'")
-  if cfg.kernel != "reference" and cfg.dropout:
+  """The kernel for cfg, or a ConfigError naming what the kernel cannot do."""
+  kernel = lookup(KERNELS, cfg.kernel, "attention kernel")
+  if not kernel.any_score and not issubclass(SCORES[cfg.score], ScaledDot):
+    raise ConfigError(f"attention.kernel '{cfg.kernel}' computes dot-product scores only "
+                      f"(scaled_dot, dot), not '{cfg.score}'; use kernel 'reference'")
+  if cfg.dropout and not kernel.dropout:
     raise ConfigError(f"attention.kernel '{cfg.kernel}' has no attention dropout; set "
                       f"model.attention.dropout=0 (got {cfg.dropout}) or kernel 'reference'")
-  return kernel
+  return kernel.make(cfg)
 
 
 # --------------------------------------------------------------------------- layer

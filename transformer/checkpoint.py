@@ -1,67 +1,174 @@
 """Orbax checkpoints under `workdir/checkpoints`: each step holds the train state (a pytree
 of arrays) as item `state` and the training data iterator's position as item `data`, so a
-resumed run sees exactly the batches an uninterrupted run would."""
+resumed run sees exactly the batches an uninterrupted run would.
 
+Rotation keeps the latest `keep` checkpoints and, besides them, the one saved with the
+lowest training loss (orbax's preservation policies), so a run that diverges cannot rotate
+out the last good state. A checkpoint that does not restore (a truncated file, missing
+metadata) is reported in one line and the one before it is used; training moves it aside
+as STEP.unrestorable, where it stays for inspection and is never deleted.
+"""
+
+import logging
 import os
 
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
-from transformer.registry import ConfigError
+from transformer.registry import ConfigError, RunError
+
+log = logging.getLogger("transformer")
+UNRESTORABLE = ".unrestorable"
 
 
 def checkpoint_dir(workdir: str) -> str:
   return os.path.join(os.path.abspath(workdir), "checkpoints")
 
 
-def manager(workdir: str, *, max_to_keep: int | None = None, read_only: bool = False):
-  """A CheckpointManager that saves asynchronously and keeps the last `max_to_keep`."""
+def manager(workdir: str, *, keep: int | None = None, read_only: bool = False):
+  """A CheckpointManager that saves asynchronously; with `keep`, rotation keeps the latest
+  `keep` checkpoints and the one with the lowest `loss` metric (orbax writes the metrics
+  beside each checkpoint only when best_fn is set)."""
+  policy = None if keep is None else policies.AnyPreservationPolicy([
+      policies.LatestN(keep),
+      policies.BestN(get_metric_fn=_loss, reverse=True, n=1,
+                     keep_checkpoints_without_metrics=False)])
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=not read_only, read_only=read_only)
+      preservation_policy=policy, best_fn=_loss, best_mode="min", create=not read_only,
+      read_only=read_only)
   return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
 
 
-def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator) -> None:
+def _loss(metrics) -> float:
+  return metrics["loss"]
+
+
+def save(mngr: ocp.CheckpointManager, step: int, state, data_iterator, loss: float) -> None:
   """Starts an asynchronous save of `state` and the data iterator's position at `step`
-  (never replaces an existing step)."""
-  if step not in mngr.all_steps():
-    mngr.save(step, force=True, args=ocp.args.Composite(
+  (never replaces an existing step); `loss` ranks it for rotation."""
+  if step in mngr.all_steps():
+    return
+  try:
+    mngr.save(step, force=True, metrics={"loss": loss}, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(data_iterator)))
+  except Exception as e:  # noqa: BLE001 - a full disk, a lost mount, ...
+    raise RunError(f"saving the checkpoint at step {step} in {mngr.directory} failed "
+                   f"({type(e).__name__}: {_one_line(e)}); the previous checkpoints are "
+                   "unaffected: re-run the same command to resume from the last one") from None
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | None = None,
-            data_iterator=None):
-  """Restores `step` (default: the latest) into the structure and shapes of `abstract_state`
-  (e.g. from jax.eval_shape), placed with `shardings` (a matching pytree), so a checkpoint
-  loads onto whatever mesh the current run has. A given grain `data_iterator` is moved to
-  the saved position. Returns (step, state)."""
-  steps = mngr.all_steps()
+def finish(mngr: ocp.CheckpointManager) -> None:
+  """Waits for the save in flight to commit (or to fail: the previous checkpoints stay
+  whole, since orbax writes a step into a temporary directory and renames it when done),
+  then closes the manager."""
+  try:
+    mngr.wait_until_finished()
+  except Exception as e:  # noqa: BLE001 - report it and keep the exception that brought us here
+    log.error("the checkpoint save in flight failed (%s: %s); the previous checkpoints are "
+              "unaffected", type(e).__name__, _one_line(e))
+  finally:
+    mngr.close()
+
+
+def _one_line(e: Exception, limit: int = 200) -> str:
+  text = " ".join(str(e).split())
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _target(abstract_state, shardings):
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                      abstract_state, shardings)
+
+
+def _quarantine(mngr: ocp.CheckpointManager, step: int) -> str:
+  """Renames step's directory to STEP.unrestorable (orbax then ignores it); returns the name."""
+  source = os.path.join(str(mngr.directory), str(step))
+  target, n = source + UNRESTORABLE, 1
+  while os.path.exists(target):
+    n += 1
+    target = f"{source}{UNRESTORABLE}-{n}"
+  if jax.process_index() == 0:
+    os.rename(source, target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("checkpoint-quarantine")
+  mngr.reload()
+  return os.path.basename(target)
+
+
+def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, make_iterator=None,
+            quarantine: bool = True):
+  """Restores the newest checkpoint that restores into the structure and shapes of
+  `abstract_state` (e.g. from jax.eval_shape), placed with `shardings` (a matching pytree),
+  so a checkpoint loads onto whatever mesh the current run has. `make_iterator()` gives a
+  fresh grain iterator to move to the saved data position. A checkpoint that fails is
+  reported and, with `quarantine`, moved aside. Returns (step, state, data iterator), or
+  (None, None, a fresh iterator) when there is no checkpoint; RunError when none restores."""
+  failures = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    iterator = make_iterator() if make_iterator else None
+    items = {"state": ocp.args.StandardRestore(_target(abstract_state, shardings))}
+    if iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(iterator)
+    try:
+      return step, mngr.restore(step, args=ocp.args.Composite(**items))["state"], iterator
+    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for bad files
+      failures.append(f"step {step}: {type(e).__name__}: {_one_line(e, 120)}")
+      moved = f"; moved to {_quarantine(mngr, step)} for inspection" if quarantine else ""
+      log.warning("the checkpoint at step %d in %s does not restore (%s: %s)%s; trying the "
+                  "one before", step, mngr.directory, type(e).__name__, _one_line(e), moved)
+  if failures:
+    raise RunError(f"no checkpoint in {mngr.directory} restores ({'; '.join(failures)}); "
+                   "move them aside to start again")
+  return None, None, make_iterator() if make_iterator else None
+
+
+def restore_params(workdir: str, abstract_params, shardings, step: int | None = None,
+                   count: int = 1):
+  """The parameters (only: no optimizer state is read) of checkpoint `step`, or of the
+  newest one that restores; with count > 1 their mean over the last `count` checkpoints up
+  to it, as the paper averages its last 5. Checkpoints that do not restore are reported and
+  skipped. Returns (steps averaged, params)."""
+  if not os.path.isdir(checkpoint_dir(workdir)):
+    raise ConfigError(f"no checkpoints in {checkpoint_dir(workdir)}")
+  mngr = ocp.CheckpointManager(  # a PyTree handler reads a part of the saved state
+      checkpoint_dir(workdir), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
+      options=ocp.CheckpointManagerOptions(read_only=True, create=False))
+  try:
+    return _restore_params(mngr, abstract_params, shardings, step, count)
+  finally:
+    mngr.close()
+
+
+def _restore_params(mngr, abstract_params, shardings, step, count):
+  steps = sorted(mngr.all_steps())
   if not steps:
     raise ConfigError(f"no checkpoints in {mngr.directory}")
-  step = max(steps) if step is None else step
-  if step not in steps:
-    raise ConfigError(f"no checkpoint at step {step} in {mngr.directory}; steps: {sorted(steps)}")
-  target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-                        abstract_state, shardings)
-  items = {"state": ocp.args.StandardRestore(target)}
-  if data_iterator is not None:
-    items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-  return step, mngr.restore(step, args=ocp.args.Composite(**items))["state"]
-
-
-def restore_average(mngr: ocp.CheckpointManager, abstract_state, shardings, step: int | None,
-                    count: int):
-  """The parameters averaged over the last `count` checkpoints up to `step` (default: the
-  latest), as the paper averages its last 5. Returns (steps averaged, state of `step` with
-  the averaged params)."""
-  step, state = restore(mngr, abstract_state, shardings, step)
-  steps = [s for s in sorted(mngr.all_steps()) if s <= step][-count:]
-  if len(steps) < count:
-    raise ConfigError(f"cannot average {count} checkpoints: {mngr.directory} holds "
-                      f"{len(steps)} up to step {step}: {steps}")
-  total = state["params"]
-  for other in steps[:-1]:
-    total = jax.tree.map(jnp.add, total, restore(mngr, abstract_state, shardings, other)[1]["params"])
-  return steps, {**state, "params": jax.tree.map(lambda x: x / count, total)}
+  if step is not None and step not in steps:
+    raise ConfigError(f"no checkpoint at step {step} in {mngr.directory}; steps: {steps}")
+  candidates = [s for s in steps if step is None or s <= step][::-1]
+  target = {"params": _target(abstract_params, shardings)}
+  restore_args = jax.tree.map(lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding), target)
+  used, total = [], None
+  for s in candidates:
+    try:
+      params = mngr.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+          target, restore_args=restore_args, partial_restore=True)))["state"]["params"]
+    except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for bad files
+      if s == step:
+        raise RunError(f"the checkpoint at step {s} in {mngr.directory} does not restore "
+                       f"({type(e).__name__}: {_one_line(e)})") from None
+      log.warning("the checkpoint at step %d in %s does not restore (%s: %s); skipped", s,
+                  mngr.directory, type(e).__name__, _one_line(e))
+      continue
+    total = params if total is None else jax.tree.map(jnp.add, total, params)
+    used.append(s)
+    if len(used) == count:
+      return used[::-1], jax.tree.map(lambda x: x / count if count > 1 else x, total)
+  if not used:
+    raise RunError(f"no checkpoint in {mngr.directory} restores")
+  raise ConfigError(f"cannot average {count} checkpoints: {mngr.directory} holds {len(used)} "
+                    f"(that restore) up to step {used[0]}: {used[::-1]}")

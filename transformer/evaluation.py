@@ -1,7 +1,9 @@
 """Held-out evaluation: teacher-forced loss and token accuracy, decoding metrics."""
 
+import dataclasses
 import functools
 import json
+import logging
 import os
 
 import jax
@@ -9,9 +11,11 @@ import numpy as np
 from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
-from transformer.data import sources
 from transformer.decoding import beam_search, greedy_decode
 from transformer.metrics import exact_matches, token_metrics
+from transformer.registry import ConfigError, Interrupted, RunError
+
+log = logging.getLogger("transformer")
 
 
 class Evaluator:
@@ -42,34 +46,46 @@ class Evaluator:
       yield _pad_rows({k: v[start:start + self.batch_size] for k, v in split.items()},
                       self.batch_size)
 
-  def predict(self, params, split: dict[str, np.ndarray], decode_len: int) -> np.ndarray:
+  def predict(self, params, split: dict[str, np.ndarray], decode_len: int,
+              should_stop=lambda: False) -> np.ndarray:
     """Decoded tokens [n, decode_len] of every row of the split."""
-    predictions = [np.asarray(self._predict(params, batch, decode_len))
-                   for batch in self._batches(split)]
+    predictions = []
+    for batch in self._batches(split):
+      _check_stop(should_stop)
+      predictions.append(np.asarray(self._predict(params, batch, decode_len)))
     return np.concatenate(predictions)[:len(split["inputs"])]
 
-  def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int):
-    """Returns (metrics, predictions [n, decode_len]) for one split."""
+  def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int,
+                     should_stop=lambda: False):
+    """Returns (metrics, predictions [n, decode_len]) for one split; raises Interrupted
+    between batches once should_stop() is true."""
     totals: dict[str, float] = {}
     for batch in self._batches(split):
+      _check_stop(should_stop)
       for k, v in jax.device_get(self._score(params, batch)).items():
         totals[k] = totals.get(k, 0.0) + float(v)
-    predictions = self.predict(params, split, decode_len)
+    predictions = self.predict(params, split, decode_len, should_stop)
     metrics = {"loss": totals["nll"] / totals["tokens"],
                "accuracy": totals["correct"] / totals["tokens"],
                "exact_match": float(np.mean(exact_matches(predictions, split["targets"]))),
                "examples": len(split["inputs"])}
     return metrics, predictions
 
-  def evaluate(self, params, splits, source):
+  def evaluate(self, params, splits, source, should_stop=lambda: False):
     """Metrics of every split, with the source's text metrics; and the hypotheses (text
-    sources) or None per split."""
+    sources) or None per split. Raises Interrupted once should_stop() is true."""
     results, hypotheses = {}, {}
     for name, split in splits.items():
-      metrics, predictions = self.evaluate_split(params, split, source.decode_len(split))
+      metrics, predictions = self.evaluate_split(params, split, source.decode_len(split),
+                                                 should_stop)
       text_metrics, hypotheses[name] = source.text_metrics(name, predictions)
       results[name] = {**metrics, **text_metrics}
     return results, hypotheses
+
+
+def _check_stop(should_stop) -> None:
+  if should_stop():
+    raise Interrupted("evaluation stopped by a signal")
 
 
 def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
@@ -80,21 +96,35 @@ def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
   return padded
 
 
-def restore_run(workdir: str, step: int | None = None, average: int = 1):
-  """The run in `workdir` ready to evaluate: (config, its prepared data source, graphdef,
-  checkpoint steps averaged, train state of the last of them), the state laid out on this
-  process's devices. average > 1: the mean parameters of the last `average` checkpoints
-  up to `step` (default: the latest)."""
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A trained run restored for evaluation."""
+
+  workdir: str
+  experiment: experiment.Experiment  # from the run's config.json, executable on this machine
+  steps: list[int]  # the checkpoints whose parameters `params` averages (one: no averaging)
+  params: dict
+
+
+def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
+  """The run in `workdir` ready to evaluate, its parameters (only) laid out on this
+  process's devices: checkpoint `step`, by default the newest that restores; average > 1:
+  the mean parameters of the last `average` checkpoints up to it. The kernel and mesh it
+  was trained with need not run here (experiment.build(evaluating=True))."""
   config = workdir_lib.load_config(workdir)
-  source = sources.make_source(config, workdir)
-  graphdef, init = experiment.make_init(config, source.vocab_size,
-                                        experiment.make_optimizer(config))
-  abstract = jax.eval_shape(init)
-  shardings = sharding.state_shardings(abstract, sharding.make_mesh())
-  mngr = checkpoint.manager(workdir, read_only=True)
-  steps, state = checkpoint.restore_average(mngr, abstract, shardings, step, average)
-  source.prepare()
-  return config, source, graphdef, steps, state
+  exp = experiment.build(config, workdir, evaluating=True)
+  abstract = jax.eval_shape(exp.init)["params"]
+  shardings = sharding.state_shardings(abstract, exp.mesh)
+  steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
+  exp.source.prepare()
+  return Run(workdir, exp, steps, params)
+
+
+def check_split_lengths(exp: experiment.Experiment, splits: dict) -> None:
+  """A ConfigError if a held-out split has sequences the positional encoding cannot encode."""
+  for name, split in splits.items():
+    length = max(split["inputs"].shape[1], exp.source.decode_len(split))
+    experiment.check_length(exp.model, length, f"the {name} split")
 
 
 def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
@@ -105,29 +135,45 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
   split, or the (source, reference) text `files` instead, and writes the metrics as JSON
   (and, for text, the detokenized predictions beside it, one file per split). Returns
   (step, metrics, metrics path)."""
-  return evaluate_run(workdir, restore_run(workdir, step, average), output, beam_size, alpha,
-                      files)
+  return evaluate_run(restore_run(workdir, step, average), output, beam_size, alpha, files)
 
 
-def evaluate_run(workdir: str, run: tuple, output: str | None = None, beam_size: int = 1,
-                 alpha: float = 0.6, files: tuple[str, str] | None = None
+def output_path(run: Run, output: str | None) -> str:
+  """Where the metrics go (default WORKDIR/eval_step_N.json); a ConfigError, before any
+  evaluation, if that directory cannot be written."""
+  output = output or os.path.join(run.workdir, f"eval_step_{run.steps[-1]}.json")
+  directory = os.path.dirname(os.path.abspath(output))
+  if not (os.path.isdir(directory) and os.access(directory, os.W_OK)):
+    raise ConfigError(f"cannot write the metrics to {output}: {directory} is not a writable "
+                      "directory; give another path with --output")
+  return output
+
+
+def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
+                 files: tuple[str, str] | None = None, should_stop=lambda: False
                  ) -> tuple[int, dict, str]:
-  """restore_and_evaluate for a run already restored by restore_run(workdir, ...)."""
-  config, source, graphdef, steps, state = run
-  step = steps[-1]
-  splits = source.eval_splits() if files is None else source.file_split(*files)
-  evaluator = Evaluator(graphdef, config.eval.batch_size, beam_size, alpha)
-  results, hypotheses = evaluator.evaluate(state["params"], splits, source)
-  output = output or os.path.join(workdir, f"eval_step_{step}.json")
-  for split, lines in hypotheses.items():
-    if lines is not None:
-      path = f"{os.path.splitext(output)[0]}.{split}.txt"
-      with open(path, "w") as f:
-        f.writelines(line + "\n" for line in lines)
-      results[split]["predictions"] = path
-  with open(output, "w") as f:
-    json.dump({"step": step, "averaged_steps": steps, "workdir": os.path.abspath(workdir),
-               "beam_size": beam_size, "alpha": alpha, "splits": results}, f, indent=2)
+  """restore_and_evaluate for a run already restored by restore_run(workdir, ...). A stop
+  request (`should_stop`) during the evaluation raises Interrupted; nothing is written."""
+  exp, step = run.experiment, run.steps[-1]
+  output = output_path(run, output)
+  splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
+  check_split_lengths(exp, splits)
+  log.info("evaluating step %d of %s: %s", step, run.workdir,
+           ", ".join(f"{name} ({len(split['inputs'])} examples)" for name, split in splits.items()))
+  evaluator = Evaluator(exp.graphdef, exp.eval.batch_size, beam_size, alpha)
+  results, hypotheses = evaluator.evaluate(run.params, splits, exp.source, should_stop)
+  try:
+    for split, lines in hypotheses.items():
+      if lines is not None:
+        path = f"{os.path.splitext(output)[0]}.{split}.txt"
+        workdir_lib.write_atomically(path, "".join(line + "\n" for line in lines))
+        results[split]["predictions"] = path
+    workdir_lib.write_atomically(output, json.dumps(
+        {"step": step, "averaged_steps": run.steps, "workdir": os.path.abspath(run.workdir),
+         "beam_size": beam_size, "alpha": alpha, "splits": results}, indent=2))
+  except OSError as e:
+    raise RunError(f"cannot write the metrics to {output}: {e.strerror}; the results were: "
+                   f"{json.dumps(results)}") from None
   return step, results, output
 
 

@@ -14,8 +14,8 @@ from flax import nnx
 
 from transformer.attention import WINDOWS, AttentionConfig, Mask, MultiHeadAttention
 from transformer.layers import Dense, Dropout, LayerNorm
-from transformer.positions import PositionalEncoding, make_positional_encoding
-from transformer.registry import lookup
+from transformer.positions import POSITIONS, PositionalEncoding, make_positional_encoding
+from transformer.registry import AT_LEAST_1, FRACTION, check, check_ranges, lookup
 from transformer.vocab import BOS_ID, PAD_ID
 
 
@@ -36,6 +36,16 @@ class ModelConfig:
   remat: bool = False  # recompute each layer's activations in the backward pass (less memory)
   scan_layers: bool = False  # run each stack's layers as one lax.scan: compiled once, not N times
   attention: AttentionConfig = AttentionConfig()
+
+  def __post_init__(self):
+    check_ranges(self, vocab_size=AT_LEAST_1, d_model=AT_LEAST_1, num_heads=AT_LEAST_1,
+                 d_ff=AT_LEAST_1, num_encoder_layers=AT_LEAST_1, num_decoder_layers=AT_LEAST_1,
+                 dropout=FRACTION, max_len=AT_LEAST_1)
+    check(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
+          f"a divisor of d_model ({self.d_model})")
+    lookup(POSITIONS, self.position, "position")
+    lookup(RESIDUALS, self.norm, "norm")
+    lookup(DTYPES, self.dtype, "model dtype")
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -16,9 +16,10 @@ from flax import nnx
 
 from transformer.attention import MultiHeadAttention
 from transformer.data.pipeline import pad_batch
-from transformer.evaluation import Evaluator
+from transformer.evaluation import Evaluator, Run
 from transformer.model import Stack
 from transformer.positions import PositionalEncoding
+from transformer.registry import ConfigError
 from transformer.vocab import BOS_ID, EOS_ID
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -26,19 +27,33 @@ KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention
 MAX_LABELS = 48  # more tokens than this: no tick labels
 
 
-def draw(run: tuple, sentences: list[str], plot_dir: str) -> list[str]:
+def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
+  """A ConfigError, before any work, for a sentence the run cannot encode or a plot_dir
+  that cannot be written."""
+  for sentence in sentences:
+    run.experiment.source.encode(sentence)
+  existing = os.path.abspath(plot_dir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not (os.path.isdir(existing) and os.access(existing, os.W_OK)):
+    raise ConfigError(f"cannot write pictures into {plot_dir}: {existing} is not a writable "
+                      "directory; give another --plot_dir")
+
+
+def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
   """Writes into plot_dir the attention maps of `sentences` and positions.png for a run
   restored by evaluation.restore_run. Returns the paths written."""
-  config, source, graphdef, _, state = run
-  encoded = [source.encode(s) for s in sentences]  # a bad sentence fails before any writing
+  exp = run.experiment
+  check_writable(run, sentences, plot_dir)  # a bad sentence fails before any writing
+  encoded = [exp.source.encode(s) for s in sentences]
   os.makedirs(plot_dir, exist_ok=True)
-  model = nnx.merge(graphdef, state["params"])
+  model = nnx.merge(exp.graphdef, run.params)
   paths = []
   if sentences:
-    evaluator = Evaluator(graphdef, config.eval.batch_size)
-    paths += draw_attention(model, source, evaluator, state["params"], sentences, encoded,
+    evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
+    paths += draw_attention(model, exp.source, evaluator, run.params, sentences, encoded,
                             plot_dir)
-  positions = draw_positions(model, config.model.max_len, os.path.join(plot_dir, "positions.png"))
+  positions = draw_positions(model, exp.model.max_len, os.path.join(plot_dir, "positions.png"))
   return paths + ([positions] if positions else [])
 
 

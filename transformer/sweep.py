@@ -10,15 +10,14 @@ their checkpoints, and workers (hosts) take every num_workers-th run.
 import csv
 import importlib.util
 import itertools
-import json
 import logging
 import os
 
 import ml_collections
 import numpy as np
 
-from transformer import checkpoint, pictures, workdir as workdir_lib
-from transformer.registry import ConfigError
+from transformer import checkpoint, experiment, lock, pictures, workdir as workdir_lib
+from transformer.registry import ConfigError, RunError
 from transformer.training import train_and_evaluate
 
 log = logging.getLogger("transformer")
@@ -65,47 +64,74 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
       node = node.get(section) if isinstance(node, ml_collections.ConfigDict) else None
     if not isinstance(node, ml_collections.ConfigDict) or name not in node:
       raise ConfigError(f"sweep override {field}={value!r}: the config has no field {field!r}")
-    node[name] = value
+    try:
+      node[name] = value
+    except TypeError as e:  # ConfigDict keeps each field's type
+      raise ConfigError(f"sweep override {field}={value!r}: {e}") from None
   return config
 
 
 def is_finished(workdir: str, num_steps: int) -> bool:
+  """Whether the run trained to num_steps and its final evaluation is recorded."""
   if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
     return False
-  return checkpoint.manager(workdir, read_only=True).latest_step() == num_steps
+  mngr = checkpoint.manager(workdir, read_only=True)
+  try:
+    if mngr.latest_step() != num_steps:
+      return False
+  finally:
+    mngr.close()
+  return any(r["step"] == num_steps and r["split"] != "train"
+             for r in workdir_lib.read_metrics(workdir))
 
 
-def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1) -> list[str]:
-  """Runs this worker's share of the sweep; returns the names of the runs it trained."""
+def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
+        should_stop=lambda: False) -> tuple[list[str], dict[str, str]]:
+  """Runs this worker's share of the sweep after checking every run's config (a bad value
+  fails before anything trains). A run another process is training is skipped; a run
+  that fails (RunError: it diverged) is reported and the sweep goes on. Stops after the
+  current run once should_stop() is true. Returns (names trained, {name: error} failed)."""
   if not 0 <= worker < num_workers:
     raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
   base, sweep = load(config_path)
-  trained = []
-  for overrides in sweep[worker::num_workers]:
-    name, config = run_name(overrides), with_overrides(base, overrides)
+  runs = []
+  for overrides in sweep:
+    name = run_name(overrides)
     workdir = os.path.join(sweep_dir, name)
+    try:
+      config = with_overrides(base, overrides)
+      experiment.build(config, workdir)
+    except ConfigError as e:
+      raise ConfigError(f"sweep run {name}: {e}") from None
+    runs.append((name, config, workdir))
+  trained, failed = [], {}
+  for name, config, workdir in runs[worker::num_workers]:
+    if should_stop():
+      break
     if is_finished(workdir, config.train.num_steps):
       log.info("sweep: %s is finished; skipped", name)
       continue
     log.info("sweep: training %s", name)
-    train_and_evaluate(config, workdir)
+    try:
+      train_and_evaluate(config, workdir, should_stop)
+    except lock.Locked as e:
+      log.info("sweep: %s skipped: %s", name, e)
+      continue
+    except RunError as e:
+      log.error("sweep: %s failed: %s", name, e)
+      failed[name] = str(e)
+      continue
     trained.append(name)
-  return trained
+  return trained, failed
 
 
 def final_metrics(workdir: str) -> dict[str, dict]:
   """The last evaluation record of each held-out split in a run's metrics.jsonl."""
-  final = {}
-  with open(os.path.join(workdir, workdir_lib.METRICS_FILE)) as f:
-    for record in map(json.loads, f):
-      if record["split"] != "train":
-        final[record["split"]] = record
-  return final
+  return {r["split"]: r for r in workdir_lib.read_metrics(workdir) if r["split"] != "train"}
 
 
 def _train_curve(workdir: str) -> dict[int, float]:
-  with open(os.path.join(workdir, workdir_lib.METRICS_FILE)) as f:
-    return {r["step"]: r["loss"] for r in map(json.loads, f) if r["split"] == "train"}
+  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir) if r["split"] == "train"}
 
 
 def report(config_path: str, sweep_dir: str) -> tuple[str, str]:

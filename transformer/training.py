@@ -1,6 +1,18 @@
-"""Training: one jitted train step over a device mesh, orbax checkpoints, exact resume."""
+"""Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
+
+What a run guarantees, whatever fails:
+  * the config is validated whole (experiment.build) before anything is written;
+  * the workdir is locked (lock.py), so two runs never write into one;
+  * a step whose loss, gradient or update is not finite is not applied; more than
+    `train.skip_nonfinite` of them in a row stop the run (RunError) before anything
+    trained after them is saved, and rotation keeps the lowest-loss checkpoint;
+  * a checkpoint in flight is committed (or cleanly abandoned) on every way out, and the
+    final one is saved before the final evaluation;
+  * a stop request (signal) is honoured between steps and between evaluation batches.
+"""
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -10,12 +22,12 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 
-from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
-from transformer.data import sources
-from transformer.evaluation import Evaluator
+from transformer import checkpoint, experiment, lock, sharding, workdir as workdir_lib
+from transformer.evaluation import Evaluator, check_split_lengths
 from transformer.metrics import loss_head_metrics
-from transformer.registry import ConfigError
+from transformer.registry import Interrupted, RunError
 
 log = logging.getLogger("transformer")
 
@@ -32,6 +44,11 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
   The loss head (metrics.loss_head_metrics) makes the logits of 1/loss_chunks of the
   target tokens at a time and their gradients in the same pass, so the [tokens, vocab]
   logits never exist whole.
+
+  A step whose loss, gradient norm or update norm is not finite leaves the parameters and
+  optimizer state as they were (the step counter still advances, so the data moves on);
+  its sums are zero but for `nonfinite` = 1. optax.apply_if_finite does the same but adds
+  counters to the optimizer state, which would change the checkpoints' structure.
   """
 
   def summed_loss(params, batch, key):
@@ -65,9 +82,16 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
     grads, sums = gradients(state["params"], batch, key)
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
     updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    grad_norm = optax.tree.norm(grads)
+    finite = (jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+              & jnp.isfinite(optax.tree.norm(updates)))
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    params = jax.tree.map(keep, optax.apply_updates(state["params"], updates), state["params"])
+    sums = {k: jnp.where(finite, v, 0.0) for k, v in {**sums, "grad_norm": grad_norm}.items()}
+    sums["nonfinite"] = (~finite).astype(jnp.float32)
     sums["learning_rate"] = schedule(state["step"])
-    new_state = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
-                 "opt_state": opt_state}
+    new_state = {"step": state["step"] + 1, "params": params,
+                 "opt_state": jax.tree.map(keep, opt_state, state["opt_state"])}
     return new_state, sums
 
   return train_step
@@ -79,20 +103,27 @@ def _format_duration(seconds: float) -> str:
 
 
 def log_train(workdir: str, step: int, num_steps: int, sums: list[dict], elapsed: float,
-              steps: int, eta_seconds: float) -> None:
-  """Logs and records the metrics summed over the last `steps` train steps."""
+              steps: int, eta_seconds: float) -> dict:
+  """Logs and records the metrics summed over the last `steps` train steps; returns the
+  record."""
   totals = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
+  applied = max(steps - totals["nonfinite"], 1)
   record = {"step": step, "split": "train",
-            "loss": totals["loss"] / totals["tokens"],
-            "accuracy": totals["correct"] / totals["tokens"],
+            "loss": totals["loss"] / max(totals["tokens"], 1.0),
+            "accuracy": totals["correct"] / max(totals["tokens"], 1.0),
             "learning_rate": float(sums[-1]["learning_rate"]),
+            "grad_norm": totals["grad_norm"] / applied,
+            "skipped_steps": int(totals["nonfinite"]),
             "tokens_per_sec": totals["tokens"] / elapsed,
             "ms_per_step": 1e3 * elapsed / steps}
-  log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | %s tgt tok/s | %.1f ms/step | ETA %s",
-           step, num_steps, record["loss"], record["accuracy"], record["learning_rate"],
-           f"{record['tokens_per_sec']:,.0f}", record["ms_per_step"],
-           _format_duration(eta_seconds))
+  log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | grad norm %.3f | %s tgt tok/s | "
+           "%.1f ms/step | ETA %s%s", step, num_steps, record["loss"], record["accuracy"],
+           record["learning_rate"], record["grad_norm"], f"{record['tokens_per_sec']:,.0f}",
+           record["ms_per_step"], _format_duration(eta_seconds),
+           f" | {record['skipped_steps']} non-finite steps skipped" if record["skipped_steps"]
+           else "")
   workdir_lib.append_metrics(workdir, record)
+  return record
 
 
 def log_eval(workdir: str, step: int, results: dict[str, dict]) -> None:
@@ -104,72 +135,169 @@ def log_eval(workdir: str, step: int, results: dict[str, dict]) -> None:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        should_stop: Callable[[], bool] = lambda: False) -> int:
-  """Trains to config.train.num_steps, resuming from the latest checkpoint in `workdir`.
+  """Trains to config.train.num_steps, resuming from the newest checkpoint in `workdir`
+  that restores, and evaluates at the end (and every train.eval_every steps).
 
-  `should_stop` is polled after every step; when it returns True the state is saved and
-  training returns early. Returns the step reached.
+  `should_stop` is polled between steps and between evaluation batches; once it returns
+  True the state is saved and training returns early. Returns the step reached. Raises
+  ConfigError for a bad config or workdir (before anything is written) and RunError when
+  the run cannot go on (the workdir is locked, training diverged, no checkpoint restores).
   """
-  train_cfg = config.train
-  source = sources.make_source(config, workdir)
-  optimizer = experiment.make_optimizer(config)
-  schedule = experiment.make_schedule(config)
-  graphdef, init = experiment.make_init(config, source.vocab_size, optimizer)  # validates it
-  mesh = sharding.make_mesh(config.mesh.to_dict())
-  sharding.check_batch_size(train_cfg.batch_size, mesh, train_cfg.accumulation_steps)
-  if train_cfg.loss_chunks < 1:
-    raise ConfigError(f"train.loss_chunks must be at least 1, got {train_cfg.loss_chunks}")
-  workdir_lib.prepare(config, workdir)  # nothing is written before the config is known good
-  source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
+  exp = experiment.build(config, workdir)
+  workdir_lib.check_usable(workdir)
+  workdir_lib.check_identity(config, workdir, _has_checkpoints(workdir))
+  with lock.hold(workdir):
+    workdir_lib.write_config(config, workdir)
+    exp.source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
+    splits = exp.source.eval_splits(exp.train.eval_examples)
+    check_split_lengths(exp, splits)
+    mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
+    try:
+      return _Loop(exp, workdir, mngr, splits, should_stop).run()
+    finally:
+      checkpoint.finish(mngr)
 
-  state_sharding = sharding.state_shardings(jax.eval_shape(init), mesh)
-  batch_sharding = sharding.batch_sharding(mesh)
-  mngr = checkpoint.manager(workdir, max_to_keep=train_cfg.keep_checkpoints)
-  batches = iter(source.train_batches())
-  if mngr.latest_step() is not None:
-    step, state = checkpoint.restore(mngr, jax.eval_shape(init), state_sharding,
-                                     data_iterator=batches)
-    log.info("resuming from the checkpoint at step %d in %s", step, mngr.directory)
-  else:
-    state = jax.jit(init, out_shardings=state_sharding)()
-  step = int(state["step"])
-  n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
-  log.info("model: %s parameters; %d device(s)", f"{n_params:,}", mesh.size)
 
-  train_step = jax.jit(
-      make_train_step(graphdef, optimizer, schedule, label_smoothing=train_cfg.label_smoothing,
-                      seed=config.seed, accumulation_steps=train_cfg.accumulation_steps,
-                      loss_chunks=train_cfg.loss_chunks),
-      in_shardings=(state_sharding, batch_sharding), out_shardings=(state_sharding, None),
-      donate_argnums=0)
-  evaluator = Evaluator(graphdef, config.eval.batch_size)
-  splits = source.eval_splits(config.train.eval_examples)
+def _has_checkpoints(workdir: str) -> bool:
+  directory = checkpoint.checkpoint_dir(workdir)
+  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
 
-  sums, interval_start, interval_steps, timed_steps, timed_seconds = [], time.time(), 0, 0, 0.0
-  while step < train_cfg.num_steps:
-    batch = jax.make_array_from_process_local_data(batch_sharding, next(batches))
-    state, metrics = train_step(state, batch)
-    sums.append(metrics)
-    step += 1
-    interval_steps += 1
-    if step % train_cfg.log_every == 0 or step == train_cfg.num_steps:
-      jax.block_until_ready(metrics)  # steps are dispatched ahead: time them to completion
-      elapsed = time.time() - interval_start
-      if step > train_cfg.log_every:  # the first interval includes compilation
-        timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
-      sec_per_step = timed_seconds / timed_steps if timed_steps else elapsed / interval_steps
-      log_train(workdir, step, train_cfg.num_steps, sums, elapsed, interval_steps,
-                eta_seconds=sec_per_step * (train_cfg.num_steps - step))
-      sums, interval_start, interval_steps = [], time.time(), 0
-    if step == train_cfg.num_steps or (train_cfg.eval_every and step % train_cfg.eval_every == 0):
-      eval_start = time.time()
-      log_eval(workdir, step, evaluator.evaluate(state["params"], splits, source)[0])
-      interval_start += time.time() - eval_start  # evaluation time is not training throughput
-    stopping = should_stop()
-    if step % train_cfg.checkpoint_every == 0 or step == train_cfg.num_steps or stopping:
-      checkpoint.save(mngr, step, state, batches)
-    if stopping:
-      log.info("stopped at step %d; checkpoint saved; re-run the same command to resume", step)
-      break
-  mngr.wait_until_finished()
-  mngr.close()
-  return step
+
+def _agree(value: bool) -> bool:
+  """Process 0's value, on every process (decisions that lead into collectives)."""
+  if jax.process_count() == 1:
+    return value
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+class _Loop:
+  """The training loop of one run, with its bookkeeping between steps."""
+
+  def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop):
+    self.exp, self.cfg, self.workdir, self.mngr = exp, exp.train, workdir, mngr
+    self.splits, self.should_stop = splits, should_stop
+    init = exp.init
+    self.state_sharding = sharding.state_shardings(jax.eval_shape(init), exp.mesh)
+    self.batch_sharding = sharding.batch_sharding(exp.mesh)
+    self.step, self.state, self.batches = checkpoint.restore(
+        mngr, jax.eval_shape(init), self.state_sharding,
+        make_iterator=lambda: iter(exp.source.train_batches()))
+    if self.step is None:
+      self.state, self.step = jax.jit(init, out_shardings=self.state_sharding)(), 0
+    else:
+      log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
+      workdir_lib.truncate_metrics(workdir, self.step)  # later records are trained again
+    self.saved = self.step  # the newest step with a checkpoint (0: none yet)
+    self.pending: list[dict] = []  # metric sums of the steps not yet logged
+    self.unchecked: list[tuple[int, dict]] = []  # steps not yet checked for non-finite sums
+    self.in_a_row = 0  # non-finite steps in a row
+    self.last_loss = float("inf")
+    self.evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
+    self.train_step = jax.jit(
+        make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
+                        label_smoothing=self.cfg.label_smoothing, seed=exp.config.seed,
+                        accumulation_steps=self.cfg.accumulation_steps,
+                        loss_chunks=self.cfg.loss_chunks),
+        in_shardings=(self.state_sharding, self.batch_sharding),
+        out_shardings=(self.state_sharding, None), donate_argnums=0)
+    n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
+    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
+
+  def run(self) -> int:
+    cfg = self.cfg
+    try:
+      if 0 < self.step < cfg.num_steps and self._is_eval_step(self.step):
+        self._evaluate_if_missing()  # an evaluation that a stop interrupted
+      self._train()
+      if self.step == cfg.num_steps:
+        self.mngr.wait_until_finished()  # the final checkpoint exists before the evaluation
+        self._evaluate_if_missing()
+    except Interrupted:
+      self._save()
+      log.info("stopped during the evaluation at step %d; the checkpoint of that step is saved; "
+               "re-run the same command to resume (the evaluation runs again)", self.step)
+    return self.step
+
+  def _is_eval_step(self, step: int) -> bool:
+    return step == self.cfg.num_steps or bool(self.cfg.eval_every
+                                                and step % self.cfg.eval_every == 0)
+
+  def _train(self) -> None:
+    cfg = self.cfg
+    interval_start, interval_steps, timed_steps, timed_seconds = time.time(), 0, 0, 0.0
+    first_interval = True
+    while self.step < cfg.num_steps:
+      if self.should_stop():
+        self._save()
+        log.info("stopped at step %d; %s; re-run the same command to resume", self.step,
+                 "checkpoint saved" if self.saved else "nothing trained yet")
+        return
+      batch = jax.make_array_from_process_local_data(self.batch_sharding, next(self.batches))
+      self.state, metrics = self.train_step(self.state, batch)
+      self.step += 1
+      self.pending.append(metrics)
+      self.unchecked.append((self.step, metrics))
+      interval_steps += 1
+      if self.step % cfg.log_every == 0 or self.step == cfg.num_steps:
+        self._check_finite()  # also waits for the dispatched steps: time them to completion
+        elapsed = time.time() - interval_start
+        if not first_interval:  # the first interval includes compilation
+          timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
+        first_interval = False
+        sec_per_step = timed_seconds / timed_steps if timed_steps else elapsed / interval_steps
+        record = log_train(self.workdir, self.step, cfg.num_steps, self.pending, elapsed,
+                           interval_steps, eta_seconds=sec_per_step * (cfg.num_steps - self.step))
+        if record["skipped_steps"] < interval_steps:
+          self.last_loss = record["loss"]
+        self.pending, interval_start, interval_steps = [], time.time(), 0
+      if self.step % cfg.checkpoint_every == 0 or self.step == cfg.num_steps:
+        self._save()
+      if self.step < cfg.num_steps and self._is_eval_step(self.step):
+        eval_start = time.time()
+        self._evaluate()
+        interval_start += time.time() - eval_start  # evaluation time is not training throughput
+
+  def _check_finite(self) -> None:
+    """Raises RunError once more than train.skip_nonfinite steps in a row were not finite."""
+    flags = jax.device_get([m["nonfinite"] for _, m in self.unchecked])
+    for (step, _), bad in zip(self.unchecked, flags):
+      if not bad:
+        self.in_a_row = 0
+        continue
+      self.in_a_row += 1
+      if self.in_a_row > self.cfg.skip_nonfinite:
+        last = f"step {self.saved}" if self.saved else "none"
+        raise RunError(
+            f"training diverged at step {step}: the loss, a gradient or the update is not "
+            f"finite (NaN or inf); that update was not applied and nothing trained since "
+            f"was saved (last checkpoint: {last}). Lower train.learning_rate (now "
+            f"{self.cfg.learning_rate}), raise train.warmup_steps or set "
+            f"train.grad_clip_norm; train.skip_nonfinite=N skips up to N such steps in a row")
+      log.warning("step %d: the loss or a gradient is not finite; the update was skipped "
+                  "(%d in a row; train.skip_nonfinite=%d)", step, self.in_a_row,
+                  self.cfg.skip_nonfinite)
+    self.unchecked = []
+
+  def _save(self) -> None:
+    """Saves the state at the current step unless it is saved: only after checking the
+    steps since the last check (a diverged state is never saved). The training loss since
+    the last log line ranks the checkpoint for rotation."""
+    if self.step == self.saved:
+      return
+    self._check_finite()
+    totals = jax.device_get([(m["loss"], m["tokens"]) for m in self.pending])
+    tokens = sum(float(t) for _, t in totals)
+    loss = sum(float(x) for x, _ in totals) / tokens if tokens else self.last_loss
+    checkpoint.save(self.mngr, self.step, self.state, self.batches, loss)
+    self.saved = self.step
+
+  def _evaluate(self) -> None:
+    results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.exp.source,
+                                         self.should_stop)
+    log_eval(self.workdir, self.step, results)
+
+  def _evaluate_if_missing(self) -> None:
+    done = any(r["step"] == self.step and r["split"] != "train"
+               for r in workdir_lib.read_metrics(self.workdir))
+    if not _agree(done):
+      self._evaluate()

@@ -6,6 +6,7 @@ predictions back into sentences for BLEU/chrF.
 """
 
 import os
+import types
 
 import grain
 import jax
@@ -15,9 +16,9 @@ import sacrebleu
 from jax.experimental import multihost_utils
 
 from transformer.data import pipeline, synthetic, text
-from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.metrics import exact_matches
-from transformer.registry import ConfigError, dataclass_from, lookup
+from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 TOKENIZER_FILE = "spm.model"
@@ -32,8 +33,21 @@ class SyntheticSource:
     task = config.task.to_dict()
     self.longer_max_len = task.pop("longer_max_len")
     self.task = dataclass_from(synthetic.SyntheticTask, task, "task")
+    check(isinstance(self.longer_max_len, int) and not isinstance(self.longer_max_len, bool),
+          "config.task.longer_max_len", self.longer_max_len, "an integer")
+    check(config.eval.num_examples >= 1, "config.eval.num_examples", config.eval.num_examples,
+          "≥ 1 for a synthetic task")
     self.config = config
     self.vocab_size = self.task.vocab_size
+    synthetic.eval_splits(self.task, config.seed, 1, self.longer_max_len)  # a string space
+    synthetic.train_dataset(self.task, config.seed, 1)[0]  # without such strings fails here
+
+  def max_lengths(self) -> dict[str, int]:
+    """The longest sequences (tokens, EOS included) the config implies, by the field."""
+    lengths = {"task.max_len": self.task.max_len + 1}
+    if self.longer_max_len > self.task.max_len:
+      lengths["task.longer_max_len"] = self.longer_max_len + 1
+    return lengths
 
   def prepare(self) -> None:
     """Nothing to build: the data is a function of the seed."""
@@ -79,6 +93,11 @@ class SyntheticSource:
     return {"exact_match_by_length": by_length}, None
 
 
+# Ranges of the text sources' numeric settings.
+_TEXT_RANGES = {"vocab_size": Range(NUM_RESERVED + 2), "max_len": Range(2),
+                "decode_offset": AT_LEAST_0}
+
+
 class ParallelTextSource:
   """config.data: source/target files per split under `dir`, a sentencepiece vocabulary
   trained on the training pairs into the workdir (or `tokenizer`, an existing model)."""
@@ -89,6 +108,12 @@ class ParallelTextSource:
     self.tokenizer_path = self.data.tokenizer or os.path.join(workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
     self.references: dict[str, list[str]] = {}
+    try:
+      check_ranges(types.SimpleNamespace(**{k: self.data[k] for k in _TEXT_RANGES}),
+                   **_TEXT_RANGES)
+    except ConfigError as e:
+      raise ConfigError(f"config.data.{e}") from None
+    lookup({t: t for t in MODEL_TYPES}, self.data.tokenizer_type, "data.tokenizer_type")
     self.check()
 
   def check(self) -> None:
@@ -98,6 +123,10 @@ class ParallelTextSource:
         path = self.path(split, side)
         if not os.path.isfile(path):
           raise ConfigError(f"config.data.{split}_{side}: corpus file not found: {path}")
+
+  def max_lengths(self) -> dict[str, int]:
+    """The longest training sequences (held-out ones are checked once encoded)."""
+    return {"data.max_len": self.data.max_len}
 
   def path(self, split: str, side: str) -> str:
     return os.path.join(self.data.dir, self.data[f"{split}_{side}"])

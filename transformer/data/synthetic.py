@@ -18,7 +18,7 @@ import grain
 import numpy as np
 
 from transformer.data.pipeline import pad_batch
-from transformer.registry import lookup
+from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED
 
 TRANSFORMS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
@@ -28,6 +28,7 @@ TRANSFORMS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 }
 
 _TRAIN_STREAM = 0  # split ids that seed the generators; evaluation splits use 1, 2, ...
+_MAX_DRAWS = 1000  # a string space with no string of the wanted kind is an error, not a hang
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,8 +41,8 @@ class SyntheticTask:
 
   def __post_init__(self):
     lookup(TRANSFORMS, self.name, "task")
-    if not 1 <= self.min_len <= self.max_len:
-      raise ValueError(f"need 1 <= min_len ({self.min_len}) <= max_len ({self.max_len})")
+    check_ranges(self, num_symbols=AT_LEAST_1, min_len=AT_LEAST_1, heldout_modulus=Range(2))
+    check(self.max_len >= self.min_len, "max_len", self.max_len, f"≥ min_len ({self.min_len})")
 
   @property
   def vocab_size(self) -> int:
@@ -54,11 +55,16 @@ class SyntheticTask:
               heldout: bool) -> tuple[np.ndarray, np.ndarray]:
     """Source and target token ids (each ending in EOS) of one example."""
     rng = np.random.default_rng([seed, split, index])
-    while True:
+    for _ in range(_MAX_DRAWS):
       length = rng.integers(min_len, max_len + 1)
       symbols = rng.integers(NUM_RESERVED, self.vocab_size, size=length, dtype=np.int32)
       if self.is_heldout(symbols) == heldout:
         break
+    else:
+      raise ConfigError(
+          f"task: no {'held-out' if heldout else 'training'} string of lengths {min_len}.."
+          f"{max_len} over {self.num_symbols} symbols found in {_MAX_DRAWS} draws; allow more "
+          f"strings (task.num_symbols, task.max_len) or change task.heldout_modulus")
     target = TRANSFORMS[self.name](symbols)
     eos = np.array([EOS_ID], np.int32)
     return np.concatenate([symbols, eos]), np.concatenate([target, eos])

@@ -1,0 +1,269 @@
+"""Bad input as a new user types it, to train.py, eval.py and sweep.py: every case exits
+non-zero with one `error:` line naming the bad value (and what is allowed), prints no
+traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
+
+import os
+
+import pytest
+
+from tests import clirun
+from tests.clirun import ROOT, CliRunner
+
+CONFIG = os.path.join(ROOT, "configs", "default.py")
+TINY = [*clirun.TINY, "--config.train.num_steps=10", "--config.train.checkpoint_every=5"]
+TEXT = "train.py", ["--config", os.path.join(ROOT, "configs", "multi30k.py"), "--workdir", "{new}",
+                    "--config.data.dir={files}/corpus", "--config.data.train_source=train.en",
+                    "--config.data.train_target=train.de", "--config.data.valid_source=train.en",
+                    "--config.data.valid_target=train.de", "--config.data.test_source=",
+                    "--config.data.vocab_size=32", "--config.data.max_len=16"]
+SWEEP = """
+from tests.conftest import make_tiny_config
+from transformer.sweep import axis, product
+
+def get_config():
+  return make_tiny_config(**{{"train.num_steps": 10}})
+
+def get_sweep():
+  return {sweep}
+"""
+
+# (id, script, arguments, fragments of the error line). In the arguments, {new} is a
+# workdir that does not exist yet, {run} a finished run's workdir, {files} a folder of
+# inputs (a file, bad config and sweep files, a small corpus).
+TRAIN = "train.py", ["--config", CONFIG, "--workdir", "{new}", *TINY]
+CASES = [
+    # model
+    ("d_model=0", *TRAIN, ["--config.model.d_model=0"], ["config.model.d_model=0", "≥ 1"]),
+    ("num_heads=0", *TRAIN, ["--config.model.num_heads=0"], ["config.model.num_heads=0", "≥ 1"]),
+    ("heads do not divide", *TRAIN, ["--config.model.num_heads=3"],
+     ["num_heads=3", "a divisor of d_model (32)"]),
+    ("d_ff=0", *TRAIN, ["--config.model.d_ff=0"], ["config.model.d_ff=0"]),
+    ("no encoder layers", *TRAIN, ["--config.model.num_encoder_layers=0"],
+     ["num_encoder_layers=0", "≥ 1"]),
+    ("dropout 1.5", *TRAIN, ["--config.model.dropout=1.5"], ["model.dropout=1.5", "[0, 1)"]),
+    ("dropout negative", *TRAIN, ["--config.model.dropout=-0.1"], ["model.dropout=-0.1"]),
+    ("attention dropout 1", *TRAIN, ["--config.model.attention.dropout=1.0"],
+     ["model.attention.dropout=1.0", "[0, 1)"]),
+    ("local window 0", *TRAIN, ["--config.model.attention.window=local",
+                                "--config.model.attention.window_size=0"],
+     ["model.attention.window_size=0", "≥ 1"]),
+    ("local window -1", *TRAIN, ["--config.model.attention.window=local",
+                                 "--config.model.attention.window_size=-1"],
+     ["window_size=-1"]),
+    ("block_size 0", *TRAIN, ["--config.model.attention.block_size=0"], ["block_size=0"]),
+    ("cudnn on cpu", *TRAIN, ["--config.model.attention.kernel=cudnn"],
+     ["kernel='cudnn' runs on gpu only", "backend is cpu", "'xla'"]),
+    ("fused kernel, additive score", *TRAIN, ["--config.model.attention.kernel=xla",
+                                              "--config.model.attention.score=additive"],
+     ["'xla' computes dot-product scores only", "'additive'"]),
+    ("fused kernel, attention dropout", *TRAIN, ["--config.model.attention.kernel=xla",
+                                                 "--config.model.attention.dropout=0.1"],
+     ["'xla' has no attention dropout"]),
+    ("max_len 0", *TRAIN, ["--config.model.max_len=0"], ["model.max_len=0"]),
+    ("learned table shorter than training", *TRAIN,
+     ["--config.model.position=learned", "--config.model.max_len=4"],
+     ["task.max_len gives sequences of 6 tokens", "model.max_len=4"]),
+    ("learned table shorter than longer split", *TRAIN,
+     ["--config.model.position=learned", "--config.model.max_len=16",
+      "--config.task.longer_max_len=20"], ["task.longer_max_len gives sequences of 21 tokens"]),
+    ("dtype float16", *TRAIN, ["--config.model.dtype=float16"],
+     ["unknown model dtype 'float16'", "bfloat16, float32"]),
+    ("norm mid", *TRAIN, ["--config.model.norm=mid"], ["unknown norm 'mid'", "post, pre"]),
+    ("odd d_model, sinusoidal", *TRAIN, ["--config.model.d_model=33",
+                                         "--config.model.num_heads=1"], ["even d_model", "33"]),
+    ("odd head_dim, rotary", *TRAIN, ["--config.model.position=rotary",
+                                      "--config.model.d_model=30"], ["even head dimension", "15"]),
+    ("gaussian sigma negative", *TRAIN, ["--config.model.attention.gaussian_sigma=-1.0"],
+     ["gaussian_sigma=-1.0"]),
+    ("unknown score", *TRAIN, ["--config.model.attention.score=cosin"],
+     ["unknown attention score 'cosin'", "scaled_dot"]),
+    ("unknown position", *TRAIN, ["--config.model.position=absolute"],
+     ["unknown position 'absolute'", "learned, none, rotary, sinusoidal"]),
+    ("unknown window", *TRAIN, ["--config.model.attention.window=sliding"],
+     ["unknown attention window 'sliding'", "full, local"]),
+    ("unknown kernel", *TRAIN, ["--config.model.attention.kernel=flash"],
+     ["unknown attention kernel 'flash'", "blockwise"]),
+    # train
+    ("batch_size 0", *TRAIN, ["--config.train.batch_size=0"], ["train.batch_size=0"]),
+    ("batch vs accumulation", *TRAIN, ["--config.train.accumulation_steps=3"],
+     ["train.batch_size (16) must be a multiple of", "accumulation_steps (3)"]),
+    ("num_steps -1", *TRAIN, ["--config.train.num_steps=-1"], ["train.num_steps=-1", "≥ 1"]),
+    ("num_steps 0", *TRAIN, ["--config.train.num_steps=0"], ["train.num_steps=0"]),
+    ("learning_rate 0", *TRAIN, ["--config.train.learning_rate=0.0"],
+     ["train.learning_rate=0.0", "> 0"]),
+    ("learning_rate nan", *TRAIN, ["--config.train.learning_rate=nan"], ["learning_rate=nan"]),
+    ("warmup_steps 0", *TRAIN, ["--config.train.warmup_steps=0"], ["train.warmup_steps=0"]),
+    ("label_smoothing 1", *TRAIN, ["--config.train.label_smoothing=1.0"],
+     ["train.label_smoothing=1.0", "[0, 1)"]),
+    ("weight_decay negative", *TRAIN, ["--config.train.weight_decay=-1.0"], ["weight_decay=-1.0"]),
+    ("grad_clip_norm negative", *TRAIN, ["--config.train.grad_clip_norm=-1.0"],
+     ["grad_clip_norm=-1.0"]),
+    ("accumulation_steps 0", *TRAIN, ["--config.train.accumulation_steps=0"],
+     ["accumulation_steps=0"]),
+    ("loss_chunks 0", *TRAIN, ["--config.train.loss_chunks=0"], ["train.loss_chunks=0", "≥ 1"]),
+    ("log_every 0", *TRAIN, ["--config.train.log_every=0"], ["train.log_every=0"]),
+    ("eval_every negative", *TRAIN, ["--config.train.eval_every=-1"], ["train.eval_every=-1"]),
+    ("checkpoint_every 0", *TRAIN, ["--config.train.checkpoint_every=0"],
+     ["train.checkpoint_every=0"]),
+    ("keep_checkpoints 0", *TRAIN, ["--config.train.keep_checkpoints=0"],
+     ["train.keep_checkpoints=0"]),
+    ("eval_examples negative", *TRAIN, ["--config.train.eval_examples=-1"],
+     ["train.eval_examples=-1"]),
+    ("skip_nonfinite negative", *TRAIN, ["--config.train.skip_nonfinite=-1"],
+     ["train.skip_nonfinite=-1"]),
+    # eval, task, seed, mesh, data
+    ("eval batch_size 0", *TRAIN, ["--config.eval.batch_size=0"], ["config.eval.batch_size=0"]),
+    ("eval num_examples 0, synthetic", *TRAIN, ["--config.eval.num_examples=0"],
+     ["eval.num_examples=0", "≥ 1 for a synthetic task"]),
+    ("min_len > max_len", *TRAIN, ["--config.task.min_len=6"], ["max_len=5", "≥ min_len (6)"]),
+    ("min_len 0", *TRAIN, ["--config.task.min_len=0"], ["task.min_len=0"]),
+    ("no symbols", *TRAIN, ["--config.task.num_symbols=0"], ["task.num_symbols=0"]),
+    ("heldout_modulus 1", *TRAIN, ["--config.task.heldout_modulus=1"],
+     ["task.heldout_modulus=1", "≥ 2"]),
+    ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
+     ["task: no", "string of lengths 1..1 over 1 symbols"]),
+    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", "copy, reverse, sort"]),
+    ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
+    ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
+    ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
+    ("unknown data source", *TRAIN, ["--config.data.source=csv"],
+     ["unknown data source 'csv'", "synthetic, text, tfds"]),
+    # text data
+    ("text corpus missing", *TEXT, ["--config.data.train_source=nope.en"],
+     ["config.data.train_source: corpus file not found", "nope.en"]),
+    ("text vocab too small", *TEXT, ["--config.data.vocab_size=2"],
+     ["config.data.vocab_size=2", "≥ 5"]),
+    ("text tokenizer type", *TEXT, ["--config.data.tokenizer_type=wordpiece"],
+     ["unknown data.tokenizer_type 'wordpiece'", "bpe, char, unigram, word"]),
+    ("text max_len 1", *TEXT, ["--config.data.max_len=1"], ["config.data.max_len=1"]),
+    ("text learned table shorter than rows", *TEXT, ["--config.model.position=learned",
+                                                      "--config.model.max_len=8"],
+     ["data.max_len gives sequences of 16 tokens", "model.max_len=8"]),
+    # flags, config files, workdirs
+    ("misspelt field", *TRAIN, ["--config.model.positon=rotary"],
+     ["--config.model.positon", 'Did you mean "position"']),
+    ("unknown field", *TRAIN, ["--config.train.foo=3"], ["the config has no field 'train.foo'"]),
+    ("not an integer", *TRAIN, ["--config.train.batch_size=many"], ["batch_size", "'many'"]),
+    ("float for an integer", *TRAIN, ["--config.train.batch_size=1.5"], ["batch_size", "1.5"]),
+    ("positional argument", *TRAIN, ["extra"], ["unexpected arguments: extra"]),
+    ("no workdir", "train.py", ["--config", CONFIG], [], ["--workdir"]),
+    ("config file missing", "train.py", ["--config", "{files}/nope.py", "--workdir", "{new}"], [],
+     ["config file not found", "nope.py"]),
+    ("config file syntax error", "train.py", ["--config", "{files}/syntax.py", "--workdir", "{new}"],
+     [], ["config file", "syntax.py, line 1"]),
+    ("config file raises", "train.py", ["--config", "{files}/raises.py", "--workdir", "{new}"], [],
+     ["config file", "raises.py", "RuntimeError: no such dataset"]),
+    ("config argument", "train.py", ["--config", CONFIG + ":big", "--workdir", "{new}"], [],
+     ["config file", "default.py:big", "get_config() takes 0 positional arguments"]),
+    ("workdir is a file", "train.py", ["--config", CONFIG, "--workdir", "{files}/afile", *TINY], [],
+     ["is a file, not a directory"]),
+    ("workdir under a file", "train.py",
+     ["--config", CONFIG, "--workdir", "{files}/afile/run", *TINY], [], ["is a file, not a directory"]),
+    ("workdir not writable", "train.py", ["--config", CONFIG, "--workdir", "/proc/sys/run", *TINY],
+     [], ["/proc/sys is not writable"]),
+    ("workdir not creatable", "train.py", ["--config", CONFIG, "--workdir", "/proc/run", *TINY],
+     [], ["cannot create the workdir /proc/run"]),
+    ("another model in a run's workdir", "train.py",
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.model.d_ff=48"],
+     ["holds a run with a different config.model", "d_ff"]),
+    ("another task in a run's workdir", "train.py",
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse"],
+     ["different config.task", "name"]),
+    ("bad value resuming a run", "train.py",
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.num_steps=-5"],
+     ["train.num_steps=-5"]),
+    # eval.py
+    ("eval beam 0", "eval.py", ["--workdir", "{run}", "--beam_size", "0"], [], ["--beam_size must be at least 1"]),
+    ("eval average 0", "eval.py", ["--workdir", "{run}", "--average", "0"], [], ["--average must be at least 1"]),
+    ("eval alpha negative", "eval.py", ["--workdir", "{run}", "--alpha", "-1"], [], ["--alpha must be at least 0"]),
+    ("eval no such step", "eval.py", ["--workdir", "{run}", "--step", "7"], [],
+     ["no checkpoint at step 7", "steps: [5, 10]"]),
+    ("eval too many to average", "eval.py", ["--workdir", "{run}", "--average", "9"], [],
+     ["cannot average 9 checkpoints"]),
+    ("eval not a workdir", "eval.py", ["--workdir", "{new}"], [], ["not a training workdir"]),
+    ("eval source without reference", "eval.py", ["--workdir", "{run}", "--source_file", "x.en"], [],
+     ["--source_file and --reference_file go together"]),
+    ("eval files on a synthetic run", "eval.py",
+     ["--workdir", "{run}", "--source_file", "x.en", "--reference_file", "x.de"], [],
+     ["needs a text data source", "'synthetic'"]),
+    ("eval output not writable", "eval.py", ["--workdir", "{run}", "--output", "/proc/sys/m.json"],
+     [], ["cannot write the metrics to /proc/sys/m.json"]),
+    ("eval bad sentence", "eval.py", ["--workdir", "{run}", "--sentence", "0 9", "--nometrics",
+                                      "--plot_dir", "{new}"], [], ["'0 9'", "0..5"]),
+    ("eval unknown flag", "eval.py", ["--workdir", "{run}", "--beam", "4"], [], ["beam"]),
+    # sweep.py
+    ("sweep unknown field", "sweep.py", ["--config", "{files}/sweep_field.py", "--sweep_dir", "{new}"],
+     [], ["sweep run model.positon=rotary", "no field 'model.positon'"]),
+    ("sweep wrong type", "sweep.py", ["--config", "{files}/sweep_type.py", "--sweep_dir", "{new}"],
+     [], ["sweep override model.d_model='big'", "int"]),
+    ("sweep bad value in a later run", "sweep.py",
+     ["--config", "{files}/sweep_late.py", "--sweep_dir", "{new}"], [],
+     ["sweep run model.dropout=1.5", "config.model.dropout=1.5"]),
+    ("sweep worker out of range", "sweep.py",
+     ["--config", "{files}/sweep_late.py", "--sweep_dir", "{new}", "--worker", "3",
+      "--num_workers", "2"], [], ["--worker must be in 0..1, got 3"]),
+    ("sweep file without get_sweep", "sweep.py", ["--config", CONFIG, "--sweep_dir", "{new}"], [],
+     ["defines no get_sweep()"]),
+]
+
+
+@pytest.fixture(scope="module")
+def cli():
+  return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  files = tmp_path_factory.mktemp("files")
+  (files / "afile").write_text("not a directory\n")
+  (files / "syntax.py").write_text("def get_config(:\n")
+  (files / "raises.py").write_text("def get_config():\n  raise RuntimeError('no such dataset')\n")
+  for name, runs in (("sweep_field", 'axis("model.positon", ["rotary"])'),
+                     ("sweep_type", 'axis("model.d_model", ["big"])'),
+                     ("sweep_late", 'axis("model.dropout", [0.0, 0.1, 1.5])')):
+    (files / f"{name}.py").write_text(SWEEP.format(sweep=runs))
+  (files / "corpus").mkdir()
+  for lang in ("en", "de"):
+    (files / "corpus" / f"train.{lang}").write_text("a b c\nd e f\n" * 20)
+  return files
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, cli):
+  workdir = str(tmp_path_factory.mktemp("trained") / "run")
+  result = cli.run("train.py", "--config", CONFIG, "--workdir", workdir, *TINY)
+  assert result.returncode == 0, result.stderr
+  return workdir
+
+
+def _snapshot(*roots) -> dict[str, tuple[int, int]]:
+  tree = {}
+  for root in roots:
+    for folder, dirs, names in os.walk(root):
+      for name in dirs + names:
+        path = os.path.join(folder, name)
+        stat = os.lstat(path)
+        tree[path] = (stat.st_size if name in names else 0, stat.st_mtime_ns)
+      tree[folder] = (0, os.lstat(folder).st_mtime_ns)
+  return tree
+
+
+def test_the_table_has_forty_cases():
+  assert len(CASES) >= 40 and len({case[0] for case in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("name,script,base,extra,fragments", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(cli, files, run, tmp_path, name, script, base, extra, fragments):
+  del name
+  new = tmp_path / "new"
+  args = [a.format(new=new, run=run, files=files) for a in base + extra]
+  before = _snapshot(tmp_path, run, files)
+  result = cli.run(script, *args)
+  assert result.returncode != 0, result.stdout[-2000:]
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
+  assert "Traceback" not in result.stdout + result.stderr
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]
+  assert not new.exists()
+  assert _snapshot(tmp_path, run, files) == before

@@ -1,0 +1,411 @@
+"""Runs that never lose work: a non-finite step, two runs on one workdir, a corrupt
+checkpoint, an exception during or after a save, signals during an evaluation, resuming
+after a crash, a run trained with a kernel this machine cannot run."""
+
+import glob
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from orbax.checkpoint._src.handlers import standard_checkpoint_handler
+
+from tests.clirun import ROOT, TINY, CliRunner
+from tests.conftest import make_tiny_config
+from transformer import checkpoint, evaluation, experiment, lock, training
+from transformer.data import sources
+from transformer.evaluation import restore_and_evaluate
+from transformer.registry import RunError
+from transformer.training import make_train_step, train_and_evaluate
+from transformer.workdir import CONFIG_FILE, read_metrics
+
+CONFIG = os.path.join(ROOT, "configs", "default.py")
+
+
+@pytest.fixture(scope="module")
+def cli():
+  return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  """An uninterrupted tiny run (40 steps, checkpoints every 10): what resumed runs must equal."""
+  workdir = str(tmp_path_factory.mktemp("straight") / "run")
+  train_and_evaluate(make_tiny_config(), workdir)
+  return workdir
+
+
+def _params(workdir, step):
+  mngr = checkpoint.manager(workdir, read_only=True)
+  try:
+    return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))[
+        "state"]["params"]
+  finally:
+    mngr.close()
+
+
+def _steps(workdir):
+  return sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
+
+
+def _assert_same(a, b):
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def _nan_loss_at(monkeypatch, config, steps):
+  """Makes the loss NaN on the training batches of the given steps (1-based), recognised
+  by a checksum of their targets (a fault in the data or the model at those steps only)."""
+  checksum = lambda t: (t.reshape(-1) * np.arange(t.size)).sum()  # noqa: E731
+  batches = iter(sources.make_source(config).train_batches())
+  sums = [int(checksum(next(batches)["targets"])) for _ in range(config.train.num_steps)]
+  marks = [sums[s - 1] for s in steps]
+  assert all(sums.count(m) == 1 for m in marks)
+  real = training.loss_head_metrics
+
+  def poisoned(y, w_out, bias, targets, *args):
+    sums = real(y, w_out, bias, targets, *args)
+    bad = jnp.isin(checksum(targets), jnp.asarray(marks))
+    return {**sums, "loss": jnp.where(bad, jnp.nan, sums["loss"])}
+
+  monkeypatch.setattr(training, "loss_head_metrics", poisoned)
+
+
+# --------------------------------------------------------------------------- non-finite steps
+
+
+def test_a_non_finite_step_is_not_applied(tiny_config):
+  config = tiny_config()
+  optimizer = experiment.make_optimizer(config)
+  graphdef, init = experiment.make_init(config, 9, optimizer)
+  step = jax.jit(make_train_step(graphdef, optimizer, experiment.make_schedule(config),
+                                 label_smoothing=0.0, seed=0))
+  state = init()
+  ones = np.ones((2, 4), np.int32)
+  batch = {"inputs": 5 * ones, "targets": 6 * ones, "targets_segmentation": ones}
+  good, sums = step(state, batch)
+  assert float(sums["nonfinite"]) == 0 and float(sums["grad_norm"]) > 0
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(good["params"]),
+                                                      jax.tree.leaves(state["params"])))
+  poisoned = jax.tree.map(lambda x: x, state)
+  poisoned["params"]["embeddings"]["source_table"]["embedding"] = (
+      state["params"]["embeddings"]["source_table"]["embedding"].at[5, 0].set(jnp.nan))
+  after, sums = step(poisoned, batch)
+  assert float(sums["nonfinite"]) == 1 and float(sums["loss"]) == 0 and int(after["step"]) == 1
+  _assert_same(after["params"], poisoned["params"])  # nothing applied
+  _assert_same(after["opt_state"], poisoned["opt_state"])
+
+
+def test_nan_mid_run_stops_unsaved_and_the_resumed_run_is_exact(tmp_path, tiny_config,
+                                                                 monkeypatch):
+  config = tiny_config()  # 40 steps, checkpoints every 10
+  skipping = tiny_config(**{"train.skip_nonfinite": 1})
+  _nan_loss_at(monkeypatch, config, [25])  # a bad batch at step 25
+  straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
+  assert train_and_evaluate(skipping, straight) == 40
+  with pytest.raises(RunError, match=r"training diverged at step 25: .*\(last checkpoint: "
+                                     r"step 20\)"):
+    train_and_evaluate(config, broken)
+  assert _steps(broken) == [10, 20]  # nothing after the bad step was saved
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(broken, 20)))
+  assert train_and_evaluate(skipping, broken) == 40  # resumes from 20, skips step 25 this time
+  _assert_same(_params(broken, 40), _params(straight, 40))
+  train = [r["step"] for r in read_metrics(broken) if r["split"] == "train"]
+  assert train == sorted(set(train))  # each logged step once
+
+
+def test_skip_nonfinite_skips_a_few_bad_steps_in_a_row(tmp_path, tiny_config, monkeypatch):
+  config = tiny_config(**{"train.skip_nonfinite": 2})
+  _nan_loss_at(monkeypatch, config, [25, 26])
+  assert train_and_evaluate(config, str(tmp_path / "skips")) == 40
+  skipped = {r["step"]: r["skipped_steps"] for r in read_metrics(str(tmp_path / "skips"))
+             if r["split"] == "train"}
+  assert skipped[30] == 2 and sum(skipped.values()) == 2  # logged every 10 steps
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(str(tmp_path / "skips"), 40)))
+  _nan_loss_at(monkeypatch, config, [25, 26, 27])
+  with pytest.raises(RunError, match="training diverged at step 27"):
+    train_and_evaluate(config, str(tmp_path / "three"))
+
+
+def test_divergence_never_rotates_out_the_last_good_checkpoint(tmp_path, cli):
+  workdir = str(tmp_path / "run")
+  args = ["--config", CONFIG, "--workdir", workdir, *TINY, "--config.train.checkpoint_every=10",
+          "--config.train.keep_checkpoints=2"]
+  assert cli.run("train.py", *args, "--config.train.num_steps=30").returncode == 0
+  good = _params(workdir, 30)
+  blowing_up = cli.run("train.py", *args, "--config.train.num_steps=60",  # finite, huge loss
+                       "--config.train.learning_rate=1e9")
+  assert blowing_up.returncode == 0, blowing_up.stderr
+  assert _steps(workdir) == [30, 50, 60]  # the latest 2 and the lowest-loss one
+  nan = cli.run("train.py", *args, "--config.train.num_steps=90",
+                "--config.train.learning_rate=1e30")
+  assert nan.returncode == 1
+  lines = nan.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: training diverged at step 61"), nan.stderr
+  assert _steps(workdir) == [30, 50, 60]
+  _assert_same(_params(workdir, 30), good)
+
+
+# --------------------------------------------------------------------------- workdir lock
+
+
+def test_lock_refuses_a_second_owner_and_names_the_first(tmp_path):
+  first = lock.WorkdirLock(str(tmp_path))
+  first.acquire()
+  with pytest.raises(lock.Locked, match=rf"in use by pid {os.getpid()} on "):
+    lock.WorkdirLock(str(tmp_path)).acquire()
+  first.release()
+  assert not (tmp_path / lock.LOCK_FILE).exists()
+  with lock.WorkdirLock(str(tmp_path)):
+    assert (tmp_path / lock.LOCK_FILE).exists()
+
+
+def _write_lock(path, **owner):
+  path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": 0, **owner}))
+
+
+def test_stale_locks_are_taken_over_with_a_log_line(tmp_path, caplog):
+  path = tmp_path / lock.LOCK_FILE
+  gone = subprocess.Popen(["true"])
+  gone.wait()
+  _write_lock(path, **lock._machine(), pid=gone.pid, heartbeat=time.time())  # died here
+  with caplog.at_level(logging.WARNING, logger="transformer"):
+    with lock.WorkdirLock(str(tmp_path)):
+      assert json.loads(path.read_text())["pid"] == os.getpid()
+  assert f"took over the stale lock of pid {gone.pid}" in caplog.text
+  assert "that process has exited" in caplog.text
+  _write_lock(path, heartbeat=time.time() - 2 * lock.STALE_SECONDS)  # a dead host
+  with lock.WorkdirLock(str(tmp_path)):
+    pass
+  assert "sent no heartbeat for" in caplog.text
+  _write_lock(path, heartbeat=time.time() - 10)  # a live host
+  with pytest.raises(lock.Locked, match=r"in use by pid 1 on elsewhere"):
+    lock.WorkdirLock(str(tmp_path)).acquire()
+
+
+def test_a_second_run_on_a_workdir_is_refused_and_the_first_finishes_intact(tmp_path, cli):
+  workdir = str(tmp_path / "run")
+  args = ["--config", CONFIG, "--workdir", workdir, *TINY, "--config.train.checkpoint_every=50"]
+  first = subprocess.Popen([sys.executable, "train.py", *args, "--config.train.num_steps=150"],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  try:
+    for line in first.stdout:
+      if "step 10/" in line:
+        break
+    second = cli.run("train.py", *args, "--config.train.num_steps=150", "--config.seed=7")
+    out, _ = first.communicate(timeout=300)
+  finally:
+    first.kill()
+  assert second.returncode == 1
+  lines = second.stderr.strip().splitlines()
+  assert len(lines) == 1 and f"is in use by pid {first.pid} on" in lines[0], second.stderr
+  assert first.returncode == 0, out
+  with open(os.path.join(workdir, CONFIG_FILE)) as f:
+    assert json.load(f)["seed"] == 0
+  train = [r["step"] for r in read_metrics(workdir) if r["split"] == "train"]
+  assert train == list(range(5, 151, 5))
+  assert _steps(workdir) == [50, 100, 150] and not (tmp_path / "run" / lock.LOCK_FILE).exists()
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _truncate_biggest_file(step_dir):
+  files = [f for f in glob.glob(os.path.join(step_dir, "state", "**", "*"), recursive=True)
+           if os.path.isfile(f)]
+  with open(max(files, key=os.path.getsize), "r+b") as f:
+    f.truncate(16)
+
+
+# tensorstore leaves coroutines of the failed reads unawaited: noise, not a failure
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tiny_config,
+                                                                    straight, caplog):
+  run = str(tmp_path / "run")
+  train_and_evaluate(tiny_config(**{"train.num_steps": 30}), run)
+  _truncate_biggest_file(os.path.join(run, "checkpoints", "30"))
+  os.remove(os.path.join(run, "checkpoints", "20", "state", "_METADATA"))
+  with caplog.at_level(logging.WARNING, logger="transformer"):
+    step, _, _ = restore_and_evaluate(run)
+  assert step == 10
+  assert "the checkpoint at step 30" in caplog.text and "the checkpoint at step 20" in caplog.text
+  assert _steps(run) == [10, 20, 30]  # eval leaves the bad ones where they are
+  with caplog.at_level(logging.WARNING, logger="transformer"):
+    assert train_and_evaluate(tiny_config(), run) == 40
+  assert "moved to 30.unrestorable for inspection" in caplog.text
+  assert "moved to 20.unrestorable for inspection" in caplog.text
+  assert {"30.unrestorable", "20.unrestorable"} <= set(os.listdir(os.path.join(run, "checkpoints")))
+  _assert_same(_params(run, 40), _params(straight, 40))
+
+
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_an_exception_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_config,
+                                                                   straight, monkeypatch):
+  config = tiny_config()
+  run = str(tmp_path / "run")
+  real_save, calls = standard_checkpoint_handler.StandardCheckpointHandler.async_save, []
+
+  def full_disk(self, *args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise OSError(28, "No space left on device")
+    return real_save(self, *args, **kwargs)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(standard_checkpoint_handler.StandardCheckpointHandler, "async_save", full_disk)
+    with pytest.raises(RunError, match=r"saving the checkpoint at step 20 .* No space left"):
+      train_and_evaluate(config, run)
+  assert _steps(run) == [10]
+  assert train_and_evaluate(config, run) == 40
+  _assert_same(_params(run, 40), _params(straight, 40))
+
+
+def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_path, tiny_config,
+                                                                         monkeypatch):
+  config = tiny_config(**{"train.num_steps": 20, "train.checkpoint_every": 20})
+  run = str(tmp_path / "run")
+  with monkeypatch.context() as patch:
+    def broken(*args, **kwargs):
+      raise RuntimeError("evaluation broke")
+    patch.setattr(evaluation.Evaluator, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="evaluation broke"):
+      train_and_evaluate(config, run)  # the final save is in flight when the evaluation fails
+  assert _steps(run) == [20] and not glob.glob(os.path.join(run, "checkpoints", "*tmp*"))
+  trained = [r for r in read_metrics(run) if r["split"] == "train"]
+  assert train_and_evaluate(config, run) == 20
+  records = read_metrics(run)
+  assert [r for r in records if r["split"] == "train"] == trained  # nothing trained again
+  assert {r["split"] for r in records if r["step"] == 20} == {"train", "valid", "longer"}
+
+
+def test_resuming_after_a_crash_records_each_step_once(tmp_path, tiny_config, straight):
+  config = tiny_config()
+  run = str(tmp_path / "run")
+  shutil.copytree(straight, run)
+  for step in (30, 40):  # as if the process died after logging step 40, before these saves
+    os.rename(os.path.join(run, "checkpoints", str(step)),
+              os.path.join(run, "checkpoints", f"{step}.orbax-checkpoint-tmp-1"))
+  assert train_and_evaluate(config, run) == 40
+  records = [(r["step"], r["split"]) for r in read_metrics(run)]
+  assert len(records) == len(set(records))
+  assert [s for s, split in records if split == "train"] == list(range(10, 41, 10))
+
+
+def test_a_run_trained_with_cudnn_evaluates_and_resumes_on_cpu(tmp_path, tiny_config, caplog):
+  config = tiny_config(**{"train.num_steps": 20, "model.attention.kernel": "xla"})
+  run = str(tmp_path / "run")
+  train_and_evaluate(config, run)
+  _, expected, _ = restore_and_evaluate(run)
+  path = os.path.join(run, CONFIG_FILE)
+  with open(path) as f:
+    saved = json.load(f)
+  saved["model"]["attention"]["kernel"] = "cudnn"  # as written by a run on a GPU
+  with open(path, "w") as f:
+    json.dump(saved, f)
+  with caplog.at_level(logging.INFO, logger="transformer"):
+    _, results, _ = restore_and_evaluate(run)
+  assert "'cudnn' does not run on cpu; using 'xla'" in caplog.text
+  for split in ("valid", "longer"):
+    np.testing.assert_allclose(results[split]["loss"], expected[split]["loss"], rtol=1e-6)
+  resumed = tiny_config(**{"train.num_steps": 30, "model.attention.kernel": "reference"})
+  assert train_and_evaluate(resumed, run) == 30  # the kernel is not the model's identity
+
+
+# --------------------------------------------------------------------------- signals
+
+
+def _start(args):
+  return subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc, text, timeout=120):
+  deadline = time.time() + timeout
+  lines = []
+  for line in proc.stdout:
+    lines.append(line)
+    if text in line or time.time() > deadline:
+      return "".join(lines)
+  return "".join(lines)
+
+
+def test_sigterm_during_an_evaluation_stops_it_between_batches(tmp_path):
+  workdir = str(tmp_path / "run")
+  args = ["train.py", "--config", CONFIG, "--workdir", workdir, *TINY,
+          "--config.train.num_steps=10"]
+  big_eval = "--config.eval.num_examples=16384"  # 2 x 1024 batches: a long evaluation
+  proc = _start([*args, big_eval])
+  try:
+    _wait_for(proc, "step 10/10")
+    time.sleep(1.0)  # inside the final evaluation
+    signalled = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, out
+  assert time.time() - signalled < 30, "the evaluation did not stop between batches"
+  assert "stopped during the evaluation at step 10" in out
+  assert _steps(workdir) == [10]  # the final checkpoint was saved before the evaluation
+
+  proc = _start(["eval.py", "--workdir", workdir])  # eval.py stops between batches too
+  try:
+    _wait_for(proc, "evaluating step 10")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM and "metrics were not written" in out, out
+  assert not glob.glob(os.path.join(workdir, "eval_step_*"))
+
+  rerun = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)  # a smaller evaluation: eval settings are not the run's
+  assert rerun.returncode == 0, rerun.stderr
+  assert "resuming from the checkpoint at step 10" in rerun.stdout
+  assert "eval valid step 10" in rerun.stdout and "step 10/10" not in rerun.stdout
+
+
+def test_a_second_signal_exits_at_once():
+  code = ("import os, signal, time\n"
+          "from transformer.cli import StopSignals\n"
+          "with StopSignals() as stop:\n"
+          "  os.kill(os.getpid(), signal.SIGINT)\n"
+          "  assert stop() and stop.exit_status == 130\n"
+          "  os.kill(os.getpid(), signal.SIGINT)  # work that does not poll, e.g. a compile\n"
+          "  time.sleep(60)\n")
+  started = time.time()
+  result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+  assert result.returncode == 128 + signal.SIGINT and time.time() - started < 30, result.stderr
+  assert "SIGINT again: exiting at once" in result.stderr
+
+
+def test_sigterm_stops_a_sweep_after_saving_its_current_run(tmp_path):
+  sweep_file = tmp_path / "sweep.py"
+  sweep_file.write_text(
+      "from tests.conftest import make_tiny_config\n"
+      "from transformer.sweep import axis\n"
+      "def get_config():\n"
+      "  return make_tiny_config(**{'train.num_steps': 100000, 'train.checkpoint_every': 100000})\n"
+      "def get_sweep():\n"
+      "  return axis('seed', [0, 1])\n")
+  proc = _start(["sweep.py", "--config", str(sweep_file), "--sweep_dir", str(tmp_path / "s")])
+  try:
+    _wait_for(proc, "step 20/")
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 128 + signal.SIGTERM, out
+  assert "checkpoint saved" in out and "training seed=1" not in out
+  assert _steps(str(tmp_path / "s" / "seed=0"))[0] >= 20
+  assert not (tmp_path / "s" / "seed=1").exists()
