@@ -3,45 +3,73 @@
 Checks every run's config, then trains every run of the config's get_sweep() into
 DIR/<overrides>, skipping finished runs (and runs another process is training) and resuming
 interrupted ones, then writes DIR/report.md and DIR/report.csv (mean ± std over seeds).
-SIGINT/SIGTERM save the current run and exit with 128 + signal; a second signal exits at once. Across hosts or workers: --num_workers N --worker I runs every N-th run (or
---print_commands prints the N commands); --report_only rewrites the report.
+`--config.FIELD=VALUE` applies to every run (e.g. a smoke sweep with fewer steps). SIGINT or
+SIGTERM saves the current run and exits with 128 + signal; a second signal exits at once.
+
+Sharing a sweep:
+  * workers: --num_workers N --worker I runs every N-th run (--print_commands prints the N
+    commands); in a SLURM job array (`sbatch --array=0-N`) the worker index and count come
+    from SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT when the flags are not given;
+  * hosts: with --distributed (or --coordinator_address ...) the processes of one
+    multi-host job walk the same runs together, each run spanning all of them; process 0
+    writes the report.
+--report_only rewrites the report.
 """
 
+import os
 import shlex
 import sys
 
+import jax
 from absl import app, flags
+from ml_collections import config_flags
 
-from transformer import cli, sweep
+from transformer import cli, storage, sweep
 
-flags.DEFINE_string("config", None, "A sweep config file (get_config and get_sweep).")
+config_flags.DEFINE_config_file("config", None, "A sweep config file (get_config and "
+                                "get_sweep); --config.FIELD=VALUE overrides every run.")
 flags.DEFINE_string("sweep_dir", None, "Directory holding one workdir per run and the report.")
-flags.DEFINE_integer("worker", 0, "This worker's index.")
-flags.DEFINE_integer("num_workers", 1, "Number of workers sharing the sweep.")
+flags.DEFINE_integer("worker", 0, "This worker's index (default: SLURM_ARRAY_TASK_ID, else 0).")
+flags.DEFINE_integer("num_workers", 1, "Number of workers sharing the sweep (default: "
+                     "SLURM_ARRAY_TASK_COUNT, else 1).")
 flags.DEFINE_bool("print_commands", False, "Print one command per worker and exit.")
 flags.DEFINE_bool("report_only", False, "Only write the report of the finished runs.")
+cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "sweep_dir"])
+
+
+def workers() -> tuple[int, int]:
+  """(worker, num_workers) from the flags, or from a SLURM job array's environment."""
+  f, env = flags.FLAGS, os.environ
+  if not f["worker"].present and not f["num_workers"].present and "SLURM_ARRAY_TASK_ID" in env:
+    first = int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+    return int(env["SLURM_ARRAY_TASK_ID"]) - first, int(env["SLURM_ARRAY_TASK_COUNT"])
+  return f.worker, f.num_workers
 
 
 def main(argv):
   cli.no_arguments(argv)
   f = flags.FLAGS
+  path, overrides = f["config"].config_filename, f["config"].override_values
+  worker, num_workers = workers()
   if f.print_commands:
-    for worker in range(f.num_workers):
-      print(shlex.join([sys.executable, "sweep.py", "--config", f.config, "--sweep_dir",
-                        f.sweep_dir, f"--num_workers={f.num_workers}", f"--worker={worker}"]))
+    extra = [f"--config.{field}={value}" for field, value in overrides.items()]
+    for i in range(num_workers):
+      print(shlex.join([sys.executable, "sweep.py", "--config", path, "--sweep_dir",
+                        f.sweep_dir, *extra, f"--num_workers={num_workers}", f"--worker={i}"]))
     return
+  cli.start_distributed()
   cli.setup_logging()
   failed = {}
   with cli.StopSignals() as stop, cli.one_line_errors():
     if not f.report_only:
-      _, failed = sweep.run(f.config, f.sweep_dir, f.worker, f.num_workers, stop)
+      _, failed = sweep.run(path, f.sweep_dir, worker, num_workers, stop, overrides)
     if stop.exit_status:
       sys.exit(stop.exit_status)
-    md_path, csv_path = sweep.report(f.config, f.sweep_dir)
-  with open(md_path) as report:
-    print(report.read())
-  print(f"report written to {md_path} and {csv_path}")
+    if jax.process_index() == 0:
+      md_path, csv_path = sweep.report(path, f.sweep_dir, overrides)
+      print(storage.read_text(md_path))
+      print(f"report written to {md_path} and {csv_path}")
   if failed:
     print("error: runs failed: " + "; ".join(f"{name}: {e}" for name, e in failed.items()),
           file=sys.stderr)

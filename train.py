@@ -7,7 +7,8 @@ go on (the workdir in use, training diverged): one `error:` line, status 1.
 
 Several processes (hosts): run the same command on each with --distributed (TPU pods, SLURM
 and Open MPI are detected from the environment), or with --coordinator_address HOST:PORT
---num_processes N --process_id I. Each process reads its share of the data; process 0 logs.
+--num_processes N --process_id I. Each process reads its share of the data; process 0 logs
+and holds the workdir's lock; a SIGTERM to any one host stops all of them at the same step.
 """
 
 import sys
@@ -20,19 +21,13 @@ from transformer.training import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, config and metrics.")
-flags.DEFINE_bool("distributed", False, "jax.distributed.initialize() from the cluster "
-                  "environment (TPU pod, SLURM, Open MPI).")
-flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, to start several "
-                    "processes by hand (with --num_processes and --process_id).")
-flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
-flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   cli.no_arguments(argv)
-  cli.start_distributed(flags.FLAGS.distributed, flags.FLAGS.coordinator_address,
-                        flags.FLAGS.num_processes, flags.FLAGS.process_id)
+  cli.start_distributed()
   cli.setup_logging()
   with cli.StopSignals() as stop, cli.one_line_errors():
     train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, should_stop=stop)

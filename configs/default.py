@@ -76,6 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
   # A step whose loss, gradient or update is NaN/inf is never applied; this many in a row
   # are skipped (the data moves on), one more stops the run with an error. 0: stop at once.
   config.train.skip_nonfinite = 0
+  config.train.profile_steps = 0  # trace this many steps (jax.profiler) into WORKDIR/profile
 
   # Device mesh (transformer/sharding.py): batch split over data x fsdp, parameters and
   # optimizer state split over fsdp and tensor. -1: the devices left over.

@@ -10,15 +10,16 @@ as STEP.unrestorable, where it stays for inspection and is never deleted.
 """
 
 import logging
-import os
 
 import grain
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
+from transformer import storage
 from transformer.registry import ConfigError, RunError
 
 log = logging.getLogger("transformer")
@@ -26,7 +27,18 @@ UNRESTORABLE = ".unrestorable"
 
 
 def checkpoint_dir(workdir: str) -> str:
-  return os.path.join(os.path.abspath(workdir), "checkpoints")
+  return storage.join(storage.absolute(workdir), "checkpoints")
+
+
+def steps(workdir: str) -> list[int]:
+  """The finished checkpoint steps in `workdir`, ascending. Unlike a CheckpointManager
+  (whose constructor all processes must call together), any one process may ask."""
+  directory = checkpoint_dir(workdir)
+  return sorted(ocp.utils.checkpoint_steps(directory)) if epath.Path(directory).is_dir() else []
+
+
+def has_checkpoints(workdir: str) -> bool:
+  return bool(steps(workdir))
 
 
 def manager(workdir: str, *, keep: int | None = None, read_only: bool = False):
@@ -86,17 +98,17 @@ def _target(abstract_state, shardings):
 
 def _quarantine(mngr: ocp.CheckpointManager, step: int) -> str:
   """Renames step's directory to STEP.unrestorable (orbax then ignores it); returns the name."""
-  source = os.path.join(str(mngr.directory), str(step))
-  target, n = source + UNRESTORABLE, 1
-  while os.path.exists(target):
+  source = epath.Path(mngr.directory) / str(step)
+  target, n = source.with_name(f"{step}{UNRESTORABLE}"), 1
+  while target.exists():
     n += 1
-    target = f"{source}{UNRESTORABLE}-{n}"
+    target = source.with_name(f"{step}{UNRESTORABLE}-{n}")
   if jax.process_index() == 0:
-    os.rename(source, target)
+    source.rename(target)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("checkpoint-quarantine")
   mngr.reload()
-  return os.path.basename(target)
+  return target.name
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, make_iterator=None,
@@ -132,7 +144,7 @@ def restore_params(workdir: str, abstract_params, shardings, step: int | None = 
   newest one that restores; with count > 1 their mean over the last `count` checkpoints up
   to it, as the paper averages its last 5. Checkpoints that do not restore are reported and
   skipped. Returns (steps averaged, params)."""
-  if not os.path.isdir(checkpoint_dir(workdir)):
+  if not epath.Path(checkpoint_dir(workdir)).is_dir():
     raise ConfigError(f"no checkpoints in {checkpoint_dir(workdir)}")
   mngr = ocp.CheckpointManager(  # a PyTree handler reads a part of the saved state
       checkpoint_dir(workdir), item_handlers={"state": ocp.PyTreeCheckpointHandler()},

@@ -9,18 +9,31 @@ import sys
 
 import jax
 from absl import flags
+from jax.experimental import multihost_utils
 from absl import logging as absl_logging
 
 from transformer.registry import ConfigError, RunError
 
 
-def start_distributed(from_environment: bool, coordinator_address: str | None,
-                      num_processes: int | None, process_id: int | None) -> None:
-  """jax.distributed.initialize for multi-process runs; must precede any other JAX call."""
-  if coordinator_address:
-    jax.distributed.initialize(coordinator_address, num_processes, process_id,
+def define_distributed_flags() -> None:
+  """The flags that start several processes (hosts) of one run: --distributed (the cluster
+  environment: TPU pods, SLURM, Open MPI) or --coordinator_address/--num_processes/--process_id."""
+  flags.DEFINE_bool("distributed", False, "jax.distributed.initialize() from the cluster "
+                    "environment (TPU pod, SLURM, Open MPI).")
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, to start several "
+                      "processes by hand (with --num_processes and --process_id).")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+  flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+
+
+def start_distributed() -> None:
+  """jax.distributed.initialize as the distributed flags say; must precede any other JAX
+  call. Also starts JAX's preemption service, which StopSignals uses."""
+  f = flags.FLAGS
+  if f.coordinator_address:
+    jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id,
                                heartbeat_timeout_seconds=30)
-  elif from_environment:
+  elif f.distributed:
     jax.distributed.initialize()
 
 
@@ -62,15 +75,29 @@ def _exit(message: str, status: int = 2) -> None:
 class StopSignals:
   """SIGINT and SIGTERM while in a `with` block: the first asks the work to stop (calling
   the object returns True; the work saves and returns), a second exits at once with
-  status 128 + signal (a save in flight is abandoned; the previous checkpoints stay)."""
+  status 128 + signal (a save in flight is abandoned; the previous checkpoints stay).
 
-  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+  With several processes, a signal reaches one host but every process must stop at the
+  same step, or the others hang in the next collective: SIGTERM is left to JAX's
+  preemption notifier (a Python handler would replace it), SIGINT is passed on to it as a
+  SIGTERM, and each call is a poll of JAX's preemption sync point, which all processes
+  reach at the same poll. The work polls at the same points on every process (each step,
+  each evaluation batch, each run of a sweep), so the n-th poll is the same moment
+  everywhere."""
 
   def __init__(self):
     self.received: list[int] = []
     self._previous = {}
+    self.distributed = jax.process_count() > 1
+    self._polls = 0
 
   def __call__(self) -> bool:
+    if self.distributed and not self.received:
+      self._polls += 1
+      if multihost_utils.reached_preemption_sync_point(self._polls):
+        self.received.append(signal.SIGTERM)
+        print(f"process {jax.process_index()}: stopping with the others (a host got SIGTERM)",
+              file=sys.stderr, flush=True)
     return bool(self.received)
 
   @property
@@ -80,15 +107,22 @@ class StopSignals:
   def _handle(self, signum, frame) -> None:
     del frame
     name = signal.Signals(signum).name
-    if self.received:
+    if self.received or self._interrupted:
       print(f"{name} again: exiting at once", file=sys.stderr, flush=True)
       os._exit(128 + signum)
-    self.received.append(signum)
+    if self.distributed:
+      self._interrupted = True
+      os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier: all processes stop together
+    else:
+      self.received.append(signum)
     print(f"{name}: stopping at the next step or evaluation batch (send it again to exit at "
           "once)", file=sys.stderr, flush=True)
 
+  _interrupted = False
+
   def __enter__(self) -> "StopSignals":
-    for sig in self.SIGNALS:
+    handled = (signal.SIGINT,) if self.distributed else (signal.SIGINT, signal.SIGTERM)
+    for sig in handled:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 

@@ -4,13 +4,13 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 
 import jax
 import numpy as np
+from etils import epath
 from flax import nnx
 
-from transformer import checkpoint, experiment, sharding, workdir as workdir_lib
+from transformer import checkpoint, experiment, sharding, storage, workdir as workdir_lib
 from transformer.decoding import beam_search, greedy_decode
 from transformer.metrics import exact_matches, token_metrics
 from transformer.registry import ConfigError, Interrupted, RunError
@@ -141,11 +141,11 @@ def restore_and_evaluate(workdir: str, step: int | None = None, output: str | No
 def output_path(run: Run, output: str | None) -> str:
   """Where the metrics go (default WORKDIR/eval_step_N.json); a ConfigError, before any
   evaluation, if that directory cannot be written."""
-  output = output or os.path.join(run.workdir, f"eval_step_{run.steps[-1]}.json")
-  directory = os.path.dirname(os.path.abspath(output))
-  if not (os.path.isdir(directory) and os.access(directory, os.W_OK)):
-    raise ConfigError(f"cannot write the metrics to {output}: {directory} is not a writable "
-                      "directory; give another path with --output")
+  output = output or storage.join(run.workdir, f"eval_step_{run.steps[-1]}.json")
+  problem = storage.writable_directory(str(epath.Path(storage.absolute(output)).parent))
+  if problem:
+    raise ConfigError(f"cannot write the metrics to {output}: {problem}; give another path "
+                      "with --output")
   return output
 
 
@@ -165,11 +165,11 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
   try:
     for split, lines in hypotheses.items():
       if lines is not None:
-        path = f"{os.path.splitext(output)[0]}.{split}.txt"
-        workdir_lib.write_atomically(path, "".join(line + "\n" for line in lines))
+        path = f"{output.removesuffix('.json')}.{split}.txt"
+        storage.write(path, "".join(line + "\n" for line in lines))
         results[split]["predictions"] = path
-    workdir_lib.write_atomically(output, json.dumps(
-        {"step": step, "averaged_steps": run.steps, "workdir": os.path.abspath(run.workdir),
+    storage.write(output, json.dumps(
+        {"step": step, "averaged_steps": run.steps, "workdir": storage.absolute(run.workdir),
          "beam_size": beam_size, "alpha": alpha, "splits": results}, indent=2))
   except OSError as e:
     raise RunError(f"cannot write the metrics to {output}: {e.strerror}; the results were: "

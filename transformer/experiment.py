@@ -50,6 +50,7 @@ class TrainConfig:
   checkpoint_every: int = 1000
   keep_checkpoints: int = 3  # the latest ones; the lowest-loss checkpoint is kept besides
   skip_nonfinite: int = 0  # consecutive non-finite steps skipped before the run stops
+  profile_steps: int = 0  # steps traced by jax.profiler into WORKDIR/profile; 0: none
 
   def __post_init__(self):
     check_ranges(self, batch_size=AT_LEAST_1, num_steps=AT_LEAST_1, learning_rate=POSITIVE,
@@ -57,7 +58,8 @@ class TrainConfig:
                  grad_clip_norm=AT_LEAST_0, accumulation_steps=AT_LEAST_1,
                  loss_chunks=AT_LEAST_1, log_every=AT_LEAST_1, eval_every=AT_LEAST_0,
                  eval_examples=AT_LEAST_0, checkpoint_every=AT_LEAST_1,
-                 keep_checkpoints=AT_LEAST_1, skip_nonfinite=AT_LEAST_0)
+                 keep_checkpoints=AT_LEAST_1, skip_nonfinite=AT_LEAST_0,
+                 profile_steps=AT_LEAST_0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,8 +8,10 @@ stale, and takes a stale lock over with a log line:
     the pid now belongs to a process started later): known at once;
   * otherwise (another host, another container) its heartbeat is older than
     STALE_SECONDS: the owner's host died or lost the filesystem.
-Creating the file is atomic (O_EXCL); a takeover first renames the stale file, which only
-one of several contenders can do. fcntl/flock locks (the `filelock` package) would free a
+Creating the file is atomic (O_EXCL) on a local or network filesystem, and a takeover
+first renames the stale file, which only one of several contenders can do. In a bucket
+(gs://), which has neither, the lock is written and read back: two runs started within
+the same second may both pass (start runs of one workdir from one place). fcntl/flock locks (the `filelock` package) would free a
 dead process's lock by themselves, but they do not hold across the hosts of a shared
 filesystem, and they cannot say who holds the lock: the refusal names the owner.
 """
@@ -26,8 +28,10 @@ import uuid
 
 import jax
 import numpy as np
+from etils import epath
 from jax.experimental import multihost_utils
 
+from transformer import storage
 from transformer.registry import ConfigError, RunError
 
 log = logging.getLogger("transformer")
@@ -89,7 +93,7 @@ class WorkdirLock:
   """The lock on `workdir`: acquire() takes it or raises RunError, release() frees it."""
 
   def __init__(self, workdir: str):
-    self.workdir, self.path = workdir, os.path.join(workdir, LOCK_FILE)
+    self.workdir, self.path = workdir, storage.join(workdir, LOCK_FILE)
     self.owner = {**_machine(), "pid": os.getpid(), "process_start": _process_start(os.getpid()),
                   "started": time.time(), "token": uuid.uuid4().hex,
                   "command": " ".join(sys.argv)}
@@ -97,20 +101,23 @@ class WorkdirLock:
     self._thread: threading.Thread | None = None
 
   def _write(self, path: str, exclusive: bool) -> None:
-    data = json.dumps({**self.owner, "heartbeat": time.time()}).encode()
-    if exclusive:
+    data = json.dumps({**self.owner, "heartbeat": time.time()})
+    if not exclusive:
+      storage.write(path, data)
+    elif storage.is_local(path):
       fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-      with os.fdopen(fd, "wb") as f:
+      with os.fdopen(fd, "w") as f:
         f.write(data)
-    else:
-      with open(path + ".tmp", "wb") as f:
-        f.write(data)
-      os.replace(path + ".tmp", path)
+    else:  # an object store has no exclusive create: write, then see whose lock stands
+      if epath.Path(path).exists():
+        raise FileExistsError(path)
+      storage.write(path, data)
+      if (self._held_by() or {}).get("token") != self.owner["token"]:
+        raise FileExistsError(path)
 
   def _held_by(self) -> dict | None:
     try:
-      with open(self.path) as f:
-        return json.load(f)
+      return json.loads(epath.Path(self.path).read_text())
     except FileNotFoundError:
       return None
     except (OSError, ValueError):
@@ -118,7 +125,7 @@ class WorkdirLock:
 
   def acquire(self) -> None:
     try:
-      os.makedirs(self.workdir, exist_ok=True)
+      epath.Path(self.workdir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
       raise ConfigError(f"cannot create the workdir {self.workdir}: {e.strerror}") from None
     for _ in range(3):
@@ -134,7 +141,8 @@ class WorkdirLock:
         continue  # released meanwhile
       alive = _alive(owner) if owner else None
       try:
-        age = time.time() - float(owner.get("heartbeat") or os.path.getmtime(self.path))
+        age = time.time() - float(owner.get("heartbeat")
+                                  or epath.Path(self.path).stat().mtime)
       except OSError:
         continue
       if alive or (alive is None and age < STALE_SECONDS):
@@ -142,12 +150,12 @@ class WorkdirLock:
             f"the workdir {self.workdir} is in use by {_describe(owner)}, heartbeat {age:.0f} s "
             f"ago; wait for that run to end or use another --workdir (if it is gone, delete "
             f"{self.path})")
-      aside = f"{self.path}.stale-{self.owner['token']}"
+      aside = epath.Path(f"{self.path}.stale-{self.owner['token']}")
       try:
-        os.rename(self.path, aside)  # only one contender wins the stale file
+        epath.Path(self.path).rename(aside)  # locally, only one contender wins the stale file
       except FileNotFoundError:
         continue
-      os.remove(aside)
+      aside.unlink()
       why = "has exited" if alive is False else f"sent no heartbeat for {age:.0f} s"
       log.warning("took over the stale lock of %s in %s: that process %s",
                   _describe(owner), self.workdir, why)
@@ -172,7 +180,7 @@ class WorkdirLock:
     owner = self._held_by()
     if owner and owner.get("token") == self.owner["token"]:
       with contextlib.suppress(OSError):
-        os.remove(self.path)
+        epath.Path(self.path).unlink()
 
   def __enter__(self) -> "WorkdirLock":
     self.acquire()

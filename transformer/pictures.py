@@ -7,13 +7,15 @@ whatever the run's kernel, and each kind (encoder self, decoder self, cross) is 
 grid of layers × heads with the tokens on the axes.
 """
 
-import os
+import io
 import textwrap
 
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 from flax import nnx
 
+from transformer import storage
 from transformer.attention import MultiHeadAttention
 from transformer.data.pipeline import pad_batch
 from transformer.evaluation import Evaluator, Run
@@ -32,12 +34,10 @@ def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
   that cannot be written."""
   for sentence in sentences:
     run.experiment.source.encode(sentence)
-  existing = os.path.abspath(plot_dir)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not (os.path.isdir(existing) and os.access(existing, os.W_OK)):
-    raise ConfigError(f"cannot write pictures into {plot_dir}: {existing} is not a writable "
-                      "directory; give another --plot_dir")
+  problem = storage.writable_directory(plot_dir)
+  if problem:
+    raise ConfigError(f"cannot write pictures into {plot_dir}: {problem}; give another "
+                      "--plot_dir")
 
 
 def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
@@ -46,14 +46,14 @@ def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
   exp = run.experiment
   check_writable(run, sentences, plot_dir)  # a bad sentence fails before any writing
   encoded = [exp.source.encode(s) for s in sentences]
-  os.makedirs(plot_dir, exist_ok=True)
+  epath.Path(plot_dir).mkdir(parents=True, exist_ok=True)
   model = nnx.merge(exp.graphdef, run.params)
   paths = []
   if sentences:
     evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
     paths += draw_attention(model, exp.source, evaluator, run.params, sentences, encoded,
                             plot_dir)
-  positions = draw_positions(model, exp.model.max_len, os.path.join(plot_dir, "positions.png"))
+  positions = draw_positions(model, exp.model.max_len, storage.join(plot_dir, "positions.png"))
   return paths + ([positions] if positions else [])
 
 
@@ -104,7 +104,7 @@ def draw_attention(model, source, evaluator, params, sentences: list[str],
     axes = {"encoder": (src, src), "decoder": (tgt, decoder_inputs), "cross": (tgt, src)}
     for kind, (queries, keys) in axes.items():
       maps = [w[i, :, :len(queries), :len(keys)] for w in weights[kind]]
-      path = os.path.join(plot_dir, f"attention_{i}_{kind}.png")
+      path = storage.join(plot_dir, f"attention_{i}_{kind}.png")
       title = (f"{KINDS[kind]}: layers × heads\n{sentences[i]!r} → "
                f"{' '.join(source.pieces(tgt))}")
       _grid(maps, source.pieces(queries), source.pieces(keys), title, path,
@@ -165,8 +165,7 @@ def draw_positions(model, length: int, path: str) -> str | None:
       ax.set_title(f"{name} {title}", fontsize=7)
   fig.suptitle(f"position '{cfg.position}', positions 0..{length - 1}")
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save(fig, path, dpi=110)
   return path
 
 
@@ -195,8 +194,15 @@ def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: st
   fig.suptitle("\n".join(textwrap.fill(line, int(width * 14)) for line in title.splitlines()),
                fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save(fig, path, dpi=110)
+
+
+def save(fig, path: str, **savefig_kwargs) -> None:
+  """Writes a matplotlib figure as PNG to `path` (local or a URL) and closes it."""
+  png = io.BytesIO()
+  fig.savefig(png, format="png", **savefig_kwargs)
+  pyplot().close(fig)
+  storage.write(path, png.getvalue())
 
 
 def pyplot():

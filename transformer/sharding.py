@@ -13,6 +13,7 @@ import re
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from transformer.registry import ConfigError
@@ -53,6 +54,14 @@ def make_mesh(shape: dict | None = None, devices=None) -> Mesh:
                       f"there are {len(devices)}")
   return Mesh(np.asarray(devices).reshape(sizes), AXES,
               axis_types=(jax.sharding.AxisType.Auto,) * len(AXES))
+
+
+def process0_decides(value: bool) -> bool:
+  """Process 0's `value` on every process: for decisions that lead into collectives (to
+  evaluate or not, to train a sweep's run or skip it), which all processes must share."""
+  if jax.process_count() == 1:
+    return value
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

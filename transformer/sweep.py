@@ -9,6 +9,7 @@ their checkpoints, and workers (hosts) take every num_workers-th run.
 
 import csv
 import importlib.util
+import io
 import itertools
 import logging
 import os
@@ -16,7 +17,8 @@ import os
 import ml_collections
 import numpy as np
 
-from transformer import checkpoint, experiment, lock, pictures, workdir as workdir_lib
+from transformer import (checkpoint, experiment, lock, pictures, sharding, storage,
+                         workdir as workdir_lib)
 from transformer.registry import ConfigError, RunError
 from transformer.training import train_and_evaluate
 
@@ -44,7 +46,7 @@ def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
   """(base config, override sets) of a sweep config file. `file.py:ARG`, as with
   ml_collections' config flags, calls get_config(ARG) and get_sweep(ARG)."""
   path, _, arg = path.partition(":")
-  if not os.path.isfile(path):
+  if not os.path.isfile(path):  # a Python file: local
     raise ConfigError(f"sweep config file not found: {path}")
   spec = importlib.util.spec_from_file_location("sweep_config", path)
   module = importlib.util.module_from_spec(spec)
@@ -73,42 +75,55 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
 
 def is_finished(workdir: str, num_steps: int) -> bool:
   """Whether the run trained to num_steps and its final evaluation is recorded."""
-  if not os.path.isdir(checkpoint.checkpoint_dir(workdir)):
+  if checkpoint.steps(workdir)[-1:] != [num_steps]:
     return False
-  mngr = checkpoint.manager(workdir, read_only=True)
-  try:
-    if mngr.latest_step() != num_steps:
-      return False
-  finally:
-    mngr.close()
   return any(r["step"] == num_steps and r["split"] != "train"
              for r in workdir_lib.read_metrics(workdir))
 
 
-def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
-        should_stop=lambda: False) -> tuple[list[str], dict[str, str]]:
-  """Runs this worker's share of the sweep after checking every run's config (a bad value
-  fails before anything trains). A run another process is training is skipped; a run
-  that fails (RunError: it diverged) is reported and the sweep goes on. Stops after the
-  current run once should_stop() is true. Returns (names trained, {name: error} failed)."""
-  if not 0 <= worker < num_workers:
-    raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
+def plan(config_path: str, sweep_dir: str, overrides: dict | None = None
+         ) -> list[tuple[str, ml_collections.ConfigDict, str]]:
+  """(name, config, workdir) of every run of the sweep, each config checked whole
+  (experiment.build): a bad value or override fails here, before anything trains.
+  `overrides` ({dotted field: value}, e.g. from --config.train.num_steps=100) apply to
+  every run; a field the sweep itself varies cannot be overridden."""
   base, sweep = load(config_path)
+  overrides = overrides or {}
+  swept = sorted({field for run in sweep for field in run} & set(overrides))
+  if swept:
+    raise ConfigError(f"--config.{swept[0]} is varied by the sweep itself; it cannot be "
+                      "overridden for every run")
+  base = with_overrides(base, overrides)
   runs = []
-  for overrides in sweep:
-    name = run_name(overrides)
-    workdir = os.path.join(sweep_dir, name)
+  for run_overrides in sweep:
+    name = run_name(run_overrides)
+    workdir = storage.join(sweep_dir, name)
     try:
-      config = with_overrides(base, overrides)
+      config = with_overrides(base, run_overrides)
       experiment.build(config, workdir)
     except ConfigError as e:
       raise ConfigError(f"sweep run {name}: {e}") from None
     runs.append((name, config, workdir))
+  return runs
+
+
+def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
+        should_stop=lambda: False, overrides: dict | None = None
+        ) -> tuple[list[str], dict[str, str]]:
+  """Runs this worker's share (every num_workers-th run) of the sweep after checking every
+  run (plan). A run another process is training is skipped; a run that fails (RunError:
+  it diverged) is reported and the sweep goes on. Stops after the current run once
+  should_stop() is true. With several processes (jax.distributed) every process walks the
+  same runs in the same order and each run spans them all. Returns (names trained,
+  {name: error} failed)."""
+  if not 0 <= worker < num_workers:
+    raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
+  runs = plan(config_path, sweep_dir, overrides)
   trained, failed = [], {}
   for name, config, workdir in runs[worker::num_workers]:
     if should_stop():
       break
-    if is_finished(workdir, config.train.num_steps):
+    if sharding.process0_decides(is_finished(workdir, config.train.num_steps)):
       log.info("sweep: %s is finished; skipped", name)
       continue
     log.info("sweep: training %s", name)
@@ -134,17 +149,18 @@ def _train_curve(workdir: str) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir) if r["split"] == "train"}
 
 
-def report(config_path: str, sweep_dir: str) -> tuple[str, str]:
+def report(config_path: str, sweep_dir: str, overrides: dict | None = None) -> tuple[str, str]:
   """Writes under sweep_dir: report.md and report.csv, one row per variant (the overrides
   other than the seed) with each final held-out metric as mean ± std over its finished
   seeds; and PNG plots: curves.png (training loss), final.png (the main held-out metric)
   and, when runs report exact match per length, extrapolation.png. Returns the table paths."""
   base, sweep = load(config_path)
+  base = with_overrides(base, overrides or {})
   variants: dict[str, list[str]] = {}
-  for overrides in sweep:
-    workdir = os.path.join(sweep_dir, run_name(overrides))
-    if is_finished(workdir, with_overrides(base, overrides).train.num_steps):
-      variant = run_name({k: v for k, v in overrides.items() if k != SEED})
+  for run_overrides in sweep:
+    workdir = storage.join(sweep_dir, run_name(run_overrides))
+    if is_finished(workdir, with_overrides(base, run_overrides).train.num_steps):
+      variant = run_name({k: v for k, v in run_overrides.items() if k != SEED})
       variants.setdefault(variant, []).append(workdir)
   finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in variants.items()}
   names = sorted({f"{split}/{key}" for runs in finals.values() for r in runs
@@ -156,19 +172,19 @@ def report(config_path: str, sweep_dir: str) -> tuple[str, str]:
       split, key = name.split("/")
       values = [r[split][key] for r in runs if key in r.get(split, {})]
       stats[variant, name] = (float(np.mean(values)), float(np.std(values))) if values else None
-  md_path, csv_path = os.path.join(sweep_dir, "report.md"), os.path.join(sweep_dir, "report.csv")
-  with open(md_path, "w") as f:
-    f.write("| variant | seeds | " + " | ".join(names) + " |\n")
-    f.write("|---" * (len(names) + 2) + "|\n")
-    for variant, runs in finals.items():
-      cells = [f"{stats[variant, n][0]:.4f} ± {stats[variant, n][1]:.4f}" if stats[variant, n]
-               else "" for n in names]
-      f.write(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |\n")
-  with open(csv_path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["variant", "seeds"] + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
-    for variant, runs in finals.items():
-      writer.writerow([variant, len(runs)] + [x for n in names for x in (stats[variant, n] or ("", ""))])
+  md_path, csv_path = storage.join(sweep_dir, "report.md"), storage.join(sweep_dir, "report.csv")
+  lines = ["| variant | seeds | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+  for variant, runs in finals.items():
+    cells = [f"{stats[variant, n][0]:.4f} ± {stats[variant, n][1]:.4f}" if stats[variant, n]
+             else "" for n in names]
+    lines.append(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |")
+  storage.write(md_path, "\n".join(lines) + "\n")
+  table = io.StringIO()
+  writer = csv.writer(table)
+  writer.writerow(["variant", "seeds"] + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
+  for variant, runs in finals.items():
+    writer.writerow([variant, len(runs)] + [x for n in names for x in (stats[variant, n] or ("", ""))])
+  storage.write(csv_path, table.getvalue())
   _plot(sweep_dir, variants, finals, stats, names, base)
   return md_path, csv_path
 
@@ -183,8 +199,7 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
   ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale="log",
          title="Learning curves")
   ax.legend(fontsize=7)
-  fig.savefig(os.path.join(sweep_dir, "curves.png"), dpi=120, bbox_inches="tight")
-  plt.close(fig)
+  pictures.save(fig, storage.join(sweep_dir, "curves.png"), dpi=120, bbox_inches="tight")
 
   main = next((n for n in ("valid/bleu", "valid/exact_match", "valid/accuracy") if n in names), None)
   if main:
@@ -195,8 +210,7 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
     ax.bar(range(len(labels)), means, yerr=stds, capsize=4)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
     ax.set(ylabel=f"{main} (mean ± std over seeds)", title="Final held-out metric")
-    fig.savefig(os.path.join(sweep_dir, "final.png"), dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    pictures.save(fig, storage.join(sweep_dir, "final.png"), dpi=120, bbox_inches="tight")
 
   if any("exact_match_by_length" in m for runs in finals.values() for r in runs for m in r.values()):
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -214,5 +228,4 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
     ax.set(xlabel="input length", ylabel="exact match (mean over seeds)",
            title="Length extrapolation")
     ax.legend(fontsize=7)
-    fig.savefig(os.path.join(sweep_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    pictures.save(fig, storage.join(sweep_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")

@@ -12,7 +12,6 @@ What a run guarantees, whatever fails:
 """
 
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -22,9 +21,9 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
-from jax.experimental import multihost_utils
 
-from transformer import checkpoint, experiment, lock, sharding, workdir as workdir_lib
+from transformer import (checkpoint, experiment, lock, sharding, storage, summaries,
+                         workdir as workdir_lib)
 from transformer.evaluation import Evaluator, check_split_lengths
 from transformer.metrics import loss_head_metrics
 from transformer.registry import Interrupted, RunError
@@ -102,10 +101,9 @@ def _format_duration(seconds: float) -> str:
   return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
 
 
-def log_train(workdir: str, step: int, num_steps: int, sums: list[dict], elapsed: float,
-              steps: int, eta_seconds: float) -> dict:
-  """Logs and records the metrics summed over the last `steps` train steps; returns the
-  record."""
+def log_train(step: int, num_steps: int, sums: list[dict], elapsed: float, steps: int,
+              eta_seconds: float) -> dict:
+  """Logs the metrics summed over the last `steps` train steps; returns their record."""
   totals = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
   applied = max(steps - totals["nonfinite"], 1)
   record = {"step": step, "split": "train",
@@ -122,15 +120,15 @@ def log_train(workdir: str, step: int, num_steps: int, sums: list[dict], elapsed
            record["ms_per_step"], _format_duration(eta_seconds),
            f" | {record['skipped_steps']} non-finite steps skipped" if record["skipped_steps"]
            else "")
-  workdir_lib.append_metrics(workdir, record)
   return record
 
 
-def log_eval(workdir: str, step: int, results: dict[str, dict]) -> None:
+def log_eval(step: int, results: dict[str, dict]) -> list[dict]:
+  """Logs the held-out metrics; returns a record per split."""
   for split, m in results.items():
     shown = " | ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
     log.info("eval %s step %d | %s (%d examples)", split, step, shown, m["examples"])
-    workdir_lib.append_metrics(workdir, {"step": step, "split": split, **m})
+  return [{"step": step, "split": split, **m} for split, m in results.items()]
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -145,29 +143,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   exp = experiment.build(config, workdir)
   workdir_lib.check_usable(workdir)
-  workdir_lib.check_identity(config, workdir, _has_checkpoints(workdir))
+  workdir_lib.check_identity(config, workdir, checkpoint.has_checkpoints(workdir))
   with lock.hold(workdir):
     workdir_lib.write_config(config, workdir)
     exp.source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
     splits = exp.source.eval_splits(exp.train.eval_examples)
     check_split_lengths(exp, splits)
     mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
+    loop = None
     try:
-      return _Loop(exp, workdir, mngr, splits, should_stop).run()
+      loop = _Loop(exp, workdir, mngr, splits, should_stop)
+      return loop.run()
     finally:
       checkpoint.finish(mngr)
-
-
-def _has_checkpoints(workdir: str) -> bool:
-  directory = checkpoint.checkpoint_dir(workdir)
-  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
-
-
-def _agree(value: bool) -> bool:
-  """Process 0's value, on every process (decisions that lead into collectives)."""
-  if jax.process_count() == 1:
-    return value
-  return bool(multihost_utils.broadcast_one_to_all(np.int32(value)))
+      if loop is not None:
+        loop.tensorboard.close()
 
 
 class _Loop:
@@ -188,6 +178,9 @@ class _Loop:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
       workdir_lib.truncate_metrics(workdir, self.step)  # later records are trained again
     self.saved = self.step  # the newest step with a checkpoint (0: none yet)
+    self.tensorboard = summaries.TensorBoard(workdir, resumed_at=self.step)
+    self.trace_from = self.step + self.cfg.log_every - self.step % self.cfg.log_every
+    self.tracing = False
     self.pending: list[dict] = []  # metric sums of the steps not yet logged
     self.unchecked: list[tuple[int, dict]] = []  # steps not yet checked for non-finite sums
     self.in_a_row = 0  # non-finite steps in a row
@@ -214,8 +207,11 @@ class _Loop:
         self._evaluate_if_missing()
     except Interrupted:
       self._save()
-      log.info("stopped during the evaluation at step %d; the checkpoint of that step is saved; "
-               "re-run the same command to resume (the evaluation runs again)", self.step)
+      log.warning("stopped during the evaluation at step %d; the checkpoint of that step is "
+                  "saved; re-run the same command to resume (the evaluation runs again)",
+                  self.step)
+    finally:
+      self._stop_trace()
     return self.step
 
   def _is_eval_step(self, step: int) -> bool:
@@ -229,9 +225,10 @@ class _Loop:
     while self.step < cfg.num_steps:
       if self.should_stop():
         self._save()
-        log.info("stopped at step %d; %s; re-run the same command to resume", self.step,
-                 "checkpoint saved" if self.saved else "nothing trained yet")
+        log.warning("stopped at step %d; %s; re-run the same command to resume", self.step,
+                    "checkpoint saved" if self.saved else "nothing trained yet")
         return
+      self._profile()
       batch = jax.make_array_from_process_local_data(self.batch_sharding, next(self.batches))
       self.state, metrics = self.train_step(self.state, batch)
       self.step += 1
@@ -245,8 +242,9 @@ class _Loop:
           timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
         first_interval = False
         sec_per_step = timed_seconds / timed_steps if timed_steps else elapsed / interval_steps
-        record = log_train(self.workdir, self.step, cfg.num_steps, self.pending, elapsed,
-                           interval_steps, eta_seconds=sec_per_step * (cfg.num_steps - self.step))
+        record = log_train(self.step, cfg.num_steps, self.pending, elapsed, interval_steps,
+                           eta_seconds=sec_per_step * (cfg.num_steps - self.step))
+        self._write(record)
         if record["skipped_steps"] < interval_steps:
           self.last_loss = record["loss"]
         self.pending, interval_start, interval_steps = [], time.time(), 0
@@ -256,6 +254,26 @@ class _Loop:
         eval_start = time.time()
         self._evaluate()
         interval_start += time.time() - eval_start  # evaluation time is not training throughput
+
+  def _profile(self) -> None:
+    """train.profile_steps > 0: traces that many steps, from the end of the first logging
+    interval (past compilation), into WORKDIR/profile (TensorBoard's profile plugin or
+    Perfetto read it); process 0."""
+    if not self.cfg.profile_steps or jax.process_index() != 0:
+      return
+    if self.step == self.trace_from:
+      jax.profiler.start_trace(storage.join(self.workdir, "profile"))
+      self.tracing = True
+    elif self.tracing and self.step == self.trace_from + self.cfg.profile_steps:
+      self._stop_trace()
+
+  def _stop_trace(self) -> None:
+    if self.tracing:
+      jax.block_until_ready(self.state)
+      jax.profiler.stop_trace()
+      self.tracing = False
+      log.info("profile of steps %d-%d written to %s", self.trace_from + 1,
+               self.step, storage.join(self.workdir, "profile"))
 
   def _check_finite(self) -> None:
     """Raises RunError once more than train.skip_nonfinite steps in a row were not finite."""
@@ -294,10 +312,15 @@ class _Loop:
   def _evaluate(self) -> None:
     results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.exp.source,
                                          self.should_stop)
-    log_eval(self.workdir, self.step, results)
+    for record in log_eval(self.step, results):
+      self._write(record)
+
+  def _write(self, record: dict) -> None:
+    workdir_lib.append_metrics(self.workdir, record)
+    self.tensorboard.scalars(record["split"], record["step"], record)
 
   def _evaluate_if_missing(self) -> None:
     done = any(r["step"] == self.step and r["split"] != "train"
                for r in workdir_lib.read_metrics(self.workdir))
-    if not _agree(done):
+    if not sharding.process0_decides(done):
       self._evaluate()

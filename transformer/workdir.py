@@ -8,11 +8,12 @@ config.json.
 """
 
 import json
-import os
 
 import jax
 import ml_collections
+from etils import epath
 
+from transformer import storage
 from transformer.registry import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -30,34 +31,22 @@ def _flatten(d, prefix=""):
   return out
 
 
-def write_atomically(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file, so readers never see half of it."""
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
-
-
 def check_usable(workdir: str) -> None:
   """A ConfigError if `workdir` cannot be a workdir: a file, or not creatable/writable."""
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
+  if epath.Path(workdir).exists() and not epath.Path(workdir).is_dir():
     raise ConfigError(f"--workdir {workdir} is a file, not a directory")
-  existing = os.path.abspath(workdir)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    raise ConfigError(f"--workdir {workdir}: {existing} is a file, not a directory")
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise ConfigError(f"--workdir {workdir}: {existing} is not writable")
+  problem = storage.writable_directory(workdir)
+  if problem:
+    raise ConfigError(f"--workdir {workdir}: {problem}")
 
 
 def check_identity(config: ml_collections.ConfigDict, workdir: str, has_checkpoints: bool) -> None:
   """Refuses (ConfigError) a config whose identity differs from the run in `workdir`'s.
   Fields missing from the saved config were added to the code since the run began."""
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not has_checkpoints or not os.path.exists(path):
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not has_checkpoints or not path.exists():
     return
-  with open(path) as f:
-    saved = json.load(f)
+  saved = json.loads(path.read_text())
   resolved = json.loads(config.to_json_best_effort())
   for section in IDENTITY_SECTIONS:
     new, old = _flatten(resolved.get(section, {})), _flatten(saved.get(section, {}))
@@ -72,45 +61,41 @@ def check_identity(config: ml_collections.ConfigDict, workdir: str, has_checkpoi
 def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes the resolved config (process 0)."""
   if jax.process_index() == 0:
-    write_atomically(os.path.join(workdir, CONFIG_FILE), config.to_json_best_effort(indent=2))
+    storage.write(storage.join(workdir, CONFIG_FILE), config.to_json_best_effort(indent=2))
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  path = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / CONFIG_FILE
+  if not path.exists():
     raise ConfigError(f"{workdir} has no {CONFIG_FILE}: not a training workdir")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def _metric_lines(workdir: str) -> list[str]:
+  path = epath.Path(workdir) / METRICS_FILE
+  return path.read_text().splitlines() if path.exists() else []
 
 
 def read_metrics(workdir: str) -> list[dict]:
   """The records of metrics.jsonl; a line cut short by a killed process is skipped."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
   records = []
-  with open(path) as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except ValueError:
-        continue
+  for line in _metric_lines(workdir):
+    try:
+      records.append(json.loads(line))
+    except ValueError:
+      continue
   return records
 
 
 def append_metrics(workdir: str, record: dict) -> None:
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, METRICS_FILE), "a") as f:
-      f.write(json.dumps(record) + "\n")
+    storage.append(storage.join(workdir, METRICS_FILE), json.dumps(record) + "\n")
 
 
 def truncate_metrics(workdir: str, step: int) -> None:
   """Drops the records after `step` (process 0): on resuming from the checkpoint at `step`
   those steps are trained again and logged anew, so each step is recorded once."""
-  path = os.path.join(workdir, METRICS_FILE)
-  records = read_metrics(workdir)
-  kept = [r for r in records if r["step"] <= step]
-  lines = sum(1 for _ in open(path)) if os.path.exists(path) else 0
-  if jax.process_index() == 0 and len(kept) < lines:
-    write_atomically(os.path.join(workdir, METRICS_FILE),
-                     "".join(json.dumps(r) + "\n" for r in kept))
+  kept = [r for r in read_metrics(workdir) if r["step"] <= step]
+  if jax.process_index() == 0 and len(kept) < len(_metric_lines(workdir)):
+    storage.write(storage.join(workdir, METRICS_FILE),
+                  "".join(json.dumps(r) + "\n" for r in kept))

@@ -5,7 +5,6 @@ grain IterDataset), held-out splits as padded batches, and, for text, a tokenize
 predictions back into sentences for BLEU/chrF.
 """
 
-import os
 import types
 
 import grain
@@ -13,8 +12,10 @@ import jax
 import ml_collections
 import numpy as np
 import sacrebleu
+from etils import epath
 from jax.experimental import multihost_utils
 
+from transformer import storage
 from transformer.data import pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.metrics import exact_matches
@@ -105,7 +106,7 @@ class ParallelTextSource:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     self.config, self.data = config, config.data
     self.vocab_size = self.data.vocab_size
-    self.tokenizer_path = self.data.tokenizer or os.path.join(workdir or ".", TOKENIZER_FILE)
+    self.tokenizer_path = self.data.tokenizer or storage.join(workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
     self.references: dict[str, list[str]] = {}
     try:
@@ -121,7 +122,7 @@ class ParallelTextSource:
     for split in ("train", "valid"):
       for side in ("source", "target"):
         path = self.path(split, side)
-        if not os.path.isfile(path):
+        if not epath.Path(path).is_file():
           raise ConfigError(f"config.data.{split}_{side}: corpus file not found: {path}")
 
   def max_lengths(self) -> dict[str, int]:
@@ -129,14 +130,14 @@ class ParallelTextSource:
     return {"data.max_len": self.data.max_len}
 
   def path(self, split: str, side: str) -> str:
-    return os.path.join(self.data.dir, self.data[f"{split}_{side}"])
+    return storage.join(self.data.dir, self.data[f"{split}_{side}"])
 
   def pairs(self, split: str) -> list[tuple[str, str]]:
     return text.read_parallel(self.path(split, "source"), self.path(split, "target"))
 
   def prepare(self) -> None:
     """Loads the tokenizer, training it on the training pairs first if it does not exist."""
-    if not os.path.exists(self.tokenizer_path) and jax.process_index() == 0:
+    if not epath.Path(self.tokenizer_path).exists() and jax.process_index() == 0:
       train_tokenizer((s for pair in self.pairs("train") for s in pair), self.tokenizer_path,
                       self.vocab_size, self.data.tokenizer_type)
     if jax.process_count() > 1:  # the others wait for process 0's tokenizer
@@ -173,7 +174,7 @@ class ParallelTextSource:
 
   def file_split(self, source_path: str, reference_path: str):
     """({name: split}) for any source/reference file pair, named after the source file."""
-    name = os.path.basename(source_path).removesuffix(".gz")
+    name = epath.Path(source_path).name.removesuffix(".gz")
     return {name: self._split(name, text.read_parallel(source_path, reference_path))}
 
   def _split(self, name: str, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:

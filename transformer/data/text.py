@@ -1,20 +1,21 @@
 """Parallel text corpora: one sentence per line, a source and a target file per split,
-plain or gzip. Bad input fails with a ConfigError naming the file (and line)."""
+plain or gzip, local or a URL. Bad input fails with a ConfigError naming the file (and line)."""
 
+import contextlib
 import gzip
-import os
+
+from etils import epath
 
 from transformer.registry import ConfigError
 
 
 def read_lines(path: str) -> list[str]:
   """The lines of a UTF-8 text file (.gz is decompressed), without line endings."""
-  if not os.path.isfile(path):
+  if not epath.Path(path).is_file():
     raise ConfigError(f"corpus file not found: {path}")
-  opener = gzip.open if path.endswith(".gz") else open
   lines = []
   try:
-    with opener(path, "rb") as f:
+    with _open(path) as f:
       for number, raw in enumerate(f, start=1):
         try:
           lines.append(raw.decode("utf-8").rstrip("\r\n"))
@@ -24,6 +25,17 @@ def read_lines(path: str) -> list[str]:
   except (OSError, EOFError) as e:  # e.g. a truncated or non-gzip .gz
     raise ConfigError(f"cannot read {path}: {e}") from None
   return lines
+
+
+@contextlib.contextmanager
+def _open(path: str):
+  """The file's bytes, local or a URL; .gz decompressed."""
+  with epath.Path(path).open("rb") as raw:
+    if path.endswith(".gz"):
+      with gzip.open(raw, "rb") as f:
+        yield f
+    else:
+      yield raw
 
 
 def read_parallel(source_path: str, target_path: str) -> list[tuple[str, str]]:

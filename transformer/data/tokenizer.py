@@ -1,13 +1,15 @@
-"""SentencePiece subword vocabularies with the project's reserved ids (PAD 0, BOS 1, EOS 2)."""
+"""SentencePiece subword vocabularies with the project's reserved ids (PAD 0, BOS 1, EOS 2),
+kept as a model file, local or a URL."""
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterable
 
 import numpy as np
 import sentencepiece as spm
+from etils import epath
 
+from transformer import storage
 from transformer.registry import ConfigError
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -19,10 +21,10 @@ class Tokenizer:
   """Text <-> int32 ids; every encoded sequence ends in EOS."""
 
   def __init__(self, model_path: str):
-    if not os.path.isfile(model_path):
+    if not epath.Path(model_path).is_file():
       raise ConfigError(f"sentencepiece model not found: {model_path}")
     self.path = model_path
-    self.sp = spm.SentencePieceProcessor(model_file=model_path)
+    self.sp = spm.SentencePieceProcessor(model_proto=epath.Path(model_path).read_bytes())
     if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
       raise ConfigError(f"{model_path} must use pad/bos/eos ids {PAD_ID}/{BOS_ID}/{EOS_ID}, has "
                         f"{self.sp.pad_id()}/{self.sp.bos_id()}/{self.sp.eos_id()}")
@@ -61,7 +63,7 @@ def train_tokenizer(sentences: Iterable[str], model_path: str, vocab_size: int,
           pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID, minloglevel=2)
     except RuntimeError as e:  # e.g. a vocab_size larger than the corpus supports
       raise ConfigError(f"sentencepiece training failed: {' '.join(str(e).split())}") from None
-    os.makedirs(os.path.dirname(os.path.abspath(model_path)), exist_ok=True)
-    shutil.copyfile(prefix + ".model", model_path + ".tmp")
-    os.replace(model_path + ".tmp", model_path)
+    epath.Path(storage.absolute(model_path)).parent.mkdir(parents=True, exist_ok=True)
+    with open(prefix + ".model", "rb") as f:
+      storage.write(model_path, f.read())
   return Tokenizer(model_path)
