@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from absl import app, flags
 from flax import nnx
 
-from transformer.attention import AttentionConfig, Mask, MultiHeadAttention
-from transformer.positions import PositionalEncoding
+from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.masks import Mask
+from transformer.model import NO_POSITION
 
 flags.DEFINE_list("lengths", ["256", "1024", "4096", "8192", "16384"], "Sequence lengths.")
 flags.DEFINE_integer("window", 128, "Local window (±positions).")
@@ -25,9 +26,6 @@ flags.DEFINE_integer("d_model", 256, "Model width.")
 flags.DEFINE_integer("heads", 4, "Attention heads.")
 flags.DEFINE_integer("block", 512, "Block size of the blockwise kernel.")
 flags.DEFINE_float("max_gib", 12.0, "Skip running configurations needing more temporaries.")
-
-NONE = PositionalEncoding(0, 1, 0, rngs=None)
-
 
 def main(argv):
   del argv
@@ -46,7 +44,7 @@ def main(argv):
         mask = Mask(jnp.ones_like(pos), jnp.ones_like(pos), pos, pos, window=window)
 
         def loss(params, x, mask=mask, graphdef=graphdef):
-          return jnp.sum(nnx.merge(graphdef, params).self_attend(x, mask, NONE) ** 2)
+          return jnp.sum(nnx.merge(graphdef, params).self_attend(x, mask, NO_POSITION) ** 2)
 
         compiled = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, x).compile()
         temp = compiled.memory_analysis().temp_size_in_bytes / 2**30

@@ -9,6 +9,10 @@ Every field can be overridden on the command line, e.g.
 
 import ml_collections
 
+from transformer.positions import PositionSettings
+from transformer.registry import settings_config
+from transformer.scores import ScoreSettings
+
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
@@ -35,7 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_encoder_layers = 2
   config.model.num_decoder_layers = 2
   config.model.dropout = 0.0
-  config.model.position = "sinusoidal"  # none | sinusoidal | learned | rotary | alibi | t5
+  # none | sinusoidal | learned | rotary | alibi | t5 | xpos | kerple | fire
+  config.model.position = "sinusoidal"
   config.model.max_len = 64  # rows of the `learned` position table
   config.model.norm = "post"  # post | pre
   config.model.share_embeddings = True
@@ -43,19 +48,24 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.remat = False  # recompute layer activations in the backward pass: less memory
   config.model.scan_layers = False  # each stack's layers as one lax.scan: faster compiles
   config.model.attention = ml_collections.ConfigDict()
-  config.model.attention.score = "scaled_dot"  # scaled_dot | dot | additive | gaussian
+  config.model.attention.score = "scaled_dot"  # scaled_dot | dot | additive | gaussian | cosine
   config.model.attention.window = "full"  # full | local
   config.model.attention.window_size = 16
   config.model.attention.dropout = 0.0
-  config.model.attention.additive_dim = 0  # 0: head_dim
-  config.model.attention.gaussian_sigma = 0.0  # 0: head_dim ** 0.25
-  config.model.attention.learn_sigma = True
   # reference (any score, attention dropout) | xla | cudnn (jax.nn.dot_product_attention:
   # dot-product scores, no attention dropout; cudnn = flash attention on NVIDIA GPUs)
   # blockwise (any score, no attention dropout): online softmax over blocks of block_size,
   # memory O(L·block) and, with window=local, O(L·(block + 2·window_size)) work.
   config.model.attention.kernel = "reference"
   config.model.attention.block_size = 512
+  # Each scorer's and encoding's own knobs, one section per registry entry with any, from
+  # its Settings (defaults: its paper's values; transformer/scores.py, positions.py), e.g.
+  #   --config.model.attention.score_settings.additive.dim=32  (0: head_dim)
+  #   --config.model.attention.score_settings.gaussian.sigma=2.0  (0: head_dim ** 0.25)
+  #   --config.model.position_settings.alibi.max_bias=4
+  #   --config.model.position_settings.t5.num_buckets=64
+  config.model.attention.score_settings = settings_config(ScoreSettings)
+  config.model.position_settings = settings_config(PositionSettings)
 
   # Optimization: AdamW(0.9, 0.98, 1e-9), lr = learning_rate · d^-0.5 · min(n^-0.5, n·warmup^-1.5).
   config.train = ml_collections.ConfigDict()

@@ -12,5 +12,5 @@ def get_config():
 
 
 def get_sweep():
-  scores = ["scaled_dot", "dot", "additive", "gaussian"]
+  scores = ["scaled_dot", "dot", "additive", "gaussian", "cosine"]
   return product(axis("model.attention.score", scores), axis("seed", [0, 1, 2]))

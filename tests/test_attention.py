@@ -1,4 +1,7 @@
-"""Scorers against their formulas, attention against a direct computation, masks."""
+"""Scorers against their formulas, attention against a direct computation, masks, kernels
+against the reference formula and their declared capabilities."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -6,14 +9,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import (KERNELS, SCORES, WINDOWS, AttentionConfig, Mask,
-                                   MultiHeadAttention, causal_mask, local_window, masked_softmax,
-                                   reference_kernel, segment_mask)
-from transformer.positions import ALiBi, PositionalEncoding, T5Bias
+from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.kernels import KERNELS, reference_kernel
+from transformer.masks import (WINDOWS, Mask, causal_mask, local_window, masked_softmax,
+                               segment_mask)
+from transformer.model import ModelConfig, Transformer
+from transformer.positions import PositionalEncoding, make_positional_encoding
 from transformer.registry import ConfigError
+from transformer.scores import SCORES, ScaledDot, make_score, unit
 
 B, TQ, TK, H, D = 2, 3, 4, 2, 4
-NONE = PositionalEncoding(0, 1, 0, rngs=None)
+NONE = PositionalEncoding()
 
 
 def _qk(seed=0):
@@ -22,8 +28,9 @@ def _qk(seed=0):
           rng.normal(size=(B, TK, H, D)).astype(np.float32))
 
 
-def _make_score(name, **cfg):
-  return SCORES[name](H, D, AttentionConfig(score=name, **cfg), rngs=nnx.Rngs(0))
+def _make_score(name, **settings):
+  return make_score(name, H, D, rngs=nnx.Rngs(0)) if not settings else (
+      SCORES[name](H, D, SCORES[name].Settings(**settings), rngs=nnx.Rngs(0)))
 
 
 def test_scaled_dot_formula():
@@ -40,7 +47,7 @@ def test_dot_formula():
 
 def test_additive_formula():
   q, k = _qk()
-  score = _make_score("additive", additive_dim=5)
+  score = _make_score("additive", dim=5)
   wq, wk, wv = (np.asarray(p[...]) for p in (score.w_q, score.w_k, score.w_v))
   expected = np.zeros((B, H, TQ, TK), np.float32)
   for b in range(B):
@@ -54,7 +61,7 @@ def test_additive_formula():
 @pytest.mark.parametrize("sigma", [0.7, 2.0])
 def test_gaussian_formula(sigma):
   q, k = _qk()
-  score = _make_score("gaussian", gaussian_sigma=sigma)
+  score = _make_score("gaussian", sigma=sigma)
   sq = ((q[:, :, None] - k[:, None, :]) ** 2).sum(-1)  # [b, q, k, h]
   expected = np.transpose(-sq / (2 * sigma ** 2), (0, 3, 1, 2))
   np.testing.assert_allclose(score(q, k), expected, rtol=1e-4, atol=1e-4)
@@ -69,10 +76,27 @@ def test_gaussian_default_width_and_fixed_sigma_gets_no_gradient():
     assert bool(jnp.any(grads["log_sigma"][...] != 0)) == moves
 
 
+def test_cosine_formula_with_a_temperature_per_head():
+  """τ_h · q·k / (‖q‖ ‖k‖): by NumPy, per head, blind to the lengths of q and k, and τ
+  learned (it gets a gradient) from init_temperature."""
+  q, k = _qk()
+  score = _make_score("cosine", init_temperature=5.0)
+  np.testing.assert_allclose(np.exp(score.log_temperature[...]), [5.0, 5.0], rtol=1e-6)
+  cos = np.einsum("bqhd,bkhd->bhqk", q / np.linalg.norm(q, axis=-1, keepdims=True),
+                  k / np.linalg.norm(k, axis=-1, keepdims=True))
+  np.testing.assert_allclose(score(q, k), 5.0 * cos, rtol=1e-5, atol=1e-5)
+  score.log_temperature[...] = jnp.log(jnp.array([2.0, 3.0]))
+  expected = cos * np.array([2.0, 3.0])[None, :, None, None]
+  np.testing.assert_allclose(score(q, k), expected, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(score(3.0 * q, 0.5 * k), expected, rtol=1e-5, atol=1e-5)
+  grads = nnx.grad(lambda s: jnp.sum(s(q, k) ** 2))(score)
+  assert np.all(np.asarray(grads["log_temperature"][...]) != 0)
+
+
 def test_unknown_score_lists_choices():
-  with pytest.raises(ConfigError, match="unknown attention score 'cosine'; choose one of: "
-                                        "additive, dot, gaussian, scaled_dot"):
-    MultiHeadAttention(8, 2, AttentionConfig(score="cosine"), rngs=nnx.Rngs(0))
+  with pytest.raises(ConfigError, match="unknown attention score 'cosin'; choose one of: "
+                                        "additive, cosine, dot, gaussian, scaled_dot"):
+    MultiHeadAttention(8, 2, AttentionConfig(score="cosin"), rngs=nnx.Rngs(0))
 
 
 def test_heads_must_divide_d_model():
@@ -185,31 +209,97 @@ def test_windows_registry_and_mask_composition():
   np.testing.assert_array_equal(mask.block(1, 3, 2, 4).dense(), expected[:, :, 1:4, 2:6])
 
 
-@pytest.mark.parametrize("score,bias", [("scaled_dot", False), ("dot", False),
-                                        ("scaled_dot", True)])
-def test_fused_kernel_equals_reference(score, bias):
-  """jax.nn.dot_product_attention gives the reference formula's output on every query that
-  sees a key, under padding + packing + causal masks and an additive (ALiBi/T5-like) bias."""
+def _encoding(name, causal=False):
+  return make_positional_encoding(name, 8, H, 16, causal=causal, rngs=nnx.Rngs(1))
+
+
+DOT_SCORES = sorted(name for name in SCORES if _make_score(name).dot_product is not None)
+BIASED = ["alibi", "t5", "kerple", "fire"]
+
+
+def test_dot_product_declarations():
+  """The scorers declaring a dot product, and each one's declaration is its formula."""
+  assert DOT_SCORES == ["cosine", "dot", "scaled_dot"]
+  q, k = _qk()
+  for name in DOT_SCORES:
+    product = _make_score(name).dot_product
+    expected = np.einsum("bqhd,bkhd->bhqk", product.queries(q), product.keys(k)) * product.scale
+    np.testing.assert_allclose(_make_score(name)(q, k), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("score,position", [*[(s, "none") for s in DOT_SCORES],
+                                            *[("scaled_dot", p) for p in BIASED],
+                                            ("cosine", "fire")])
+def test_fused_kernel_equals_reference(score, position):
+  """jax.nn.dot_product_attention, given the scorer's declared transforms and scale, gives
+  the reference formula's output on every query that sees a key, under padding + packing +
+  causal masks and every kind of logit bias."""
   rng = np.random.default_rng(3)
   q, k, v = (jnp.asarray(rng.normal(size=(2, 6, H, D)), jnp.float32) for _ in range(3))
   seg = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
   pos = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
   mask = Mask(seg, seg, pos, pos, causal=True)
-  logit_bias = ALiBi(0, H, 0, rngs=None).bias if bias else NONE.bias
+  logit_bias = _encoding(position, causal=True).bias
   scorer, dropout = _make_score(score), nnx.Dropout(0.0)
   ref = reference_kernel(q, k, v, mask, logit_bias, scorer, dropout, None)
-  out = KERNELS["xla"].make(AttentionConfig())(q, k, v, mask, logit_bias, scorer, dropout, None)
+  out = KERNELS["xla"].make(block_size=512)(q, k, v, mask, logit_bias, scorer, dropout, None)
   seen = np.asarray(seg) > 0
   np.testing.assert_allclose(np.asarray(out)[seen], np.asarray(ref)[seen], rtol=1e-5, atol=1e-5)
 
 
-def test_fused_kernels_refuse_what_they_cannot_compute():
-  with pytest.raises(ConfigError, match="kernel 'xla' computes dot-product scores only .*'additive'"):
+class UnitScaledDot(ScaledDot):
+  """A scorer written as a subclass of ScaledDot: q and k normalised, then the scaled dot."""
+
+  def queries(self, q):
+    return unit(q)
+
+  def keys(self, k):
+    return unit(k)
+
+
+def test_a_subclass_of_a_dot_scorer_is_never_miscomputed():
+  """The fused kernels compute what a dot-scorer subclass declares, which is what it
+  computes (its own transforms, not ScaledDot's plain q·k), and a subclass that redefines
+  the score itself instead of its declaration is refused when it is defined."""
+  q, k = _qk()
+  scorer = UnitScaledDot(H, D)
+  unit_np = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+  expected = np.einsum("bqhd,bkhd->bhqk", unit_np(q), unit_np(k)) / np.sqrt(D)
+  np.testing.assert_allclose(scorer(q, k), expected, rtol=1e-5, atol=1e-6)
+  rng = np.random.default_rng(4)
+  v = jnp.asarray(rng.normal(size=(B, TK, H, D)), jnp.float32)
+  q4 = jnp.asarray(rng.normal(size=(B, TK, H, D)) * 5, jnp.float32)
+  mask = _mask(B, TK, TK)
+  args = (q4, jnp.asarray(k), v, mask, NONE.bias, scorer, nnx.Dropout(0.0), None)
+  np.testing.assert_allclose(KERNELS["xla"].make(block_size=512)(*args), reference_kernel(*args),
+                             rtol=1e-5, atol=1e-5)
+  with pytest.raises(TypeError, match="Renormalised overrides __call__ of a dot-product scorer"):
+    class Renormalised(ScaledDot):  # noqa: F841 - refused as it is defined
+      def __call__(self, q, k):
+        return super().__call__(unit(q), unit(k))
+
+
+def test_kernels_refuse_what_they_cannot_compute():
+  with pytest.raises(ConfigError, match="kernel 'xla' computes dot-product scores only.*"
+                                        "'additive' declares no dot product"):
     _attention_with(score="additive", kernel="xla")
   with pytest.raises(ConfigError, match="kernel 'cudnn' has no attention dropout"):
     _attention_with(kernel="cudnn", dropout=0.1)
   with pytest.raises(ConfigError, match="unknown attention kernel 'flash'; choose one of: "):
     _attention_with(kernel="flash")
+  for score in DOT_SCORES:
+    _attention_with(score=score, kernel="xla")
+
+
+def test_a_kernel_without_bias_refuses_a_biasing_encoding(monkeypatch):
+  monkeypatch.setitem(KERNELS, "nobias", dataclasses.replace(KERNELS["reference"], bias=False))
+  cfg = dict(vocab_size=8, d_model=8, num_heads=2, d_ff=8, num_encoder_layers=1,
+             num_decoder_layers=1, attention=AttentionConfig(kernel="nobias"))
+  Transformer(ModelConfig(**cfg, position="rotary"), rngs=nnx.Rngs(0))
+  for position in BIASED:
+    with pytest.raises(ConfigError, match=f"kernel 'nobias' adds no logit bias, and position "
+                                          f"'{position}' is one"):
+      Transformer(ModelConfig(**cfg, position=position), rngs=nnx.Rngs(0))
 
 
 def _attention_with(**cfg):
@@ -219,7 +309,9 @@ def _attention_with(**cfg):
 @pytest.mark.parametrize("score,causal,window,position", [
     ("scaled_dot", False, None, "none"), ("scaled_dot", True, None, "alibi"),
     ("additive", False, None, "none"), ("gaussian", True, None, "t5"),
-    ("scaled_dot", False, 3, "none"), ("dot", True, 2, "alibi"), ("additive", False, 4, "none")])
+    ("scaled_dot", False, 3, "none"), ("dot", True, 2, "alibi"), ("additive", False, 4, "none"),
+    ("cosine", True, None, "kerple"), ("scaled_dot", False, None, "fire"),
+    ("cosine", True, 3, "fire")])
 def test_blockwise_kernel_equals_reference(score, causal, window, position):
   """Blocks of 4 over 11 packed and padded positions (so padding, several query and key
   blocks, segments crossing blocks and windows spanning blocks all occur): the same values
@@ -229,10 +321,9 @@ def test_blockwise_kernel_equals_reference(score, causal, window, position):
   seg = jnp.array([[1] * 6 + [2] * 3 + [0] * 2, [1] * 11])
   pos = jnp.array([list(range(6)) + list(range(3)) + [0, 0], list(range(11))])
   mask = Mask(seg, seg, pos, pos, causal=causal, window=window)
-  encoding = {"none": NONE, "alibi": ALiBi(0, H, 0, rngs=None),
-              "t5": T5Bias(0, H, 0, causal=causal, rngs=nnx.Rngs(1))}[position]
+  encoding = _encoding(position, causal=causal)
   scorer, dropout = _make_score(score), nnx.Dropout(0.0)
-  blockwise = KERNELS["blockwise"].make(AttentionConfig(block_size=4))
+  blockwise = KERNELS["blockwise"].make(block_size=4)
 
   def run(kernel, q, k, v):
     return kernel(q, k, v, mask, encoding.bias, scorer, dropout, None)
@@ -241,6 +332,28 @@ def test_blockwise_kernel_equals_reference(score, causal, window, position):
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
   assert np.all(np.asarray(out)[0, 9:] == 0.0)  # padding queries see nothing
   weights = jnp.asarray(rng.normal(size=ref.shape), jnp.float32)
-  grad = lambda kernel: jax.grad(lambda *x: jnp.sum(run(kernel, *x) * weights), (0, 1, 2))(q, k, v)  # noqa: E731
+  grad = lambda kernel: jax.grad(  # noqa: E731
+      lambda *x: jnp.sum(run(kernel, *x) * weights), (0, 1, 2))(q, k, v)
   for got, want in zip(grad(blockwise), grad(reference_kernel)):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("score,position,kernel", [
+    ("cosine", "xpos", "blockwise"), ("scaled_dot", "xpos", "blockwise"),
+    ("cosine", "kerple", "blockwise"), ("additive", "fire", "blockwise"),
+    ("cosine", "xpos", "xla"), ("cosine", "fire", "xla")])
+def test_layer_with_each_kernel_equals_reference(score, position, kernel):
+  """A whole self-attention layer (rotated queries and keys, scorer transforms, bias) gives
+  the reference kernel's output with the blockwise (blocks of 4 over 11 positions) and
+  fused kernels, under packing and causality."""
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.normal(size=(2, 11, 8)), jnp.float32)
+  seg = jnp.array([[1] * 6 + [2] * 5, [1] * 11])
+  pos = jnp.array([list(range(6)) + list(range(5)), list(range(11))])
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  encoding = _encoding(position, causal=True)
+  layer = lambda k: MultiHeadAttention(  # noqa: E731
+      8, H, AttentionConfig(score=score, kernel=k, block_size=4), rngs=nnx.Rngs(0))
+  want = layer("reference").self_attend(x, mask, encoding)
+  np.testing.assert_allclose(layer(kernel).self_attend(x, mask, encoding), want,
+                             rtol=1e-5, atol=1e-5)

@@ -73,8 +73,19 @@ CASES = [
                                          "--config.model.num_heads=1"], ["even d_model", "33"]),
     ("odd head_dim, rotary", *TRAIN, ["--config.model.position=rotary",
                                       "--config.model.d_model=30"], ["even head dimension", "15"]),
-    ("gaussian sigma negative", *TRAIN, ["--config.model.attention.gaussian_sigma=-1.0"],
-     ["gaussian_sigma=-1.0"]),
+    ("gaussian sigma negative", *TRAIN,
+     ["--config.model.attention.score_settings.gaussian.sigma=-1.0"],
+     ["config.model.attention.score_settings.gaussian.sigma=-1.0", "≥ 0"]),
+    ("unknown position setting", *TRAIN, ["--config.model.position_settings.alibi.foo=1"],
+     ["the config has no field 'model.position_settings.alibi.foo'"]),
+    ("unknown position settings section", *TRAIN,
+     ["--config.model.position_settings.alibii.max_bias=1"],
+     ["--config.model.position_settings.alibii", 'Did you mean "alibi"']),
+    ("t5 num_buckets too small", *TRAIN, ["--config.model.position_settings.t5.num_buckets=2"],
+     ["config.model.position_settings.t5.num_buckets=2", "≥ 4"]),
+    ("cosine temperature 0", *TRAIN,
+     ["--config.model.attention.score_settings.cosine.init_temperature=0"],
+     ["config.model.attention.score_settings.cosine.init_temperature=0.0", "> 0"]),
     ("unknown score", *TRAIN, ["--config.model.attention.score=cosin"],
      ["unknown attention score 'cosin'", "scaled_dot"]),
     ("unknown position", *TRAIN, ["--config.model.position=absolute"],
@@ -194,6 +205,9 @@ CASES = [
     # sweep.py
     ("sweep unknown field", "sweep.py", ["--config", "{files}/sweep_field.py", "--sweep_dir", "{new}"],
      [], ["sweep run model.positon=rotary", "no field 'model.positon'"]),
+    ("sweep unknown setting", "sweep.py",
+     ["--config", "{files}/sweep_setting.py", "--sweep_dir", "{new}"], [],
+     ["no field 'model.position_settings.xpos.decay'"]),
     ("sweep wrong type", "sweep.py", ["--config", "{files}/sweep_type.py", "--sweep_dir", "{new}"],
      [], ["sweep override model.d_model='big'", "int"]),
     ("sweep bad value in a later run", "sweep.py",
@@ -220,6 +234,7 @@ def files(tmp_path_factory):
   (files / "raises.py").write_text("def get_config():\n  raise RuntimeError('no such dataset')\n")
   for name, runs in (("sweep_field", 'axis("model.positon", ["rotary"])'),
                      ("sweep_type", 'axis("model.d_model", ["big"])'),
+                     ("sweep_setting", 'axis("model.position_settings.xpos.decay", [2.0])'),
                      ("sweep_late", 'axis("model.dropout", [0.0, 0.1, 1.5])')):
     (files / f"{name}.py").write_text(SWEEP.format(sweep=runs))
   (files / "corpus").mkdir()

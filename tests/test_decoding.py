@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import SCORES, AttentionConfig
+from transformer.attention import AttentionConfig
 from transformer.decoding import beam_search, greedy_decode, length_penalty
 from transformer.model import ModelConfig, Transformer, shift_right
 from transformer.positions import POSITIONS
 from transformer.registry import ConfigError
+from transformer.scores import SCORES
 from transformer.vocab import EOS_ID, PAD_ID
 
 TINY = dict(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,

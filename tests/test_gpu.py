@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import KERNELS, AttentionConfig, Mask, ScaledDot, reference_kernel
+from transformer.kernels import KERNELS, reference_kernel
+from transformer.masks import Mask
 from transformer.positions import PositionalEncoding
+from transformer.scores import ScaledDot
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU")
 
@@ -27,8 +29,8 @@ def test_cudnn_attention_matches_reference_in_bfloat16():
   pos = jnp.concatenate([jnp.arange(40), jnp.arange(16), jnp.zeros(8, jnp.int32)])[None]
   pos = jnp.broadcast_to(pos, (b, t))
   mask = Mask(seg, seg, pos, pos, causal=True)
-  no_bias = PositionalEncoding(0, 1, 0, rngs=None).bias
-  score = ScaledDot(h, d, AttentionConfig(), rngs=nnx.Rngs(0))
+  no_bias = PositionalEncoding().bias
+  score = ScaledDot(h, d)
   dropout = nnx.Dropout(0.0)
 
   def loss(kernel, q, k, v):
@@ -38,7 +40,7 @@ def test_cudnn_attention_matches_reference_in_bfloat16():
   def f32_reference(q, k, v):
     return loss(reference_kernel, *(x.astype(jnp.float32) for x in (q, k, v)))
 
-  kernel = KERNELS["cudnn"].make(AttentionConfig())
+  kernel = KERNELS["cudnn"].make(block_size=512)
   cudnn = jax.jit(jax.value_and_grad(lambda *a: loss(kernel, *a), (0, 1, 2), has_aux=True))
   hlo = cudnn.lower(q, k, v).compile().as_text()
   assert "cudnn" in hlo and "fmha" in hlo  # the fused cuDNN call, not an XLA fallback

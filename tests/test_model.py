@@ -13,12 +13,13 @@ import pytest
 from flax import nnx
 
 from transformer import experiment
+from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.data import sources
-from transformer.attention import SCORES, AttentionConfig
 from transformer.decoding import greedy_decode
 from transformer.model import ModelConfig, Transformer, shift_right
-from transformer.positions import POSITIONS
+from transformer.positions import POSITIONS, make_positional_encoding
 from transformer.registry import ConfigError
+from transformer.scores import SCORES, make_score
 
 TINY = dict(vocab_size=11, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
             num_decoder_layers=2, dropout=0.1, max_len=32)
@@ -96,6 +97,32 @@ def test_shared_embeddings_tie_output_projection():
   np.testing.assert_allclose(shared.embeddings.logits(y), y @ table.T, rtol=1e-6)
   np.testing.assert_allclose(shared.embeddings.source(jnp.array([[3]]))[0, 0],
                              table[3] * 4.0, rtol=1e-6)  # scaled by √16
+
+
+def _param_shapes(module) -> dict[str, tuple[int, ...]]:
+  flat = jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(module, nnx.Param)))[0]
+  return {"/".join(str(getattr(k, "key", k)) for k in path): leaf.shape for path, leaf in flat}
+
+
+def test_existing_entries_keep_their_checkpoint_layout():
+  """Checkpoints of runs made before the settings sections restore: the encodings and
+  scorers that existed then keep their parameters' paths and shapes (d_model 16, 2 heads,
+  max_len 32), and a new entry owns its own."""
+  positions = {"none": {}, "sinusoidal": {}, "rotary": {}, "alibi": {},
+               "learned": {"table/embedding": (32, 16)}, "t5": {"table": (32, 2)}}
+  for name, shapes in positions.items():
+    for causal in (False, True):
+      encoding = nnx.eval_shape(lambda n=name, c=causal: make_positional_encoding(
+          n, 16, 2, 32, causal=c, rngs=nnx.Rngs(0)))
+      assert _param_shapes(encoding) == shapes, name
+  scores = {"scaled_dot": {}, "dot": {}, "gaussian": {"log_sigma": (2,)},
+            "additive": {"w_q": (2, 8, 8), "w_k": (2, 8, 8), "w_v": (2, 8)}}
+  for name, shapes in scores.items():
+    scorer = nnx.eval_shape(lambda n=name: make_score(n, 2, 8, rngs=nnx.Rngs(0)))
+    assert _param_shapes(scorer) == shapes, name
+  layer = nnx.eval_shape(lambda: MultiHeadAttention(16, 2, AttentionConfig(), rngs=nnx.Rngs(0)))
+  assert _param_shapes(layer) == {f"{p}/kernel": (16, 16) for p in ("key", "out", "query",
+                                                                      "value")}
 
 
 def test_unknown_norm_and_window():

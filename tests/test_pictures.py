@@ -9,7 +9,7 @@ from flax import nnx
 from transformer import pictures
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.model import ModelConfig, Transformer
-from transformer.positions import alibi_slopes, make_positional_encoding, sinusoid
+from transformer.positions import POSITIONS, alibi_slopes, make_positional_encoding, sinusoid
 
 PNG = b"\x89PNG\r\n\x1a\n"
 forward = nnx.jit(lambda model, batch: model(batch))
@@ -75,10 +75,34 @@ def test_position_panels_are_the_formulas():
   for (_, bias), slope in zip(panels, alibi_slopes(heads)):
     np.testing.assert_allclose(bias, -slope * distance, rtol=1e-6)
 
+  xpos = make_positional_encoding("xpos", d, heads, length, rngs=nnx.Rngs(0))
+  (_, scaled), (_, dots) = pictures.position_panels(xpos, length, d, heads)
+  np.testing.assert_allclose(scaled, xpos.rotate_queries(jnp.ones((1, length, 1, d // heads)),
+                                                         jnp.arange(length)[None])[0, :, 0])
+  np.testing.assert_allclose(dots[1:, 1:], dots[:-1, :-1], rtol=1e-4)  # relative, as rotary
+
+  kerple = make_positional_encoding("kerple", d, heads, length, rngs=nnx.Rngs(0))
+  panels = pictures.position_panels(kerple, length, d, heads)
+  r1, r2 = np.exp(kerple.log_r1[...]), np.exp(kerple.log_r2[...])
+  for h, (_, bias) in enumerate(panels):
+    np.testing.assert_allclose(bias, -r1[h] * np.log1p(r2[h] * distance), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(set(POSITIONS) - {"none"}))
+def test_every_encoding_has_position_panels(name):
+  """What each encoding does is drawn: panels of its seams, as many as it has."""
+  length, d, heads = 6, 16, 2
+  for causal in (False, True):
+    enc = make_positional_encoding(name, d, heads, length, causal=causal, rngs=nnx.Rngs(0))
+    panels = pictures.position_panels(enc, length, d, heads)
+    assert panels and all(np.all(np.isfinite(values)) for _, values in panels)
+    assert len(panels) == (heads if enc.biases else 2)
+
 
 def test_draw_positions_writes_a_png_or_nothing(tmp_path):
-  path = pictures.draw_positions(_model("learned"), 16, str(tmp_path / "positions.png"))
-  with open(path, "rb") as f:
-    assert f.read(8) == PNG
+  for position in ("learned", "fire"):
+    path = pictures.draw_positions(_model(position), 16, str(tmp_path / f"{position}.png"))
+    with open(path, "rb") as f:
+      assert f.read(8) == PNG
   assert pictures.draw_positions(_model("none"), 16, str(tmp_path / "none.png")) is None
   assert not (tmp_path / "none.png").exists()

@@ -1,14 +1,18 @@
 """Positional encodings against their formulas and defining properties."""
 
+import dataclasses
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.positions import (POSITIONS, alibi_slopes, make_positional_encoding,
+from transformer.positions import (POSITIONS, ALiBi, Fire, Kerple, PositionSettings, Rotary,
+                                   T5Bias, XPos, alibi_slopes, make_positional_encoding,
                                    relative_position_bucket, rotate_half_pairs, sinusoid)
-from transformer.registry import ConfigError
+from transformer.registry import ConfigError, FieldError
 
 
 def test_sinusoid_worked_example_d4():
@@ -75,12 +79,23 @@ def test_every_encoding_keeps_shapes(name):
   x, pos = jnp.ones((2, 5, 8)), jnp.broadcast_to(jnp.arange(5), (2, 5))
   assert enc.embed(x, pos).shape == x.shape
   q = jnp.ones((2, 5, 2, 4))
-  assert enc.rotate(q, pos).shape == q.shape
+  assert enc.rotate_queries(q, pos).shape == q.shape
+  assert enc.rotate_keys(q, pos).shape == q.shape
   assert jnp.broadcast_shapes(enc.bias(pos, pos).shape, (2, 2, 5, 5)) == (2, 2, 5, 5)
 
 
+@pytest.mark.parametrize("name", sorted(POSITIONS))
+def test_every_encoding_declares_whether_it_biases(name):
+  """`biases` (which kernels check) is true exactly when bias() is not zero."""
+  for causal in (False, True):
+    enc = make_positional_encoding(name, 8, 2, 16, causal=causal, rngs=nnx.Rngs(0))
+    pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+    assert enc.biases == bool(np.any(np.asarray(enc.bias(pos, pos)) != 0))
+
+
 def test_unknown_position_lists_choices():
-  with pytest.raises(ConfigError, match=r"unknown position .sinusodal.; choose one of: alibi, learned, none"):
+  with pytest.raises(ConfigError, match=r"unknown position .sinusodal.; choose one of: alibi, "
+                                        r"fire, kerple, learned, none"):
     make_positional_encoding("sinusodal", 8, 2, 16, rngs=nnx.Rngs(0))
 
 
@@ -88,7 +103,7 @@ def test_jit_compatible():
   enc = make_positional_encoding("rotary", 8, 2, 16, rngs=nnx.Rngs(0))
   q = jnp.ones((1, 4, 2, 4))
   pos = jnp.arange(4)[None]
-  out = jax.jit(lambda q: enc.rotate(q, pos))(q)
+  out = jax.jit(lambda q: enc.rotate_queries(q, pos))(q)
   assert out.shape == q.shape
 
 
@@ -132,8 +147,180 @@ def test_t5_bias_reads_its_table_per_head_and_is_shift_invariant():
   np.testing.assert_allclose(enc.bias(pos + 7, pos + 7), enc.bias(pos, pos))
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "kerple"])
 def test_bias_encodings_depend_only_on_offsets(name):
   enc = make_positional_encoding(name, 8, 2, 0, rngs=nnx.Rngs(0))
   q, k = jnp.array([[2, 5]]), jnp.array([[0, 3, 9]])
   np.testing.assert_allclose(enc.bias(q + 11, k + 11), enc.bias(q, k))
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_settings_change_what_the_encodings_compute():
+  """Each knob reaches its formula: ALiBi's max_bias its slopes, T5's num_buckets its
+  table, rotary's base its angles."""
+  np.testing.assert_allclose(alibi_slopes(4, 4.0), [2.0 ** -1, 2.0 ** -2, 2.0 ** -3, 2.0 ** -4])
+  alibi = ALiBi(8, 4, 0, settings=ALiBi.Settings(max_bias=4.0))
+  np.testing.assert_allclose(alibi.slopes, alibi_slopes(4, 4.0))
+  t5 = T5Bias(8, 2, 0, settings=T5Bias.Settings(num_buckets=8, max_distance=20),
+              rngs=nnx.Rngs(0))
+  assert t5.table.shape == (8, 2)
+  bucket = relative_position_bucket(jnp.array([-19, 3]), bidirectional=True, num_buckets=8,
+                                    max_distance=20)
+  pos = jnp.array([[0, 19, 22]])
+  bias = np.asarray(t5.bias(pos, pos))[0]
+  np.testing.assert_allclose(bias[:, 1, 0], np.asarray(t5.table[...])[int(bucket[0])])
+  np.testing.assert_allclose(bias[:, 1, 2], np.asarray(t5.table[...])[int(bucket[1])])
+  x = jnp.ones((1, 1, 1, 4))
+  rotary = Rotary(4, 1, 0, settings=Rotary.Settings(base=100.0))
+  np.testing.assert_allclose(rotary.rotate_keys(x, jnp.array([[3]])),
+                             rotate_half_pairs(x, jnp.array([[3]]), 100.0))
+
+
+@pytest.mark.parametrize("cls,field,value,allowed", [
+    (ALiBi, "max_bias", 0.0, "> 0"), (T5Bias, "num_buckets", 2, "≥ 4"),
+    (T5Bias, "max_distance", 16, "> num_buckets // 2 (16)"), (Rotary, "base", 1.0, "> 1"),
+    (XPos, "scale_base", -1.0, "> 0"), (Kerple, "max_init_r2", 0.0, "> 0.01"),
+    (Fire, "width", 0, "≥ 1")])
+def test_settings_reject_values_outside_their_range(cls, field, value, allowed):
+  with pytest.raises(FieldError, match=re.escape(f"{field}={value!r} is not allowed; "
+                                                 f"it must be {allowed}")):
+    cls.Settings(**{field: value})
+
+
+def test_position_settings_has_a_section_per_encoding_with_knobs():
+  sections = PositionSettings()
+  assert sorted(f.name for f in dataclasses.fields(sections)) == [
+      "alibi", "fire", "kerple", "rotary", "t5", "xpos"]
+  assert sections.xpos == XPos.Settings(base=10000.0, scale_base=512.0, gamma=0.4)
+  custom = dataclasses.replace(sections, t5=T5Bias.Settings(num_buckets=16))
+  enc = make_positional_encoding("t5", 8, 2, 0, settings=custom, rngs=nnx.Rngs(0))
+  assert enc.table.shape == (16, 2)
+  hash(custom)  # a static part of the model's graph
+
+
+# --------------------------------------------------------------------------- xPos
+
+
+def _xpos_numpy(x, position, *, sign, d, offset, gamma=0.4, scale_base=512.0, base=10000.0):
+  """xPos of one vector x [d] by the formula: rotate pair (x_i, x_{i+d/2}) by position·θ_i,
+  then scale both by ζ_i^(sign·(position − offset)/scale_base)."""
+  out = np.zeros(d)
+  for i in range(d // 2):
+    theta = position * base ** (-2 * i / d)
+    zeta = (2 * i / d + gamma) / (1 + gamma)
+    scale = zeta ** (sign * (position - offset) / scale_base)
+    a, b = x[i], x[i + d // 2]
+    out[i] = (a * np.cos(theta) - b * np.sin(theta)) * scale
+    out[i + d // 2] = (b * np.cos(theta) + a * np.sin(theta)) * scale
+  return out
+
+
+def test_xpos_formula():
+  rng = np.random.default_rng(0)
+  d, max_len = 8, 64
+  enc = XPos(16, 2, max_len, settings=XPos.Settings(scale_base=32.0))
+  x = rng.normal(size=(1, 3, 2, d)).astype(np.float32)
+  positions = jnp.array([[0, 5, 300]])
+  q, k = np.asarray(enc.rotate_queries(x, positions)), np.asarray(enc.rotate_keys(x, positions))
+  for t, p in enumerate([0, 5, 300]):
+    for h in range(2):
+      for got, sign in ((q, 1), (k, -1)):
+        want = _xpos_numpy(x[0, t, h], p, sign=sign, d=d, offset=max_len // 2, scale_base=32.0)
+        np.testing.assert_allclose(got[0, t, h], want, rtol=1e-4, atol=1e-5)
+
+
+def test_xpos_scores_depend_only_on_offset_and_decay_with_distance():
+  """⟨xpos_q(q, m), xpos_k(k, n)⟩ depends on m − n only (up to float32 rounding), even far
+  from the offset, and stays finite at thousands of positions; it is rotary's score with
+  each pair i weighted by ζ_i^((m − n)/scale_base)."""
+  rng = np.random.default_rng(1)
+  d = 8
+  enc = make_positional_encoding("xpos", 16, 2, 64, rngs=nnx.Rngs(0))
+  q = jnp.asarray(rng.normal(size=(1, 1, 2, d)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(1, 1, 2, d)), jnp.float32)
+
+  def score(encoding, m, n):
+    rq = encoding.rotate_queries(q, jnp.array([[m]]))
+    rk = encoding.rotate_keys(k, jnp.array([[n]]))
+    return np.asarray(jnp.sum(rq * rk, -1), np.float64)
+
+  np.testing.assert_allclose(score(enc, 3, 1), score(enc, 12, 10), rtol=1e-5)
+  np.testing.assert_allclose(score(enc, 3, 1), score(enc, 4003, 4001), rtol=1e-3)
+  np.testing.assert_allclose(score(enc, 0, 7), score(enc, 20, 27), rtol=1e-5)
+  big = np.asarray(enc.rotate_keys(k, jnp.array([[5000]])))
+  assert np.all(np.isfinite(big))
+  # Pair by pair: rotary's term times ζ_i^((m − n)/512).
+  rotary = make_positional_encoding("rotary", 16, 2, 64, rngs=nnx.Rngs(0))
+  zeta = (np.arange(0, d, 2) / d + 0.4) / 1.4
+  m, n = 40, 10
+  rq = np.asarray(rotary.rotate_queries(q, jnp.array([[m]])))[0, 0]
+  rk = np.asarray(rotary.rotate_keys(k, jnp.array([[n]])))[0, 0]
+  weights = np.concatenate([zeta, zeta]) ** ((m - n) / 512)
+  np.testing.assert_allclose(score(enc, m, n)[0, 0], np.sum(rq * rk * weights, -1), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- KERPLE
+
+
+def test_kerple_formula_and_init():
+  enc = make_positional_encoding("kerple", 8, 4, 0, rngs=nnx.Rngs(0))
+  r1, r2 = np.exp(np.asarray(enc.log_r1[...])), np.exp(np.asarray(enc.log_r2[...]))
+  assert np.all((0.01 <= r1) & (r1 <= 2.0)) and np.all((0.01 <= r2) & (r2 <= 1.0))
+  enc.log_r1[...] = jnp.log(jnp.array([0.5, 1.0, 2.0, 3.0]))
+  enc.log_r2[...] = jnp.log(jnp.array([1.0, 0.1, 2.0, 0.5]))
+  q, k = jnp.array([[0, 4]]), jnp.array([[0, 1, 7]])
+  bias = np.asarray(enc.bias(q, k))[0]  # [h, q, k]
+  for h, (a, b) in enumerate([(0.5, 1.0), (1.0, 0.1), (2.0, 2.0), (3.0, 0.5)]):
+    for i, qi in enumerate([0, 4]):
+      for j, kj in enumerate([0, 1, 7]):
+        np.testing.assert_allclose(bias[h, i, j], -a * np.log(1 + b * abs(qi - kj)), rtol=1e-5)
+  grads = nnx.grad(lambda e: jnp.sum(e.bias(q, k)))(enc)
+  assert np.all(np.asarray(grads["log_r1"][...]) != 0)
+
+
+# --------------------------------------------------------------------------- FIRE
+
+
+def _fire_numpy(enc, i, j):
+  """FIRE's bias [h] for query position i and key position j, by the formula."""
+  c = abs(float(enc.c[...]))
+  threshold = abs(float(enc.threshold_scale[...]) * enc.init_threshold)
+  psi = lambda x: np.log(c * x + 1)  # noqa: E731
+  x = np.sign(i - j) * psi(abs(i - j)) / (psi(max(i, j, threshold)) + Fire.EPS)
+  w1, b1 = np.asarray(enc.hidden.kernel[...]), np.asarray(enc.hidden.bias[...])
+  w2, b2 = np.asarray(enc.output.kernel[...]), np.asarray(enc.output.bias[...])
+  return np.maximum(np.array([x]) @ w1 + b1, 0) @ w2 + b2
+
+
+def test_fire_formula():
+  """The causal half (keys at or before the query) is the paper's f(ψ(i − j)/ψ(max(i, L)));
+  keys after the query read the signed distance normalised by the key's position."""
+  enc = Fire(8, 2, 0, settings=Fire.Settings(width=6, init_c=0.5, init_threshold=4.0),
+             rngs=nnx.Rngs(0))
+  enc.hidden.bias[...] = jnp.linspace(-0.3, 0.3, 6)  # non-zero, so the ReLU cuts somewhere
+  q, k = jnp.array([[0, 3, 9]]), jnp.array([[0, 2, 9, 12]])
+  bias = np.asarray(enc.bias(q, k))[0]  # [h, q, k]
+  assert bias.shape == (2, 3, 4)
+  for a, i in enumerate([0, 3, 9]):
+    for b, j in enumerate([0, 2, 9, 12]):
+      np.testing.assert_allclose(bias[:, a, b], _fire_numpy(enc, i, j), rtol=1e-4, atol=1e-6)
+  # The paper's input for j ≤ i: ψ(i − j)/ψ(max(i, L)), L = 4: the query 9 normalises by itself.
+  psi = lambda x: np.log(0.5 * x + 1)  # noqa: E731
+  np.testing.assert_allclose(enc.normalised_distance(q, k)[0, 2, 1], psi(7) / psi(9), rtol=1e-5)
+  np.testing.assert_allclose(enc.normalised_distance(q, k)[0, 1, 1], psi(1) / psi(4), rtol=1e-5)
+  np.testing.assert_allclose(enc.normalised_distance(q, k)[0, 1, 3], -psi(9) / psi(12), rtol=1e-5)
+
+
+def test_fire_is_relative_below_its_threshold_and_interpolates_beyond():
+  """Below L every position shares the normaliser ψ(L): the bias depends on i − j only.
+  Beyond it the input is progressively normalised: |input| ≤ 1 at any length."""
+  enc = make_positional_encoding("fire", 8, 2, 0, rngs=nnx.Rngs(0))
+  q, k = jnp.array([[2, 5]]), jnp.array([[0, 3, 9]])
+  np.testing.assert_allclose(enc.bias(q + 100, k + 100), enc.bias(q, k), rtol=1e-5, atol=1e-6)
+  far = jnp.concatenate([jnp.array([3, 300]), jnp.arange(0, 20000, 997)])[None]
+  x = np.asarray(enc.normalised_distance(far, far))
+  assert np.all(np.abs(x) <= 1.0) and np.all(np.isfinite(np.asarray(enc.bias(far, far))))
+  grads = nnx.grad(lambda e: jnp.sum(e.bias(far, far) ** 2))(enc)
+  assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(grads))  # c and L learn

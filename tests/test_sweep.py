@@ -93,7 +93,7 @@ def test_workers_split_the_runs_and_commands_are_printed(tmp_path):
   assert sorted(map(sweep.run_name, sum(shares, []))) == sorted(map(sweep.run_name, runs))
 
 
-@pytest.mark.parametrize("name,count", [("positions", 18), ("scorers", 12), ("heads", 12),
+@pytest.mark.parametrize("name,count", [("positions", 27), ("scorers", 15), ("heads", 12),
                                         ("heads.py:gpu", 12), ("heads.py:cpu", 4)])
 def test_shipped_sweeps_build_every_run(name, count):
   base, runs = sweep.load(os.path.join(ROOT, "configs", name if ".py" in name else f"{name}.py"))

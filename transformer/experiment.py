@@ -21,8 +21,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from transformer import optim, sharding
-from transformer.attention import KERNELS, AttentionConfig
 from transformer.data import sources
+from transformer.kernels import KERNELS
 from transformer.model import ModelConfig, Transformer
 from transformer.positions import make_positional_encoding
 from transformer.registry import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, ConfigError,
@@ -78,9 +78,31 @@ def train_config(config: ml_collections.ConfigDict) -> TrainConfig:
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
-  model = config.model.to_dict()
-  attention = dataclass_from(AttentionConfig, model.pop("attention"), "model.attention")
-  return dataclass_from(ModelConfig, model, "model", vocab_size=vocab_size, attention=attention)
+  """config.model as a ModelConfig, each nested section (attention, the settings sections)
+  checked; a model section written before the settings sections (an older run's
+  config.json) is migrated first."""
+  return dataclass_from(ModelConfig, migrate_model(config.model.to_dict()), "model",
+                        vocab_size=vocab_size)
+
+
+# Flat model.attention fields of configs written before each scorer had its settings
+# section: old name -> (scorer, its Settings field).
+OLD_SCORE_FIELDS = {"additive_dim": ("additive", "dim"), "gaussian_sigma": ("gaussian", "sigma"),
+                    "learn_sigma": ("gaussian", "learn_sigma")}
+
+
+def migrate_model(model: dict) -> dict:
+  """A config.model dict with the old flat scorer fields (OLD_SCORE_FIELDS) moved into
+  attention.score_settings, where their values replace those given there."""
+  attention = dict(model.get("attention", {}))
+  old = {name: attention.pop(name) for name in OLD_SCORE_FIELDS if name in attention}
+  if not old:
+    return model
+  sections = {key: dict(section) for key, section in attention.get("score_settings", {}).items()}
+  for name, value in old.items():
+    scorer, field = OLD_SCORE_FIELDS[name]
+    sections.setdefault(scorer, {})[field] = value
+  return {**model, "attention": {**attention, "score_settings": sections}}
 
 
 def build_model(config: ml_collections.ConfigDict, vocab_size: int, seed: int) -> Transformer:
@@ -179,7 +201,7 @@ def check_length(model: ModelConfig, length: int, what: str) -> None:
   for causal in (False, True):
     encoding = nnx.eval_shape(lambda c=causal: make_positional_encoding(
         model.position, model.d_model, model.num_heads, model.max_len, causal=c,
-        rngs=nnx.Rngs(0)))
+        settings=model.position_settings, rngs=nnx.Rngs(0)))
     try:
       encoding.check_length(length)
     except ConfigError as e:

@@ -12,9 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.attention import WINDOWS, AttentionConfig, Mask, MultiHeadAttention
+from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.kernels import check_bias
 from transformer.layers import Dense, Dropout, LayerNorm
-from transformer.positions import POSITIONS, PositionalEncoding, make_positional_encoding
+from transformer.masks import WINDOWS, Mask
+from transformer.positions import (POSITIONS, PositionalEncoding, PositionSettings,
+                                   make_positional_encoding)
 from transformer.registry import AT_LEAST_1, FRACTION, check, check_ranges, lookup
 from transformer.vocab import BOS_ID, PAD_ID
 
@@ -36,6 +39,9 @@ class ModelConfig:
   remat: bool = False  # recompute each layer's activations in the backward pass (less memory)
   scan_layers: bool = False  # run each stack's layers as one lax.scan: compiled once, not N times
   attention: AttentionConfig = AttentionConfig()
+  # Each encoding's own knobs (`position_settings.alibi.max_bias`, ...): every section is
+  # checked, the chosen encoding's is used.
+  position_settings: PositionSettings = PositionSettings()
 
   def __post_init__(self):
     check_ranges(self, vocab_size=AT_LEAST_1, d_model=AT_LEAST_1, num_heads=AT_LEAST_1,
@@ -100,10 +106,12 @@ class FeedForward(nnx.Module):
 
 
 # The identity encoding: cross-attention relates two different sequences' positions.
-NO_POSITION = PositionalEncoding(0, 1, 0, rngs=None)
+NO_POSITION = PositionalEncoding()
 
 
 class EncoderLayer(nnx.Module):
+
+  causal = False  # its self-attention sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     dtype = compute_dtype(cfg)
@@ -120,6 +128,8 @@ class EncoderLayer(nnx.Module):
 
 
 class DecoderLayer(EncoderLayer):
+
+  causal = True  # its self-attention never sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     super().__init__(cfg, rngs=rngs)
@@ -141,8 +151,9 @@ class Stack(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
     self.position = make_positional_encoding(
-        cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len,
-        causal=issubclass(layer, DecoderLayer), rngs=rngs)
+        cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len, causal=layer.causal,
+        settings=cfg.position_settings, rngs=rngs)
+    check_bias(cfg.attention.kernel, position=cfg.position, biases=self.position.biases)
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
     self.window_size = cfg.attention.window_size
     self.dropout = Dropout(cfg.dropout)

@@ -125,10 +125,11 @@ def position_panels(encoding: PositionalEncoding, length: int, d_model: int,
                ("cosine similarity of those vectors [p, p']", _cosine(added))]
   head_dim = d_model // num_heads
   ones = jnp.ones((1, length, 1, head_dim))
-  rotated = np.asarray(encoding.rotate(ones, positions)[0, :, 0])
-  if not np.allclose(rotated, 1.0):
-    panels += [("rotate: a query of ones at p [p, feature]", rotated),
-               ("⟨rot(1, p), rot(1, p')⟩ / d [p, p']", rotated @ rotated.T / head_dim)]
+  queries = np.asarray(encoding.rotate_queries(ones, positions)[0, :, 0])
+  keys = np.asarray(encoding.rotate_keys(ones, positions)[0, :, 0])
+  if not (np.allclose(queries, 1.0) and np.allclose(keys, 1.0)):
+    panels += [("rotate: a query of ones at p [p, feature]", queries),
+               ("⟨rot_q(1, p), rot_k(1, p')⟩ / d [p, p']", queries @ keys.T / head_dim)]
   bias = np.asarray(jnp.broadcast_to(encoding.bias(positions, positions),
                                      (1, num_heads, length, length))[0])
   if np.any(bias):

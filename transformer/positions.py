@@ -1,41 +1,53 @@
 """Positional encodings, keyed by config string.
 
-An encoding acts at up to three seams, and the layers call all three on every encoding:
+An encoding acts at up to three seams, and the layers call all of them on every encoding:
   * `embed(x, positions)`: added to the scaled token embeddings (sinusoidal, learned);
-  * `rotate(x, positions)`: applied to the queries and to the keys in every self-attention
-    layer (rotary);
-  * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets).
-The base class is the identity at each seam, so `none` is the base class itself.
+  * `rotate_queries(x, positions)` and `rotate_keys(x, positions)`: applied to the queries
+    and to the keys of every self-attention layer (rotary; xPos, which scales queries up and
+    keys down);
+  * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets,
+    KERPLE, FIRE); an encoding that adds one declares `biases = True`.
+The base class is the identity at each seam; built without arguments it is the identity
+encoding. Every registry entry has one constructor, `(d_model, num_heads, max_len, *, causal,
+settings, rngs)` (causal: it serves a decoder, whose keys never follow the query), and its
+knobs in its own `Settings` (config.model.position_settings.<name>).
 
 Positions are explicit int arrays [batch, length] (0-based within each packed segment),
 never inferred from array indices, so packing and cached decoding see the right positions.
 """
 
-
+import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.registry import ConfigError, lookup
+from transformer.layers import Dense
+from transformer.registry import (AT_LEAST_1, POSITIVE, ConfigError, NoSettings, Range, check,
+                                  check_ranges, lookup, settings_of, settings_sections)
+
+ABOVE_1 = Range(1, lo_open=True)
 
 
 class PositionalEncoding(nnx.Module):
   """No positional information: the identity at every seam."""
 
-  def __init__(self, d_model: int, num_heads: int, max_len: int, *, causal: bool = False,
-               rngs: nnx.Rngs):
-    """causal: the encoding serves a decoder (keys never follow the query)."""
-    del d_model, num_heads, max_len, causal, rngs
+  Settings = NoSettings
+  biases = False  # bias() is not zero: the attention kernel must add it
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
     del positions
     return x
 
-  def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Queries or keys x: [b, t, h, d], positions: [b, t] -> [b, t, h, d]."""
+  def rotate_queries(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Queries x: [b, t, h, d], positions: [b, t] -> [b, t, h, d]."""
+    del positions
+    return x
+
+  def rotate_keys(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Keys x: [b, t, h, d], positions: [b, t] -> [b, t, h, d]."""
     del positions
     return x
 
@@ -46,6 +58,14 @@ class PositionalEncoding(nnx.Module):
     """-> a logit bias broadcastable to [b, h, tq, tk]."""
     del q_positions, k_positions
     return jnp.zeros((), jnp.float32)
+
+
+class NoPosition(PositionalEncoding):
+  """`none`: the identity encoding, built like every registry entry."""
+
+  def __init__(self, d_model: int, num_heads: int, max_len: int, *, causal: bool = False,
+               settings=None, rngs: nnx.Rngs | None = None):
+    del d_model, num_heads, max_len, causal, settings, rngs
 
 
 def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
@@ -65,7 +85,7 @@ def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
 class Sinusoidal(PositionalEncoding):
   """Fixed sinusoids added to the embeddings ("Attention Is All You Need", 3.5)."""
 
-  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
     if d_model % 2:
       raise ConfigError(f"sinusoidal positions need an even d_model, got {d_model}")
     self.d_model = d_model
@@ -77,7 +97,7 @@ class Sinusoidal(PositionalEncoding):
 class Learned(PositionalEncoding):
   """A learned absolute embedding per position 0..max_len-1."""
 
-  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs):
     self.max_len = max_len
     self.table = nnx.Embed(max_len, d_model, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
 
@@ -113,32 +133,105 @@ def rotate_half_pairs(x: jax.Array, positions: jax.Array, base: float) -> jax.Ar
 class Rotary(PositionalEncoding):
   """Rotary position embedding applied to q and k in every self-attention layer."""
 
-  base = 10000.0
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    base: float = 10000.0  # pair i turns by angle p · base^(-2i/d)
 
-  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
+    def __post_init__(self):
+      check_ranges(self, base=ABOVE_1)
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
     head_dim = d_model // num_heads
     if head_dim % 2:
       raise ConfigError(f"rotary positions need an even head dimension, got {head_dim}")
+    self.base = (settings or self.Settings()).base
 
-  def rotate(self, x, positions):
+  def rotate_queries(self, x, positions):
+    return rotate_half_pairs(x, positions, self.base)
+
+  def rotate_keys(self, x, positions):
     return rotate_half_pairs(x, positions, self.base)
 
 
-def alibi_slopes(num_heads: int) -> list[float]:
-  """ALiBi's head slopes: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n a power of
-  two; otherwise those of the next lower power of two, then every other slope of the next
-  higher one (Press et al. 2022)."""
+def xpos_scale(positions: jax.Array, dim: int, *, gamma: float, scale_base: float) -> jax.Array:
+  """xPos's factor ζ_i^(p / scale_base) of feature pair i at position p, with
+  ζ_i = (2i/d + γ)/(1 + γ), laid out as rotate_half_pairs pairs features (i and i + d/2).
+
+  Args:
+    positions: [b, t] (int or float; may be shifted or negated).
+    dim: the even head dimension d.
+  Returns:
+    [b, t, 1, d] float32.
+  """
+  zeta = (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim + gamma) / (1.0 + gamma)  # [d/2]
+  power = positions[:, :, None, None].astype(jnp.float32) / scale_base  # [b, t, 1, 1]
+  scale = jnp.exp(power * jnp.log(zeta))  # [b, t, 1, d/2]
+  return jnp.concatenate([scale, scale], axis=-1)
+
+
+class XPos(Rotary):
+  """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): rotary, with the query
+  at position n scaled by ζ_i^((n − o)/scale_base) and the key at m by ζ_i^(−(m − o)/scale_base)
+  per feature pair i, so each pair's term of q·k carries ζ_i^((n − m)/scale_base): an
+  exponential decay with distance (keys before the query), fastest for the high-frequency
+  pairs (ζ_0 = γ/(1 + γ)). The offset o = max_len // 2 cancels in every q·k, so scores
+  depend on n − m only; it centres the exponents (as torchscale centres them on the block)
+  so that both factors stay finite in float32 for |p − o| up to about 36,000 positions.
+  Bidirectional (encoder) the same formula: keys after the query get the inverse factor
+  (the paper trains causal models only)."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    base: float = 10000.0  # the rotary angles', as `rotary`
+    scale_base: float = 512.0  # the decay's length scale: ζ^(distance / scale_base)
+    gamma: float = 0.4  # ζ_i = (2i/d + γ)/(1 + γ)
+
+    def __post_init__(self):
+      check_ranges(self, base=ABOVE_1, scale_base=POSITIVE, gamma=POSITIVE)
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
+    settings = settings or self.Settings()
+    super().__init__(d_model, num_heads, max_len, causal=causal, settings=settings, rngs=rngs)
+    self.scale_base, self.gamma, self.offset = settings.scale_base, settings.gamma, max_len // 2
+
+  def _rotate(self, x, positions, sign: float):
+    rotated = rotate_half_pairs(x.astype(jnp.float32), positions, self.base)
+    scale = xpos_scale(sign * (positions - self.offset), x.shape[-1], gamma=self.gamma,
+                       scale_base=self.scale_base)
+    return (rotated * scale).astype(x.dtype)
+
+  def rotate_queries(self, x, positions):
+    return self._rotate(x, positions, 1.0)
+
+  def rotate_keys(self, x, positions):
+    return self._rotate(x, positions, -1.0)
+
+
+def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list[float]:
+  """ALiBi's head slopes: the geometric sequence 2^(-max_bias/n), 2^(-2·max_bias/n), ...,
+  2^(-max_bias) for n a power of two; otherwise those of the next lower power of two, then
+  every other slope of the next higher one (Press et al. 2022, where max_bias = 8)."""
   if num_heads & (num_heads - 1) == 0:
-    return [2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)]
+    return [2.0 ** (-max_bias * (h + 1) / num_heads) for h in range(num_heads)]
   lower = 2 ** int(math.floor(math.log2(num_heads)))
-  return alibi_slopes(lower) + alibi_slopes(2 * lower)[0::2][:num_heads - lower]
+  return (alibi_slopes(lower, max_bias)
+          + alibi_slopes(2 * lower, max_bias)[0::2][:num_heads - lower])
 
 
 class ALiBi(PositionalEncoding):
   """Attention with linear biases: logits − m_h·|i − j| per head, no position embedding."""
 
-  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
-    self.slopes = tuple(alibi_slopes(num_heads))
+  biases = True
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    max_bias: float = 8.0  # slopes 2^(-max_bias·h/n), h = 1..n: the last head's is 2^-max_bias
+
+    def __post_init__(self):
+      check_ranges(self, max_bias=POSITIVE)
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
+    self.slopes = tuple(alibi_slopes(num_heads, (settings or self.Settings()).max_bias))
 
   def bias(self, q_positions, k_positions):
     distance = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])
@@ -170,11 +263,22 @@ class T5Bias(PositionalEncoding):
   """T5's learned relative position bias: one scalar per (bucket, head), shared by the
   layers of a stack; bidirectional in the encoder, causal in the decoder."""
 
-  num_buckets = 32
-  max_distance = 128
+  biases = True
 
-  def __init__(self, d_model, num_heads, max_len, *, causal=False, rngs):
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    num_buckets: int = 32  # rows of the bias table (half per direction in the encoder)
+    max_distance: int = 128  # distances from here on share the last bucket
+
+    def __post_init__(self):
+      check_ranges(self, num_buckets=Range(4), max_distance=AT_LEAST_1)
+      check(self.max_distance > self.num_buckets // 2, "max_distance", self.max_distance,
+            f"> num_buckets // 2 ({self.num_buckets // 2})")
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs):
+    settings = settings or self.Settings()
     self.bidirectional = not causal
+    self.num_buckets, self.max_distance = settings.num_buckets, settings.max_distance
     self.table = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(),
                                                          (self.num_buckets, num_heads)))
 
@@ -186,19 +290,112 @@ class T5Bias(PositionalEncoding):
     return jnp.transpose(self.table[...][buckets], (0, 3, 1, 2))  # [b, h, q, k]
 
 
+def _distance(q_positions, k_positions) -> jax.Array:
+  """|i − j| as float32 [b, 1, q, k]."""
+  return jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :]).astype(jnp.float32)
+
+
+class Kerple(PositionalEncoding):
+  """KERPLE's logarithmic kernel (Chi et al. 2022): logits − r₁·log(1 + r₂·|i − j|), with
+  r₁, r₂ > 0 learned per head. They stay positive as exponentials of learned logs (the
+  paper clamps them at 0.01 after each update, an optimizer hook pure model code has not);
+  initialised uniformly in [0.01, max_init_r1] and [0.01, max_init_r2], the paper's
+  U(0, 2) and U(0, 1) clamped at 0.01."""
+
+  biases = True
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    max_init_r1: float = 2.0  # r₁ (the bias's scale) drawn from U(0.01, this)
+    max_init_r2: float = 1.0  # r₂ (inside the log) drawn from U(0.01, this)
+
+    def __post_init__(self):
+      above = Range(0.01, lo_open=True)
+      check_ranges(self, max_init_r1=above, max_init_r2=above)
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs):
+    settings = settings or self.Settings()
+    log_uniform = lambda hi: jnp.log(jax.random.uniform(  # noqa: E731
+        rngs.params(), (num_heads,), jnp.float32, 0.01, hi))
+    self.log_r1 = nnx.Param(log_uniform(settings.max_init_r1))
+    self.log_r2 = nnx.Param(log_uniform(settings.max_init_r2))
+
+  def bias(self, q_positions, k_positions):
+    r1 = jnp.exp(self.log_r1[...])[None, :, None, None]
+    r2 = jnp.exp(self.log_r2[...])[None, :, None, None]
+    return -r1 * jnp.log1p(r2 * _distance(q_positions, k_positions))  # [b, h, q, k]
+
+
+class Fire(PositionalEncoding):
+  """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long
+  Context Transformers"): bias b(i, j) = f_θ(ψ(i − j) / ψ(max(i, L))) per head, f_θ an MLP
+  (1 → width → heads, ReLU), ψ(x) = log(c·x + 1), c and the threshold L learned (L as
+  |s|·init_threshold with s learned from 1), as in the paper's reference code. The MLP's
+  input is the distance progressively normalised by the query's position, in [0, 1] for
+  keys at or before the query, however long the sequence.
+
+  Bidirectional (encoder), the input is the signed distance normalised by the later of
+  the two positions, sign(i − j)·ψ(|i − j|) / ψ(max(i, j, L)): in [−1, 1], negative for keys
+  after the query, so the MLP can tell the two sides apart. For keys at or before the
+  query it is the paper's input, so one formula serves both stacks (causal masks hide the
+  keys after the query)."""
+
+  biases = True
+  EPS = 1e-6  # keeps the normaliser ψ(·) + EPS away from 0 (c → 0)
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    width: int = 32  # hidden units of the MLP f_θ
+    init_c: float = 0.1  # c of ψ(x) = log(c·x + 1) at initialisation
+    init_threshold: float = 512.0  # L at initialisation (positions below it: not rescaled)
+
+    def __post_init__(self):
+      check_ranges(self, width=AT_LEAST_1, init_c=POSITIVE, init_threshold=POSITIVE)
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs):
+    settings = settings or self.Settings()
+    self.hidden = Dense(1, settings.width, rngs=rngs)
+    self.output = Dense(settings.width, num_heads, rngs=rngs)
+    self.c = nnx.Param(jnp.asarray(settings.init_c, jnp.float32))
+    self.threshold_scale = nnx.Param(jnp.ones((), jnp.float32))
+    self.init_threshold = settings.init_threshold
+
+  def normalised_distance(self, q_positions, k_positions) -> jax.Array:
+    """The MLP's input sign(i − j)·ψ(|i − j|) / ψ(max(i, j, L)): [b, q, k] float32."""
+    i = q_positions[:, :, None].astype(jnp.float32)
+    j = k_positions[:, None, :].astype(jnp.float32)
+    c = jnp.abs(self.c[...])
+    psi = lambda x: jnp.log1p(c * x)  # noqa: E731
+    threshold = jnp.abs(self.threshold_scale[...] * self.init_threshold)
+    return jnp.sign(i - j) * psi(jnp.abs(i - j)) / (
+        psi(jnp.maximum(jnp.maximum(i, j), threshold)) + self.EPS)
+
+  def bias(self, q_positions, k_positions):
+    x = self.normalised_distance(q_positions, k_positions)[..., None]  # [b, q, k, 1]
+    per_head = self.output(jax.nn.relu(self.hidden(x)))  # [b, q, k, h]
+    return jnp.moveaxis(per_head, -1, 1)  # [b, h, q, k]
+
+
 POSITIONS: dict[str, type[PositionalEncoding]] = {
-    "none": PositionalEncoding,
+    "none": NoPosition,
     "sinusoidal": Sinusoidal,
     "learned": Learned,
     "rotary": Rotary,
     "alibi": ALiBi,
     "t5": T5Bias,
+    "xpos": XPos,
+    "kerple": Kerple,
+    "fire": Fire,
 }
+
+# config.model.position_settings: a section per encoding with settings.
+PositionSettings = settings_sections(POSITIONS, "PositionSettings")
 
 
 def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
-                             causal: bool = False, rngs):
-  return lookup(POSITIONS, name, "position")(d_model, num_heads, max_len, causal=causal,
-                                             rngs=rngs)
-
-
+                             causal: bool = False, settings=None,
+                             rngs: nnx.Rngs | None) -> PositionalEncoding:
+  """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults)."""
+  cls = lookup(POSITIONS, name, "position")
+  return cls(d_model, num_heads, max_len, causal=causal,
+             settings=settings_of(settings, POSITIONS, name), rngs=rngs)

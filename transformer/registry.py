@@ -1,6 +1,6 @@
 """Config-string registries (every pluggable axis is a small dict chosen from once), the
-checks that turn a config section into a validated dataclass, and the errors the CLIs
-print as one `error:` line."""
+settings sections of their entries, the checks that turn a config section into a validated
+dataclass, and the errors the CLIs print as one `error:` line."""
 
 import dataclasses
 import math
@@ -102,18 +102,53 @@ def _check_type(field: str, value, annotation) -> None:
 
 
 def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra) -> T:
-  """cls(**section, **extra) with every value type-checked against cls's annotations; a
+  """cls(**section, **extra) with every value type-checked against cls's annotations and
+  each nested section (a field whose type is a dataclass) built the same way; a
   ConfigError names unknown fields, and a FieldError raised by cls's checks gets the
   section's name (`config.train.batch_size=0 is not allowed; ...`)."""
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(section) - set(fields))
   if unknown:
     raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
-                      f"fields: {', '.join(sorted(set(fields) - set(extra)))}")
+                      f"fields: {', '.join(sorted(set(fields) - set(extra))) or 'none'}")
   hints = typing.get_type_hints(cls)
+  section = {key: dataclass_from(hints[key], value, f"{name}.{key}")
+             if dataclasses.is_dataclass(hints[key]) and isinstance(value, Mapping) else value
+             for key, value in section.items()}
   try:
     for key, value in section.items():
       _check_type(key, value, hints[key])
     return cls(**{**section, **extra})
   except FieldError as e:
     raise ConfigError(f"config.{name}.{e}") from None
+
+
+# --------------------------------------------------------------------------- settings
+# An entry of a registry (a scorer, a positional encoding) declares its knobs as a frozen
+# dataclass `Settings` (defaults = its paper's values, checked in __post_init__). The config
+# holds one section per entry that has knobs, named after its registry key, so that each
+# knob is overridable and sweepable like any other field and only its owner reads it.
+
+
+@dataclasses.dataclass(frozen=True)
+class NoSettings:
+  """The settings of an entry without knobs (it has no config section)."""
+
+
+def settings_sections(registry: Mapping[str, type], name: str) -> type:
+  """A frozen dataclass with one field per entry of `registry` whose Settings has fields:
+  the entry's key, of type entry.Settings, defaulting to its defaults. Building it checks
+  every section, whichever entry the config chooses."""
+  fields = [(key, entry.Settings, dataclasses.field(default_factory=entry.Settings))
+            for key, entry in registry.items() if dataclasses.fields(entry.Settings)]
+  return dataclasses.make_dataclass(name, fields, frozen=True)
+
+
+def settings_of(sections, registry: Mapping[str, type], key: str):
+  """The Settings of registry[key] in `sections` (a settings_sections instance)."""
+  return getattr(sections, key, None) or registry[key].Settings()
+
+
+def settings_config(sections_class: type) -> dict[str, dict[str, Any]]:
+  """The default sections as a nested dict, for a config file: {key: {field: value}}."""
+  return dataclasses.asdict(sections_class())

@@ -1,0 +1,162 @@
+"""Attention kernels: ways to compute softmax(score(q, k) + bias)·V, and what each supports.
+
+A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], a Mask, the
+logit bias as a function of (query positions, key positions) -> broadcastable to
+[b, h, tq, tk], and the layer's scorer and dropout. KERNELS maps a name to a Kernel: how to
+make the function, and its declared capabilities, which check_kernel compares once, at
+construction, with what the scorer, the dropout and the positional encoding declare.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from transformer.layers import Dropout
+from transformer.masks import Mask, masked_softmax
+from transformer.registry import ConfigError, lookup
+from transformer.scores import Scorer
+
+
+def attention_weights(q, k, mask: Mask, bias, score) -> jax.Array:
+  """softmax(score(q, k) + bias) over the unmasked keys: [b, h, tq, tk] float32."""
+  logits = score(q, k) + bias(mask.q_positions, mask.k_positions)
+  return masked_softmax(logits, mask.dense())
+
+
+def reference_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs):
+  """The formula, any scorer: softmax(score(q, k) + bias) over unmasked keys, dropout, ·V."""
+  weights = attention_weights(q, k, mask, bias, score).astype(v.dtype)
+  weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def fused_kernel(implementation: str):
+  """jax.nn.dot_product_attention (XLA's fused attention, or cuDNN's flash attention on
+  NVIDIA GPUs) for the scorers declaring a dot product, whose transforms and scale it
+  applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V; no dropout on the weights. A
+  query row with no visible key (padding) attends to every key instead of none, so it
+  stays finite (no NaN to leak into later layers); the loss never reads it."""
+
+  def kernel(q, k, v, mask, bias, score, dropout, rngs):
+    del dropout, rngs
+    product = score.dot_product
+    dense = mask.dense()
+    dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
+    bias = bias(mask.q_positions, mask.k_positions)
+    bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
+    impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
+    return jax.nn.dot_product_attention(product.queries(q), product.keys(k), v, bias=bias,
+                                        mask=dense, scale=product.scale, implementation=impl)
+
+  return kernel
+
+
+def _pad_time(x, before: int, after: int):
+  return jnp.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2))
+
+
+def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: int):
+  """Memory-bounded attention, any scorer: queries in blocks of `block`, each block's softmax
+  accumulated online over key blocks (flash-attention style, in plain JAX), and each query
+  block rematerialised in the backward pass, so no [tq, tk] array exists, only
+  [block, block] ones. With a local window a query block reads only the keys within the
+  window of it: O(L·(block + 2w)) work and memory instead of O(L²). Fully masked rows give
+  0, as the reference does; no attention dropout."""
+  del dropout, rngs
+  b, tq, h, d = q.shape
+  tk = k.shape[1]
+  if tq == 1 or (tq <= block and tk <= block):
+    return reference_kernel(q, k, v, mask, bias, score, Dropout(0.0), None)
+  local = mask.window is not None and tq == tk  # self-attention: keys at the queries' indices
+  q_pad = -tq % block
+  span = block + 2 * mask.window if local else block
+  k_before = mask.window if local else 0
+  k_after = (tq + q_pad + mask.window - tk) if local else -tk % block
+  q, k, v = _pad_time(q, 0, q_pad), _pad_time(k, k_before, k_after), _pad_time(v, k_before, k_after)
+  mask = dataclasses.replace(  # padding has segment 0: masked
+      mask, q_segments=_pad_time(mask.q_segments, 0, q_pad),
+      q_positions=_pad_time(mask.q_positions, 0, q_pad),
+      k_segments=_pad_time(mask.k_segments, k_before, k_after),
+      k_positions=_pad_time(mask.k_positions, k_before, k_after))
+  num_key_blocks = 1 if local else k.shape[1] // block
+
+  def key_block(carry, q_start, k_start, q_blk):
+    top, total, acc = carry  # running max [b,h,bq], normaliser [b,h,bq], output [b,h,bq,d]
+    m = mask.block(q_start, block, k_start, span)
+    k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, span, axis=1)
+    v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, span, axis=1)
+    visible = m.dense()
+    logits = (score(q_blk, k_blk) + bias(m.q_positions, m.k_positions)).astype(jnp.float32)
+    logits = jnp.where(visible, logits, -jnp.inf)
+    new_top = jnp.maximum(top, logits.max(-1))
+    safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
+    p = jnp.where(visible, jnp.exp(logits - safe_top[..., None]), 0.0)
+    rescale = jnp.exp(jnp.where(jnp.isfinite(top), top - safe_top, -jnp.inf))
+    acc = acc * rescale[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), v_blk,
+                                                preferred_element_type=jnp.float32)
+    return new_top, total * rescale + p.sum(-1), acc
+
+  @jax.checkpoint
+  def query_block(q_start):
+    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, block, axis=1)
+    carry = (jnp.full((b, h, block), -jnp.inf, jnp.float32), jnp.zeros((b, h, block), jnp.float32),
+             jnp.zeros((b, h, block, d), jnp.float32))
+    if local:  # padded keys start `window` before the queries: this block's span
+      carry = key_block(carry, q_start, q_start, q_blk)
+    else:
+      step = jax.checkpoint(lambda c, j: (key_block(c, q_start, j * block, q_blk), None))
+      carry = jax.lax.scan(step, carry, jnp.arange(num_key_blocks))[0]
+    _, total, acc = carry
+    out = acc / jnp.where(total > 0, total, 1.0)[..., None]  # no visible key: 0
+    return jnp.swapaxes(out, 1, 2).astype(v.dtype)  # [b, block, h, d]
+
+  blocks = jax.lax.map(query_block, jnp.arange(0, tq + q_pad, block))  # [n, b, block, h, d]
+  return jnp.moveaxis(blocks, 0, 1).reshape(b, tq + q_pad, h, d)[:, :tq]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """A way to compute softmax(score + bias)·V, and what it supports."""
+
+  make: Callable[..., Callable]  # make(block_size=...) -> the kernel function
+  any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
+  dropout: bool  # dropout on the attention weights
+  bias: bool = True  # adds a positional encoding's logit bias
+  backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
+  stand_in: str | None = None  # a kernel computing the same function on any backend
+
+
+KERNELS: dict[str, Kernel] = {
+    "reference": Kernel(lambda block_size: reference_kernel, any_score=True, dropout=True),
+    "xla": Kernel(lambda block_size: fused_kernel("xla"), any_score=False, dropout=False),
+    "cudnn": Kernel(lambda block_size: fused_kernel("cudnn"), any_score=False, dropout=False,
+                    backends=("gpu",), stand_in="xla"),
+    "blockwise": Kernel(lambda block_size: functools.partial(blockwise_kernel, block=block_size),
+                        any_score=True, dropout=False),
+}
+
+
+def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
+                 block_size: int) -> Callable:
+  """The kernel `name` for a layer with this scorer and attention dropout, or a ConfigError
+  naming what the kernel cannot do. Compares declarations only."""
+  kernel = lookup(KERNELS, name, "attention kernel")
+  if not kernel.any_score and score.dot_product is None:
+    raise ConfigError(f"attention.kernel '{name}' computes dot-product scores only, and score "
+                      f"'{score_name}' declares no dot product; use kernel 'reference' or "
+                      "'blockwise'")
+  if dropout and not kernel.dropout:
+    raise ConfigError(f"attention.kernel '{name}' has no attention dropout; set "
+                      f"model.attention.dropout=0 (got {dropout}) or kernel 'reference'")
+  return kernel.make(block_size=block_size)
+
+
+def check_bias(name: str, *, position: str, biases: bool) -> None:
+  """A ConfigError if kernel `name` cannot add the logit bias of a positional encoding
+  (named `position`) that declares one."""
+  if biases and not lookup(KERNELS, name, "attention kernel").bias:
+    raise ConfigError(f"attention.kernel '{name}' adds no logit bias, and position "
+                      f"'{position}' is one; use kernel 'reference' or another position")
