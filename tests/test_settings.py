@@ -156,3 +156,21 @@ def test_every_encoding_and_scorer_builds_from_its_section():
   enc = make_positional_encoding("kerple", 8, 2, 0, settings=cfg.position_settings,
                                  rngs=nnx.Rngs(0))
   assert float(jax.numpy.exp(enc.log_r1[...]).max()) <= 0.02
+
+
+def test_a_run_s_identity_counts_only_the_chosen_entries_settings(tmp_path):
+  """An older run's config.json (flat scorer fields) resumes under today's config; the knobs
+  of a scorer or encoding the run does not use are not its identity; the chosen ones are."""
+  run = _old_config_json(tmp_path, **OLD)  # scaled_dot and sinusoidal: OLD is unused
+  config = make_tiny_config()
+  workdir.check_identity(config, run, has_checkpoints=True)
+  config.model.position_settings.alibi.max_bias = 4.0
+  config.model.attention.score_settings.additive.dim = 16
+  workdir.check_identity(config, run, has_checkpoints=True)
+  additive = _old_config_json(tmp_path, **OLD, score="additive")
+  config = make_tiny_config(**{"model.attention.score": "additive"})
+  config.model.attention.score_settings.additive.dim = 8  # what the old run had
+  workdir.check_identity(config, additive, has_checkpoints=True)
+  config.model.attention.score_settings.additive.dim = 16
+  with pytest.raises(ConfigError, match=r"differs in: attention.score_settings.additive.dim"):
+    workdir.check_identity(config, additive, has_checkpoints=True)

@@ -1,9 +1,9 @@
 """The workdir of a run: its resolved config, metrics log and (checkpoint.py) checkpoints.
 
 A workdir holds one run. Its identity is what its parameters mean: the data, task and
-model sections, less the execution choices that change how the model is computed or where
-the data lives (EXECUTION_FIELDS), which may differ when a run is resumed or evaluated
-elsewhere. A workdir with no checkpoint yet holds no run: a corrected config replaces its
+model sections (with the settings of the chosen scorer and encoding only), less the
+execution choices that change how the model is computed or where the data lives
+(EXECUTION_FIELDS), which may differ when a run is resumed or evaluated elsewhere. A workdir with no checkpoint yet holds no run: a corrected config replaces its
 config.json.
 """
 
@@ -13,7 +13,7 @@ import jax
 import ml_collections
 from etils import epath
 
-from transformer import storage
+from transformer import experiment, storage
 from transformer.registry import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -40,14 +40,28 @@ def check_usable(workdir: str) -> None:
     raise ConfigError(f"--workdir {workdir}: {problem}")
 
 
+def _identity(config: dict) -> dict:
+  """The config's identity sections, its model section in today's layout (older runs'
+  configs migrated) with only the chosen scorer's and encoding's settings: the knobs of
+  entries the run does not use do not change its model."""
+  model = experiment.migrate_model(config.get("model", {}))
+  attention = model.get("attention", {})
+  chosen = lambda sections, key: {k: v for k, v in sections.items() if k == key}  # noqa: E731
+  model = {**model, "position_settings": chosen(model.get("position_settings", {}),
+                                                model.get("position")),
+           "attention": {**attention, "score_settings": chosen(
+               attention.get("score_settings", {}), attention.get("score"))}}
+  return {**config, "model": model}
+
+
 def check_identity(config: ml_collections.ConfigDict, workdir: str, has_checkpoints: bool) -> None:
   """Refuses (ConfigError) a config whose identity differs from the run in `workdir`'s.
   Fields missing from the saved config were added to the code since the run began."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not has_checkpoints or not path.exists():
     return
-  saved = json.loads(path.read_text())
-  resolved = json.loads(config.to_json_best_effort())
+  saved = _identity(json.loads(path.read_text()))
+  resolved = _identity(json.loads(config.to_json_best_effort()))
   for section in IDENTITY_SECTIONS:
     new, old = _flatten(resolved.get(section, {})), _flatten(saved.get(section, {}))
     changed = sorted(k for k in old if new.get(k) != old[k]
