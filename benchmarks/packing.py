@@ -14,9 +14,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import experiment
-from transformer.data import sources
-from transformer.training import make_train_step
+from transformer import experiment, training
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
@@ -30,14 +28,11 @@ def main(argv):
         f"{config.data.max_len} tokens per side; dtype {config.model.dtype}")
   for pack in (True, False):
     config.data.pack = pack
-    source = sources.make_source(config, flags.FLAGS.workdir)
-    source.prepare()
-    optimizer = experiment.make_optimizer(config)
-    graphdef, init = experiment.make_init(config, source.vocab_size, optimizer)
-    state = jax.jit(init)()
-    step_fn = jax.jit(make_train_step(graphdef, optimizer, experiment.make_schedule(config),
-                                      label_smoothing=0.1, seed=0), donate_argnums=0)
-    batches = iter(source.train_batches())
+    exp = experiment.build(config, flags.FLAGS.workdir)
+    exp.source.prepare()
+    compiled = training.compile_step(exp)  # the train step exactly as train.py runs it
+    state, step_fn = compiled.init(), compiled.step
+    batches = iter(exp.source.train_batches())
     for _ in range(2):
       state, metrics = step_fn(state, next(batches))
     jax.block_until_ready(metrics)

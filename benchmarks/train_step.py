@@ -32,8 +32,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import experiment
-from transformer.training import make_train_step
+from transformer import experiment, training
+from transformer.vocab import NUM_RESERVED
 
 DIMS = {
     "small": dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3),
@@ -124,9 +124,11 @@ def main(argv):
   config = FLAGS.config
   config.model.update(DIMS[FLAGS.dims], dropout=0.1)
   b, t, v = FLAGS.batch_size, FLAGS.length, FLAGS.vocab_size
-  optimizer = experiment.make_optimizer(config)
-  graphdef, init = experiment.make_init(config, v, optimizer)
-  state = jax.jit(init)()
+  config.train.batch_size = b
+  config.task.update(num_symbols=v - NUM_RESERVED, max_len=t - 1, longer_max_len=t - 1)
+  exp = experiment.build(config)
+  step = training.compile_step(exp)  # the train step exactly as train.py runs it
+  state = step.init()
   n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
   rng = np.random.default_rng(0)
   ones = np.ones((b, t), np.int32)
@@ -135,12 +137,10 @@ def main(argv):
            "inputs_segmentation": ones, "targets_segmentation": ones,
            "inputs_positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()}
   batch["targets_positions"] = batch["inputs_positions"]
-  step_fn = jax.jit(make_train_step(graphdef, optimizer, experiment.make_schedule(config),
-                                    label_smoothing=0.1, seed=0,
-                                    loss_chunks=config.train.loss_chunks), donate_argnums=0)
+  batch = jax.device_put(batch, step.batch_sharding)
 
   start = time.perf_counter()
-  compiled = step_fn.lower(state, batch).compile()
+  compiled = step.step.lower(state, batch).compile()
   compile_s = time.perf_counter() - start
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost

@@ -4,8 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sacrebleu
 
-from transformer.metrics import loss_head_metrics, token_metrics
+from transformer.metrics import exact_match_by_length, loss_head_metrics, text_scores, token_metrics
 
 
 def _problem(n=24, d=8, vocab=11, seed=0):
@@ -54,3 +55,22 @@ def test_accuracy_counts_a_target_tied_for_the_largest_logit():
   assert float(metrics["correct"]) == 2.0  # a tie at the top counts; a smaller logit does not
   fused = loss_head_metrics(jnp.eye(3), logits[0].T, None, targets[0], jnp.ones(3))
   assert float(fused["correct"]) == 2.0
+
+
+def test_exact_match_by_length_groups_rows_by_input_length():
+  targets = np.array([[4, 2, 0], [5, 6, 2], [7, 8, 2], [9, 2, 0]])
+  predictions = targets.copy()
+  predictions[2, 1] = 3  # wrong at one token: row 2 (length 2) misses
+  by_length = exact_match_by_length(predictions, targets, np.array([1, 2, 2, 1]))
+  assert by_length == {"1": 1.0, "2": 0.5}
+
+
+def test_text_scores_are_sacrebleus_corpus_scores():
+  references = ["a man rides a horse on the beach", "two dogs play in the snow"]
+  perfect = text_scores(references, references)
+  assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
+  hypotheses = ["a man rides a horse", "two cats play in the snow"]
+  scores = text_scores(hypotheses, references)
+  assert scores["bleu"] == pytest.approx(
+      sacrebleu.corpus_bleu(hypotheses, [references]).score)
+  assert 0 < scores["bleu"] < 100 and "nrefs:1" in scores["bleu_signature"]

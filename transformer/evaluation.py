@@ -12,7 +12,7 @@ from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, storage, workdir as workdir_lib
 from transformer.decoding import beam_search, greedy_decode
-from transformer.metrics import exact_matches, token_metrics
+from transformer.metrics import exact_match_by_length, exact_matches, text_scores, token_metrics
 from transformer.registry import ConfigError, Interrupted, RunError
 
 log = logging.getLogger("transformer")
@@ -41,9 +41,11 @@ class Evaluator:
 
     self._score, self._predict = score, predict
 
-  def _batches(self, split: dict[str, np.ndarray]):
+  def _batches(self, split: dict):
+    """The split's arrays (not its `references`) in padded batches of batch_size rows."""
+    arrays = {k: v for k, v in split.items() if isinstance(v, np.ndarray)}
     for start in range(0, len(split["inputs"]), self.batch_size):
-      yield _pad_rows({k: v[start:start + self.batch_size] for k, v in split.items()},
+      yield _pad_rows({k: v[start:start + self.batch_size] for k, v in arrays.items()},
                       self.batch_size)
 
   def predict(self, params, split: dict[str, np.ndarray], decode_len: int,
@@ -72,14 +74,23 @@ class Evaluator:
     return metrics, predictions
 
   def evaluate(self, params, splits, source, should_stop=lambda: False):
-    """Metrics of every split, with the source's text metrics; and the hypotheses (text
-    sources) or None per split. Raises Interrupted once should_stop() is true."""
+    """Metrics of every split and the detokenized hypotheses per split (None without
+    text). A split with `references` is scored by BLEU and chrF of the source's tokenizer's
+    detokenized predictions; one without, by exact match per input length. Raises
+    Interrupted once should_stop() is true."""
     results, hypotheses = {}, {}
     for name, split in splits.items():
       metrics, predictions = self.evaluate_split(params, split, source.decode_len(split),
                                                  should_stop)
-      text_metrics, hypotheses[name] = source.text_metrics(name, predictions)
-      results[name] = {**metrics, **text_metrics}
+      hypotheses[name] = None
+      if "references" in split:
+        hypotheses[name] = [source.tokenizer.decode(row) for row in predictions]
+        metrics.update(text_scores(hypotheses[name], split["references"]))
+      else:
+        lengths = (split["inputs"] != 0).sum(1) - 1  # symbols, EOS excluded
+        metrics["exact_match_by_length"] = exact_match_by_length(predictions, split["targets"],
+                                                                 lengths)
+      results[name] = metrics
     return results, hypotheses
 
 

@@ -1,11 +1,13 @@
-"""Losses and metrics over non-padding target tokens. Each returns sums, so that batches,
-devices and logging intervals combine by adding before a final division."""
+"""Losses and metrics: over non-padding target tokens (each returns sums, so that batches,
+devices and logging intervals combine by adding before a final division), and of decoded
+predictions (exact match, BLEU, chrF)."""
 
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sacrebleu
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
@@ -41,6 +43,22 @@ def exact_matches(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
   width = max(predictions.shape[1], targets.shape[1])
   pad = lambda x: np.pad(x, ((0, 0), (0, width - x.shape[1])))  # noqa: E731
   return np.all(pad(predictions) == pad(targets), axis=1)
+
+
+def exact_match_by_length(predictions: np.ndarray, targets: np.ndarray,
+                          lengths: np.ndarray) -> dict[str, float]:
+  """Exact-match rate per input length (lengths [n]), for length-extrapolation curves."""
+  exact = exact_matches(predictions, targets)
+  return {str(n): float(exact[lengths == n].mean()) for n in np.unique(lengths)}
+
+
+def text_scores(hypotheses: list[str], references: list[str]) -> dict:
+  """Corpus sacreBLEU and chrF of detokenized hypotheses against one reference each, and
+  the BLEU signature (tokenizer, smoothing, version) that makes the score comparable."""
+  bleu = sacrebleu.metrics.BLEU()
+  return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+          "chrf": sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score,
+          "bleu_signature": str(bleu.get_signature())}
 
 
 def _row_losses(logits, targets, label_smoothing, mean_logit):

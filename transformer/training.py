@@ -14,6 +14,7 @@ What a run guarantees, whatever fails:
 import logging
 import time
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from transformer import (checkpoint, experiment, lock, sharding, storage, summaries,
                          workdir as workdir_lib)
@@ -96,6 +98,31 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
   return train_step
 
 
+class CompiledStep(NamedTuple):
+  """The train step of an experiment, wired to its mesh: what the training loop, the
+  benchmarks and tests run, so that they all time and test the same computation."""
+
+  state_sharding: Any  # a NamedSharding per leaf of the train state
+  batch_sharding: NamedSharding  # batch rows over the mesh's data and fsdp axes
+  init: Callable[[], dict]  # jitted: the initial state, laid out by state_sharding
+  step: Callable  # jitted (state, batch) -> (state, metric sums); donates the state
+
+
+def compile_step(exp: experiment.Experiment) -> CompiledStep:
+  """The one place the train state's sharding and the jitted step are built from an
+  experiment's config (train.label_smoothing, accumulation_steps, loss_chunks, seed)."""
+  cfg = exp.train
+  state_sharding = sharding.state_shardings(jax.eval_shape(exp.init), exp.mesh)
+  batch_sharding = sharding.batch_sharding(exp.mesh)
+  step = make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
+                         label_smoothing=cfg.label_smoothing, seed=exp.config.seed,
+                         accumulation_steps=cfg.accumulation_steps, loss_chunks=cfg.loss_chunks)
+  return CompiledStep(state_sharding, batch_sharding,
+                      jax.jit(exp.init, out_shardings=state_sharding),
+                      jax.jit(step, in_shardings=(state_sharding, batch_sharding),
+                              out_shardings=(state_sharding, None), donate_argnums=0))
+
+
 def _format_duration(seconds: float) -> str:
   m, s = divmod(int(seconds), 60)
   return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
@@ -166,14 +193,13 @@ class _Loop:
   def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop):
     self.exp, self.cfg, self.workdir, self.mngr = exp, exp.train, workdir, mngr
     self.splits, self.should_stop = splits, should_stop
-    init = exp.init
-    self.state_sharding = sharding.state_shardings(jax.eval_shape(init), exp.mesh)
-    self.batch_sharding = sharding.batch_sharding(exp.mesh)
+    compiled = compile_step(exp)
+    self.batch_sharding, self.train_step = compiled.batch_sharding, compiled.step
     self.step, self.state, self.batches = checkpoint.restore(
-        mngr, jax.eval_shape(init), self.state_sharding,
+        mngr, jax.eval_shape(exp.init), compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
     if self.step is None:
-      self.state, self.step = jax.jit(init, out_shardings=self.state_sharding)(), 0
+      self.state, self.step = compiled.init(), 0
     else:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
       workdir_lib.truncate_metrics(workdir, self.step)  # later records are trained again
@@ -186,13 +212,6 @@ class _Loop:
     self.in_a_row = 0  # non-finite steps in a row
     self.last_loss = float("inf")
     self.evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
-    self.train_step = jax.jit(
-        make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
-                        label_smoothing=self.cfg.label_smoothing, seed=exp.config.seed,
-                        accumulation_steps=self.cfg.accumulation_steps,
-                        loss_chunks=self.cfg.loss_chunks),
-        in_shardings=(self.state_sharding, self.batch_sharding),
-        out_shardings=(self.state_sharding, None), donate_argnums=0)
     n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
     log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
 

@@ -1,8 +1,9 @@
 """Data sources, chosen by `config.data.source`: what the trainer and evaluator read.
 
 A source gives the vocabulary size, an endless stream of training batches (a checkpointable
-grain IterDataset), held-out splits as padded batches, and, for text, a tokenizer that turns
-predictions back into sentences for BLEU/chrF.
+grain IterDataset), held-out splits as padded batches (text ones with their raw `references`), and, for text,
+a tokenizer that turns predictions back into sentences. Sources keep no state between calls;
+the metrics live in transformer/metrics.py.
 """
 
 import types
@@ -11,14 +12,12 @@ import grain
 import jax
 import ml_collections
 import numpy as np
-import sacrebleu
 from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
 from transformer.data import pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
-from transformer.metrics import exact_matches
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
@@ -60,10 +59,9 @@ class SyntheticSource:
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid` and `longer`, num_examples each (0: config.eval.num_examples)."""
-    self.splits = synthetic.eval_splits(self.task, self.config.seed,
-                                        num_examples or self.config.eval.num_examples,
-                                        self.longer_max_len)
-    return self.splits
+    return synthetic.eval_splits(self.task, self.config.seed,
+                                 num_examples or self.config.eval.num_examples,
+                                 self.longer_max_len)
 
   def file_split(self, source_path: str, reference_path: str):
     raise ConfigError("evaluating a source/reference file pair needs a text data source; "
@@ -84,15 +82,6 @@ class SyntheticSource:
     """A label per token id: its symbol, or <s>, </s>, <pad>."""
     return [RESERVED_PIECES.get(i, str(i - NUM_RESERVED)) for i in np.asarray(ids).tolist()]
 
-  def text_metrics(self, split_name: str, predictions: np.ndarray):
-    """No text; exact match per input length, for length-extrapolation curves. Returns
-    (metrics, hypotheses)."""
-    split = self.splits[split_name]
-    lengths = (split["inputs"] != 0).sum(1) - 1  # symbols, EOS excluded
-    exact = exact_matches(predictions, split["targets"])
-    by_length = {str(n): float(exact[lengths == n].mean()) for n in np.unique(lengths)}
-    return {"exact_match_by_length": by_length}, None
-
 
 # Ranges of the text sources' numeric settings.
 _TEXT_RANGES = {"vocab_size": Range(NUM_RESERVED + 2), "max_len": Range(2),
@@ -108,7 +97,6 @@ class ParallelTextSource:
     self.vocab_size = self.data.vocab_size
     self.tokenizer_path = self.data.tokenizer or storage.join(workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
-    self.references: dict[str, list[str]] = {}
     try:
       check_ranges(types.SimpleNamespace(**{k: self.data[k] for k in _TEXT_RANGES}),
                    **_TEXT_RANGES)
@@ -167,7 +155,7 @@ class ParallelTextSource:
     """The first num_examples pairs (0: config.eval.num_examples; 0 there: all) of the
     `valid` and, if configured, `test` splits, none dropped."""
     limit = num_examples or self.config.eval.num_examples or None
-    return {split: self._split(split, self.pairs(split)[:limit]) for split in self.held_out()}
+    return {split: self._split(self.pairs(split)[:limit]) for split in self.held_out()}
 
   def held_out(self) -> list[str]:
     return [split for split in ("valid", "test") if self.data.get(f"{split}_source")]
@@ -175,27 +163,17 @@ class ParallelTextSource:
   def file_split(self, source_path: str, reference_path: str):
     """({name: split}) for any source/reference file pair, named after the source file."""
     name = epath.Path(source_path).name.removesuffix(".gz")
-    return {name: self._split(name, text.read_parallel(source_path, reference_path))}
+    return {name: self._split(text.read_parallel(source_path, reference_path))}
 
-  def _split(self, name: str, pairs: list[tuple[str, str]]) -> dict[str, np.ndarray]:
-    """Padded arrays of the pairs; the raw references are kept for BLEU."""
-    self.references[name] = [t for _, t in pairs]
+  def _split(self, pairs: list[tuple[str, str]]) -> dict:
+    """Padded arrays of the pairs, with the raw target sentences as `references` (for
+    BLEU and chrF)."""
     encoded = self._encode(pairs)
-    return pipeline.pad_batch(encoded, max(max(len(s), len(t)) for s, t in encoded))
+    return {**pipeline.pad_batch(encoded, max(max(len(s), len(t)) for s, t in encoded)),
+            "references": [t for _, t in pairs]}
 
   def decode_len(self, split: dict[str, np.ndarray]) -> int:
     return split["inputs"].shape[1] + self.data.decode_offset
-
-  def text_metrics(self, split_name: str, predictions: np.ndarray):
-    """Corpus sacreBLEU and chrF of the detokenized predictions against the raw references.
-    Returns (metrics, hypotheses)."""
-    hypotheses = [self.tokenizer.decode(row) for row in predictions]
-    references = [self.references[split_name]]
-    bleu = sacrebleu.metrics.BLEU()
-    metrics = {"bleu": bleu.corpus_score(hypotheses, references).score,
-               "chrf": sacrebleu.metrics.CHRF().corpus_score(hypotheses, references).score,
-               "bleu_signature": str(bleu.get_signature())}
-    return metrics, hypotheses
 
 
 class TfdsSource(ParallelTextSource):
