@@ -190,7 +190,10 @@ class EncodedCorpus:
     self.directory, self.dtype = directory, np.dtype(manifest["dtype"])
     self.num_records = manifest["records"]
     paths = [storage.join(directory, s["file"]) for s in manifest["shards"] if s["records"]]
-    self.source = grain.sources.ArrayRecordDataSource(paths)
+    try:
+      self.source = grain.sources.ArrayRecordDataSource(paths)
+    except RuntimeError as e:  # riegeli: e.g. a damaged block header or footer
+      raise self._damaged(e) from None
     if len(self.source) != self.num_records:
       raise ConfigError(f"encoded corpus at {directory} holds {len(self.source)} records, its "
                         f"manifest says {self.num_records}; delete it to rebuild it")
@@ -198,10 +201,18 @@ class EncodedCorpus:
   def __len__(self) -> int:
     return self.num_records
 
+  def _damaged(self, error: Exception) -> ConfigError:
+    reason = " ".join(str(error).split())[:200]
+    return ConfigError(f"encoded corpus at {self.directory} is damaged ({reason}); delete "
+                       f"{self.directory} to rebuild it")
+
   def read(self, indices: np.ndarray):
     """The pairs at `indices` as (tokens [T] int32, starts [n, 2], lengths [n, 2]): pair k's
     source is tokens[starts[k, 0]:][:lengths[k, 0]], its target likewise at column 1."""
-    records = self.source.__getitems__(indices.tolist())
+    try:
+      records = self.source.__getitems__(indices.tolist())
+    except RuntimeError as e:  # riegeli: a chunk's hash does not match its bytes
+      raise self._damaged(e) from None
     size = np.fromiter(map(len, records), np.int64, len(records)) // self.dtype.itemsize
     tokens = np.frombuffer(b"".join(records), self.dtype).astype(np.int32)
     first = np.cumsum(size) - size
