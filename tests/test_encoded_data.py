@@ -4,6 +4,7 @@ epoch permutation, windowed streaming with exact resume, the tokenizer's sample.
 import json
 import logging
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -143,3 +144,28 @@ def test_resume_mid_window_and_across_epochs_gives_identical_batches(tmp_path):
       got = next(resumed)
       for key in want:
         np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_two_processes_share_the_encoding_and_wait_only_for_each_other(tmp_path, monkeypatch):
+  monkeypatch.setattr(encoded, "CHUNK", 16)  # 64 pairs: 4 chunks, 2 per process
+  barrier, results, encoders = threading.Barrier(2, timeout=60), [None, None], [set(), set()]
+  pairs = [(s, s.upper()) for s in SOURCES]
+
+  def process(index):
+    def encode(sentences):
+      encoders[index].update(sentences)
+      return [[4 + len(w) for w in s.split()] for s in sentences]
+    results[index] = encoded.build(str(tmp_path / "cache"), {"k": 1}, iter(pairs), encode, 100,
+                                   index, 2, barrier=lambda name: barrier.wait())
+  threads = [threading.Thread(target=process, args=(i,)) for i in range(2)]
+  [t.start() for t in threads], [t.join() for t in threads]
+  assert results[0] == results[1] and results[0]["records"] == 64
+  assert [s["records"] for s in results[0]["shards"]] == [16] * 4
+  assert not encoders[0] & encoders[1]  # each encoded its own chunks: 0 and 2, 1 and 3
+  assert encoders[0] | encoders[1] == {s for pair in pairs for s in pair}
+  corpus = encoded.EncodedCorpus(str(tmp_path / "cache"), results[0])
+  tokens, starts, lengths = corpus.read(np.array([63, 0, 17]))
+  for k, (source, target) in enumerate((pairs[63], pairs[0], pairs[17])):
+    want = [4 + len(w) for w in source.split()] + [2]
+    assert tokens[starts[k, 0]:starts[k, 0] + lengths[k, 0]].tolist() == want
+    assert lengths[k, 1] == len(target.split()) + 1
