@@ -3,6 +3,7 @@
 Batches are dicts of int32 arrays [batch, length] (see transformer/data/__init__.py).
 """
 
+import concurrent.futures
 from collections.abc import Sequence
 
 import grain
@@ -153,20 +154,38 @@ class PackedStream(grain.IterDataset):
 
 
 class _PackedStreamIterator(grain.DatasetIterator):
+  """Packs the next window in a background thread while the current one is consumed (the
+  training step releases the GIL), so a batch rarely waits for packing."""
 
   def __init__(self, dataset: PackedStream):
     super().__init__()
     self.dataset = dataset
+    self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack")
+    self.ahead = None  # ((epoch, window), future of its rows)
     self.set_state({"epoch": 0, "window": 0, "row": 0})
 
   def set_state(self, state):
     if "window" not in state:  # an EpochBatches state (epoch, batch): the epoch's start
       state = {"epoch": int(state["epoch"]) + 1, "window": 0, "row": 0}
     self.epoch, self.window, self.row = (int(state[k]) for k in ("epoch", "window", "row"))
-    self.current = self.dataset.rows(self.epoch, self.window)
+    self.current = self._rows(self.epoch, self.window)
 
   def get_state(self):
     return {"epoch": self.epoch, "window": self.window, "row": self.row}
+
+  def _following(self, epoch: int, window: int) -> tuple[int, int]:
+    return (epoch + 1, 0) if window + 1 == self.dataset.num_windows else (epoch, window + 1)
+
+  def _rows(self, epoch: int, window: int) -> dict[str, np.ndarray]:
+    """The window's rows (from the background packer if it has them), and starts packing
+    the one after."""
+    ahead, self.ahead = self.ahead, None
+    rows = ahead[1].result() if ahead else None  # always waited for: one reader at a time
+    if not ahead or ahead[0] != (epoch, window):
+      rows = self.dataset.rows(epoch, window)
+    following = self._following(epoch, window)
+    self.ahead = following, self.executor.submit(self.dataset.rows, *following)
+    return rows
 
   def __next__(self) -> dict[str, np.ndarray]:
     pieces, need, empty = [], self.dataset.batch_size, 0
@@ -176,10 +195,8 @@ class _PackedStreamIterator(grain.DatasetIterator):
         empty += 1
         if empty > self.dataset.num_windows:
           raise ValueError(f"no training example fits max_len {self.dataset.max_len}")
-        self.window += 1
-        if self.window == self.dataset.num_windows:
-          self.epoch, self.window = self.epoch + 1, 0
-        self.current, self.row = self.dataset.rows(self.epoch, self.window), 0
+        self.epoch, self.window = self._following(self.epoch, self.window)
+        self.current, self.row = self._rows(self.epoch, self.window), 0
         continue
       take = min(need, available)
       pieces.append({k: v[self.row:self.row + take] for k, v in self.current.items()})
