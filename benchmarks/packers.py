@@ -11,7 +11,8 @@ first use. Prints figures; asserts nothing.
 Measured (2-core CPU shared with other jobs, 128 rows x 64 tokens, grain 0.2.18): the
 project's packer 198 batches/s at 92.9% target fill; grain's FirstFit and BestFit 2
 batches/s at 94.4%. grain packs one example at a time in Python; the project places a
-whole epoch's lengths in one pass and writes the rows with vectorised numpy (fill_rows).
+window's lengths (data.window pairs) in one pass and writes the rows with vectorised numpy
+(fill_rows).
 """
 
 import time
@@ -60,7 +61,8 @@ def main(argv):
   size, length, seed = config.train.batch_size, config.data.max_len, config.seed
   print(f"{len(examples):,} pairs; batches of {size} rows x {length} tokens per side")
   measure("project (first fit, 8 open rows)",
-          iter(pipeline.train_batches(examples, seed=seed, batch_size=size, max_len=length)),
+          iter(pipeline.train_batches(examples, seed=seed, batch_size=size, max_len=length,
+                                      window=config.data.window)),
           count)
   for packer in (grain.experimental.FirstFitPackIterDataset,
                  grain.experimental.BestFitPackIterDataset):

@@ -26,6 +26,8 @@ def get_config():
   data.max_len = 64  # training pairs longer than this (in pieces) are dropped; packed row width
   data.pack = True
   data.decode_offset = 10  # decode up to source length + this many pieces
+  data.window = 8192  # training pairs shuffled in and packed at a time (memory: one window)
+  data.cache_dir = ""  # the encoded training corpus goes here; "": next to the tokenizer
 
   # Recipe measured on one H100 (bf16, cuDNN attention): test_2016_flickr sacreBLEU 39.2 with
   # beam 4, α 0.6 and the last 5 checkpoints averaged, after ~5 min of training. High dropout

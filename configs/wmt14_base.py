@@ -27,6 +27,8 @@ def get_config():
   data.max_len = 128  # pieces per side: longer pairs are dropped; the packed row width
   data.pack = True
   data.decode_offset = 50  # the paper decodes up to input length + 50
+  data.window = 8192  # training pairs shuffled in and packed at a time (memory: one window)
+  data.cache_dir = ""  # the encoded training corpus goes here; "": next to the tokenizer
 
   config.model.update(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
                       num_decoder_layers=6, dropout=0.1, max_len=256)

@@ -21,7 +21,7 @@ METRICS_FILE = "metrics.jsonl"
 IDENTITY_SECTIONS = ("data", "task", "model")
 EXECUTION_FIELDS = frozenset({
     "model.dtype", "model.remat", "model.scan_layers", "model.attention.kernel",
-    "model.attention.block_size", "data.dir", "data.tfds_dir"})
+    "model.attention.block_size", "data.dir", "data.tfds_dir", "data.cache_dir"})
 
 
 def _flatten(d, prefix=""):

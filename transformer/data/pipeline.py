@@ -3,6 +3,7 @@
 Batches are dicts of int32 arrays [batch, length] (see transformer/data/__init__.py).
 """
 
+import concurrent.futures
 from collections.abc import Sequence
 
 import grain
@@ -53,86 +54,171 @@ def assign_rows(lengths: np.ndarray, max_len: int, pack: bool):
   return rows, offsets, num_rows
 
 
-def fill_rows(examples: Sequence, rows: np.ndarray, offsets: np.ndarray, num_rows: int,
-              max_len: int) -> dict[str, np.ndarray]:
+def fill_rows(tokens: np.ndarray, starts: np.ndarray, lengths: np.ndarray, rows: np.ndarray,
+              offsets: np.ndarray, num_rows: int, max_len: int) -> dict[str, np.ndarray]:
   """Writes the examples at their (row, offset) into [num_rows, max_len] arrays: tokens,
-  segment ids (1, 2, ... within a row; 0 = padding) and positions restarting per segment."""
+  segment ids (1, 2, ... within a row; 0 = padding) and positions restarting per segment.
+  Example k's side s is tokens[starts[k, s]:][:lengths[k, s]]."""
   order = np.argsort(rows, kind="stable")  # by row, then stream order = offset order
   sorted_rows = rows[order]
   segment = np.empty(len(rows), np.int32)
   segment[order] = np.arange(len(rows)) - np.searchsorted(sorted_rows, sorted_rows) + 1
   out = {}
   for side, key in enumerate(KEYS):
-    seqs = [np.asarray(ex[side], np.int32) for ex in examples]
-    lengths = np.array([len(s) for s in seqs])
-    owner = np.repeat(np.arange(len(seqs)), lengths)
-    within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    length = lengths[:, side]
+    owner = np.repeat(np.arange(len(length)), length)
+    within = np.arange(length.sum()) - np.repeat(np.cumsum(length) - length, length)
     flat = rows[owner] * max_len + offsets[owner, side] + within
-    for name, values in ((key, np.concatenate(seqs)), (f"{key}_segmentation", segment[owner]),
-                         (f"{key}_positions", within)):
+    for name, values in ((key, tokens[starts[owner, side] + within]),
+                         (f"{key}_segmentation", segment[owner]), (f"{key}_positions", within)):
       array = np.zeros(num_rows * max_len, np.int32)
       array[flat] = values
       out[name] = array.reshape(num_rows, max_len)
   return out
 
 
-class EpochBatches(grain.IterDataset):
-  """Endless batches of rows: epoch e shuffles the examples with (seed, e), places them into
-  rows (assign_rows) and yields the rows in order, batch_size at a time; the last partial
-  batch of an epoch is dropped. The iterator's state is (epoch, batch), so restoring it
-  repacks only that epoch."""
+def permute(positions: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 4) -> np.ndarray:
+  """The indices at `positions` of a pseudorandom permutation of range(n) fixed by (seed,
+  epoch): a Feistel network on the smallest even power of two >= n, cycle-walked into
+  range(n). Lazy and vectorised: any slice of an epoch's order in O(slice) time and memory."""
+  half = max(1, ((int(n) - 1).bit_length() + 1) // 2)
+  mask = np.uint64((1 << half) - 1)
+  keys = np.random.default_rng([seed, epoch, n]).integers(0, 1 << 62, rounds, dtype=np.uint64)
+  out = np.asarray(positions, np.uint64).copy()
+  todo = np.arange(len(out))
+  while len(todo):
+    x = out[todo]
+    left, right = x >> np.uint64(half), x & mask
+    for key in keys:
+      z = (right ^ key) * np.uint64(0x9E3779B97F4A7C15)
+      z = (z ^ (z >> np.uint64(31))) * np.uint64(0xBF58476D1CE4E5B9)
+      left, right = right, left ^ ((z ^ (z >> np.uint64(29))) & mask)
+    out[todo] = (left << np.uint64(half)) | right
+    todo = todo[out[todo] >= n]  # outside range(n): walk on along the cycle
+  return out.astype(np.int64)
 
-  def __init__(self, examples: Sequence, *, seed: int, batch_size: int, max_len: int,
-               pack: bool):
+
+class Pairs:
+  """In-memory (source ids, target ids) examples with the random-access `read` of
+  encoded.EncodedCorpus."""
+
+  def __init__(self, examples: Sequence):
+    lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)
+    self.lengths = lengths
+    self.starts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(-1, 2)
+    self.tokens = np.concatenate([np.asarray(x, np.int32) for ex in examples for x in ex]
+                                 or [np.zeros(0, np.int32)])
+
+  def __len__(self) -> int:
+    return len(self.lengths)
+
+  def read(self, indices: np.ndarray):
+    return self.tokens, self.starts[indices], self.lengths[indices]
+
+
+class PackedStream(grain.IterDataset):
+  """Endless batches of rows from a random-access corpus, for one process of several.
+
+  The process reads the examples process_index, process_index + process_count, ... (the
+  processes' parts are disjoint and cover the corpus). Epoch e visits them in the order of
+  permute(., seed, e), `window` at a time: each window's examples that fit max_len are
+  placed into rows (assign_rows) and the rows stream on across windows and epochs, so a
+  batch may span both and no step waits for more than one window's packing. Memory holds
+  one window. The iterator's state is (epoch, window, row): restoring repacks one window.
+  """
+
+  def __init__(self, pairs, *, seed: int, batch_size: int, max_len: int, pack: bool,
+               window: int = 8192, process_index: int = 0, process_count: int = 1):
     super().__init__()
-    self.examples, self.seed, self.batch_size = examples, seed, batch_size
-    self.max_len, self.pack = max_len, pack
-    self.lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)
+    self.pairs, self.seed, self.batch_size = pairs, seed, batch_size
+    self.max_len, self.pack, self.window = max_len, pack, window
+    self.process_index, self.process_count = process_index, process_count
+    self.size = len(range(process_index, len(pairs), process_count))
+    self.num_windows = -(-self.size // window)
+    if not self.size:
+      raise ValueError(f"process {process_index} of {process_count} has no training "
+                       f"examples: the corpus holds {len(pairs)}")
 
-  def epoch(self, epoch: int) -> dict[str, np.ndarray]:
-    order = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
-    rows, offsets, num_rows = assign_rows(self.lengths[order], self.max_len, self.pack)
-    if num_rows < self.batch_size:
-      raise ValueError(f"{len(self.examples)} training examples fill {num_rows} rows, fewer "
-                       f"than one batch of {self.batch_size}")
-    return fill_rows([self.examples[i] for i in order], rows, offsets, num_rows, self.max_len)
+  def indices(self, epoch: int, window: int) -> np.ndarray:
+    """The corpus indices of this process's examples in a window of an epoch."""
+    positions = np.arange(window * self.window, min((window + 1) * self.window, self.size))
+    return self.process_index + permute(positions, self.size, self.seed, epoch
+                                        ) * self.process_count
+
+  def rows(self, epoch: int, window: int) -> dict[str, np.ndarray]:
+    tokens, starts, lengths = self.pairs.read(self.indices(epoch, window))
+    fits = ((lengths > 0) & (lengths <= self.max_len)).all(1)
+    starts, lengths = starts[fits], lengths[fits]
+    rows, offsets, num_rows = assign_rows(lengths, self.max_len, self.pack)
+    return fill_rows(tokens, starts, lengths, rows, offsets, num_rows, self.max_len)
 
   def __iter__(self) -> grain.DatasetIterator:
-    return _EpochBatchesIterator(self)
+    return _PackedStreamIterator(self)
 
 
-class _EpochBatchesIterator(grain.DatasetIterator):
+class _PackedStreamIterator(grain.DatasetIterator):
+  """Packs the next window in a background thread while the current one is consumed (the
+  training step releases the GIL), so a batch rarely waits for packing."""
 
-  def __init__(self, dataset: EpochBatches):
+  def __init__(self, dataset: PackedStream):
     super().__init__()
     self.dataset = dataset
-    self.set_state({"epoch": 0, "batch": 0})
+    self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pack")
+    self.ahead = None  # ((epoch, window), future of its rows)
+    self.set_state({"epoch": 0, "window": 0, "row": 0})
 
   def set_state(self, state):
-    self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
-    self.rows = self.dataset.epoch(self.epoch)
+    if "window" not in state:  # an EpochBatches state (epoch, batch): the epoch's start
+      state = {"epoch": int(state["epoch"]) + 1, "window": 0, "row": 0}
+    self.epoch, self.window, self.row = (int(state[k]) for k in ("epoch", "window", "row"))
+    self.current = self._rows(self.epoch, self.window)
 
   def get_state(self):
-    return {"epoch": self.epoch, "batch": self.batch}
+    return {"epoch": self.epoch, "window": self.window, "row": self.row}
+
+  def _following(self, epoch: int, window: int) -> tuple[int, int]:
+    return (epoch + 1, 0) if window + 1 == self.dataset.num_windows else (epoch, window + 1)
+
+  def _rows(self, epoch: int, window: int) -> dict[str, np.ndarray]:
+    """The window's rows (from the background packer if it has them), and starts packing
+    the one after."""
+    ahead, self.ahead = self.ahead, None
+    rows = ahead[1].result() if ahead else None  # always waited for: one reader at a time
+    if not ahead or ahead[0] != (epoch, window):
+      rows = self.dataset.rows(epoch, window)
+    following = self._following(epoch, window)
+    self.ahead = following, self.executor.submit(self.dataset.rows, *following)
+    return rows
 
   def __next__(self) -> dict[str, np.ndarray]:
-    size = self.dataset.batch_size
-    if (self.batch + 1) * size > len(self.rows["inputs"]):
-      self.set_state({"epoch": self.epoch + 1, "batch": 0})
-    start = self.batch * size
-    self.batch += 1
-    return {k: v[start:start + size] for k, v in self.rows.items()}
+    pieces, need, empty = [], self.dataset.batch_size, 0
+    while need:
+      available = len(self.current["inputs"]) - self.row
+      if not available:
+        empty += 1
+        if empty > self.dataset.num_windows:
+          raise ValueError(f"no training example fits max_len {self.dataset.max_len}")
+        self.epoch, self.window = self._following(self.epoch, self.window)
+        self.current, self.row = self._rows(self.epoch, self.window), 0
+        continue
+      take = min(need, available)
+      pieces.append({k: v[self.row:self.row + take] for k, v in self.current.items()})
+      self.row, need, empty = self.row + take, need - take, 0
+    if len(pieces) == 1:
+      return pieces[0]
+    return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
 
 def train_batches(examples: Sequence, *, seed: int, batch_size: int, max_len: int,
-                  pack: bool = True) -> grain.IterDataset:
-  """Endless training batches from (source ids, target ids) examples that end in EOS.
+                  pack: bool = True, window: int = 8192) -> grain.IterDataset:
+  """Endless training batches from in-memory (source ids, target ids) examples that end in
+  EOS, for this JAX process (see PackedStream).
 
   Examples longer than `max_len` on either side are dropped; each process reads its own
   1/process_count of the examples; every epoch is reshuffled from `seed`. With `pack`,
   several pairs share a row, each with its own segment id and positions restarting at 0;
   otherwise one pair per row, padded. `batch_size` is this process's rows per batch.
   """
-  fits = [ex for ex in examples if 0 < len(ex[0]) <= max_len and 0 < len(ex[1]) <= max_len]
-  mine = fits[jax.process_index()::jax.process_count()]
-  return EpochBatches(mine, seed=seed, batch_size=batch_size, max_len=max_len, pack=pack)
+  return PackedStream(Pairs(examples), seed=seed, batch_size=batch_size, max_len=max_len,
+                      pack=pack, window=window, process_index=jax.process_index(),
+                      process_count=jax.process_count())

@@ -1,12 +1,13 @@
 """Data sources, chosen by `config.data.source`: what the trainer and evaluator read.
 
 A source gives the vocabulary size, an endless stream of training batches (a checkpointable
-grain IterDataset), held-out splits as padded batches (text ones with their raw `references`), and, for text,
-a tokenizer that turns predictions back into sentences. Sources keep no state between calls;
+grain IterDataset), held-out splits as padded batches (text ones with their raw
+`references`), and, for text, a tokenizer that turns predictions back into sentences. Sources keep no state between calls;
 the metrics live in transformer/metrics.py.
 """
 
 import types
+from collections.abc import Iterator
 
 import grain
 import jax
@@ -16,12 +17,14 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.data import pipeline, synthetic, text
+from transformer.data import encoded, pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 TOKENIZER_FILE = "spm.model"
+ENCODED_DIR = "encoded_train"  # the encoded training corpus, under data.cache_dir
+WINDOW = 8192  # training examples packed at a time (data.window)
 
 
 class SyntheticSource:
@@ -90,12 +93,17 @@ _TEXT_RANGES = {"vocab_size": Range(NUM_RESERVED + 2), "max_len": Range(2),
 
 class ParallelTextSource:
   """config.data: source/target files per split under `dir`, a sentencepiece vocabulary
-  trained on the training pairs into the workdir (or `tokenizer`, an existing model)."""
+  trained on a sample of the training pairs into the workdir (or `tokenizer`, an existing
+  model). The training pairs are encoded once into data.cache_dir (default: the tokenizer's
+  directory; encoded.py) and streamed from there, each process reading its own part."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     self.config, self.data = config, config.data
     self.vocab_size = self.data.vocab_size
     self.tokenizer_path = self.data.tokenizer or storage.join(workdir or ".", TOKENIZER_FILE)
+    self.cache_dir = storage.join(self.data.get("cache_dir") or
+                                  str(epath.Path(self.tokenizer_path).parent), ENCODED_DIR)
+    self.corpus: encoded.EncodedCorpus | None = None
     self.tokenizer: Tokenizer | None = None
     try:
       check_ranges(types.SimpleNamespace(**{k: self.data[k] for k in _TEXT_RANGES}),
@@ -123,10 +131,19 @@ class ParallelTextSource:
   def pairs(self, split: str) -> list[tuple[str, str]]:
     return text.read_parallel(self.path(split, "source"), self.path(split, "target"))
 
+  def train_pairs(self) -> Iterator[tuple[str, str]]:
+    """The training pairs, streamed."""
+    return text.iter_parallel(self.path("train", "source"), self.path("train", "target"))
+
+  def corpus_identity(self) -> list[dict]:
+    """What the encoded training corpus depends on, besides the tokenizer."""
+    return [encoded.file_identity(self.path("train", side)) for side in ("source", "target")]
+
   def prepare(self) -> None:
-    """Loads the tokenizer, training it on the training pairs first if it does not exist."""
+    """Loads the tokenizer, training it on a sample of the training pairs first if it does
+    not exist."""
     if not epath.Path(self.tokenizer_path).exists() and jax.process_index() == 0:
-      train_tokenizer((s for pair in self.pairs("train") for s in pair), self.tokenizer_path,
+      train_tokenizer((s for pair in self.train_pairs() for s in pair), self.tokenizer_path,
                       self.vocab_size, self.data.tokenizer_type)
     if jax.process_count() > 1:  # the others wait for process 0's tokenizer
       multihost_utils.sync_global_devices("tokenizer")
@@ -145,11 +162,35 @@ class ParallelTextSource:
     """A label per token id: its sentencepiece piece."""
     return [self.tokenizer.sp.id_to_piece(i) for i in np.asarray(ids).tolist()]
 
-  def train_batches(self) -> grain.IterDataset:
-    examples = self._encode(self.pairs("train"))
-    return pipeline.train_batches(examples, seed=self.config.seed,
-                                  batch_size=self.config.train.batch_size // jax.process_count(),
-                                  max_len=self.data.max_len, pack=self.data.pack)
+  def encoded_corpus(self) -> encoded.EncodedCorpus:
+    """The encoded training corpus, encoded first (by all processes) if the cache is
+    missing, stale or damaged."""
+    if self.corpus is None:
+      key = encoded.make_key(epath.Path(self.tokenizer_path).read_bytes(),
+                             self.corpus_identity())
+      manifest = encoded.check(self.cache_dir, key)
+      if jax.process_count() > 1:  # no process rebuilds while another still checks
+        multihost_utils.sync_global_devices("encoded_check")
+      if manifest is None:
+        manifest = encoded.build(
+            self.cache_dir, key, self.train_pairs(), self.tokenizer.encode_batch,
+            self.vocab_size, jax.process_index(), jax.process_count(),
+            barrier=multihost_utils.sync_global_devices if jax.process_count() > 1
+            else lambda name: None)
+      self.corpus = encoded.EncodedCorpus(self.cache_dir, manifest)
+    return self.corpus
+
+  def train_batches(self, process_index: int | None = None,
+                    process_count: int | None = None) -> grain.IterDataset:
+    """Endless packed batches of this process's part of the training pairs (another
+    process's with explicit process_index/process_count)."""
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    return pipeline.PackedStream(
+        self.encoded_corpus(), seed=self.config.seed,
+        batch_size=self.config.train.batch_size // process_count, max_len=self.data.max_len,
+        pack=self.data.pack, window=self.data.get("window", WINDOW),
+        process_index=process_index, process_count=process_count)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """The first num_examples pairs (0: config.eval.num_examples; 0 there: all) of the
@@ -208,9 +249,26 @@ class TfdsSource(ParallelTextSource):
     return [split for split in ("valid", "test") if self.data.get(f"{split}_split")]
 
   def pairs(self, split: str) -> list[tuple[str, str]]:
+    return list(self._stream(split))
+
+  def train_pairs(self) -> Iterator[tuple[str, str]]:
+    return self._stream("train")
+
+  def _stream(self, split: str, chunk: int = 4096) -> Iterator[tuple[str, str]]:
+    """The pairs of a split in record order, read `chunk` records at a time."""
     text_of = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)  # noqa: E731
     src, tgt = self.data.source_lang, self.data.target_lang
-    return [(text_of(ex[src]), text_of(ex[tgt])) for ex in self._data_source(split)]
+    source = self._data_source(split)
+    for start in range(0, len(source), chunk):
+      for ex in source.__getitems__(range(start, min(start + chunk, len(source)))):
+        yield text_of(ex[src]), text_of(ex[tgt])
+
+  def corpus_identity(self) -> list[dict]:
+    source = self._data_source("train")
+    return [{"tfds_name": self.data.tfds_name, "split": self.data.train_split,
+             "tfds_dir": storage.absolute(self.data.tfds_dir) if self.data.tfds_dir else "",
+             "version": str(source.dataset_info.version), "records": len(source),
+             "languages": [self.data.source_lang, self.data.target_lang]}]
 
 
 SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource}

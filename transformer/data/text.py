@@ -3,6 +3,8 @@ plain or gzip, local or a URL. Bad input fails with a ConfigError naming the fil
 
 import contextlib
 import gzip
+import itertools
+from collections.abc import Iterator
 
 from etils import epath
 
@@ -11,20 +13,23 @@ from transformer.registry import ConfigError
 
 def read_lines(path: str) -> list[str]:
   """The lines of a UTF-8 text file (.gz is decompressed), without line endings."""
+  return list(iter_lines(path))
+
+
+def iter_lines(path: str) -> Iterator[str]:
+  """The lines of a UTF-8 text file (.gz is decompressed), without line endings, streamed."""
   if not epath.Path(path).is_file():
     raise ConfigError(f"corpus file not found: {path}")
-  lines = []
   try:
     with _open(path) as f:
       for number, raw in enumerate(f, start=1):
         try:
-          lines.append(raw.decode("utf-8").rstrip("\r\n"))
+          yield raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as e:
           raise ConfigError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})"
                             ) from None
   except (OSError, EOFError) as e:  # e.g. a truncated or non-gzip .gz
     raise ConfigError(f"cannot read {path}: {e}") from None
-  return lines
 
 
 @contextlib.contextmanager
@@ -48,3 +53,21 @@ def read_parallel(source_path: str, target_path: str) -> list[tuple[str, str]]:
     raise ConfigError(f"empty corpus: no non-empty sentence pair in {source_path} and "
                       f"{target_path}")
   return list(zip(sources, targets))
+
+
+def iter_parallel(source_path: str, target_path: str) -> Iterator[tuple[str, str]]:
+  """read_parallel's pairs streamed, in constant memory; the same errors, raised when met."""
+  sources, targets = iter_lines(source_path), iter_lines(target_path)
+  count, nonempty = 0, False
+  for source, target in itertools.zip_longest(sources, targets):
+    if source is None or target is None:
+      longer, shorter = (source_path, target_path) if target is None else (target_path,
+                                                                           source_path)
+      raise ConfigError(f"{longer} has more lines than {shorter} ({count}); parallel files "
+                        f"must align line by line")
+    count += 1
+    nonempty = nonempty or bool(source.strip() and target.strip())
+    yield source, target
+  if not nonempty:
+    raise ConfigError(f"empty corpus: no non-empty sentence pair in {source_path} and "
+                      f"{target_path}")
