@@ -2,8 +2,8 @@
 
 A source gives the vocabulary size, an endless stream of training batches (a checkpointable
 grain IterDataset), held-out splits as padded batches (text ones with their raw
-`references`), and, for text, a tokenizer that turns predictions back into sentences. Sources keep no state between calls;
-the metrics live in transformer/metrics.py.
+`references`), and, for text, a tokenizer that turns predictions back into sentences. No
+results of earlier calls are kept; the metrics live in transformer/metrics.py.
 """
 
 import types
