@@ -29,6 +29,8 @@ class SyntheticSource:
   """config.task: reverse/copy/sort of random strings, generated from the seed."""
 
   tokenizer = None
+  archs = ("encoder_decoder",)  # the model families (model.ARCHS) that learn this data
+  num_classes, pooled = 0, False  # an encoder's outputs; a label per sequence
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     task = config.task.to_dict()
@@ -102,6 +104,9 @@ _TEXT_RANGES = {"vocab_size": Range(NUM_RESERVED + 2), "max_len": Range(2),
 class ParallelTextSource:
   """config.data: source/target files per split under `dir`, a sentencepiece vocabulary
   trained on the training pairs into the workdir (or `tokenizer`, an existing model)."""
+
+  archs = ("encoder_decoder",)
+  num_classes, pooled = 0, False
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     self.config, self.data = config, config.data
