@@ -130,3 +130,22 @@ def _loss_head_bwd(label_smoothing, chunks, grads, cotangent):
 
 
 loss_head_metrics.defvjp(_loss_head_fwd, _loss_head_bwd)
+
+
+def macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: np.ndarray,
+             num_classes: int) -> float:
+  """The mean over classes of F1 = 2·TP / (2·TP + FP + FN), counting the positions where
+  weights > 0; a class that neither occurs nor is predicted is left out of the mean."""
+  p, t = predictions[weights > 0], labels[weights > 0]
+  scores = []
+  for c in range(num_classes):
+    tp, fp, fn = np.sum((p == c) & (t == c)), np.sum((p == c) & (t != c)), np.sum((p != c) & (t == c))
+    if tp + fp + fn:
+      scores.append(2 * tp / (2 * tp + fp + fn))
+  return float(np.mean(scores)) if scores else 0.0
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """−log p(target) per position: logits [b, t, V], targets [b, t] -> [b, t] (float32)."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]

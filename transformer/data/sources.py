@@ -16,7 +16,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.data import pipeline, synthetic, text
+from transformer.data import labelled, pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.metrics import exact_matches
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
@@ -240,7 +240,8 @@ class TfdsSource(ParallelTextSource):
     return [(text_of(ex[src]), text_of(ex[tgt])) for ex in self._data_source(split)]
 
 
-SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource}
+SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource,
+           "labelled": labelled.LabelledSource}
 
 
 def make_source(config: ml_collections.ConfigDict, workdir: str | None = None):
