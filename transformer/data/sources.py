@@ -16,7 +16,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.data import labelled, pipeline, synthetic, text
+from transformer.data import labelled, lm, pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.metrics import exact_matches
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
@@ -241,7 +241,7 @@ class TfdsSource(ParallelTextSource):
 
 
 SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource,
-           "labelled": labelled.LabelledSource}
+           "labelled": labelled.LabelledSource, "lm": lm.LanguageModelSource}
 
 
 def make_source(config: ml_collections.ConfigDict, workdir: str | None = None):
