@@ -168,7 +168,8 @@ def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
     lengths: [b] prompt lengths.
     max_len: tokens in each output row, prompt included (the cache size).
   Returns:
-    tokens [b, max_len]: the prompt, then the greedy continuation; and the logits
+    tokens [b, max_len]: the prompt, then the greedy continuation (never PAD, which is
+    no language model's target); and the logits
     [b, max_len - 1, vocab] with which each position's successor was predicted.
   """
   b = prompts.shape[0]
@@ -183,7 +184,7 @@ def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
     m = nnx.merge(graphdef, cache, rest)
     token = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)
     logits = m.decode_step(token, t)[:, 0]
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = jnp.argmax(logits.at[:, PAD_ID].set(NEG_INF), axis=-1).astype(jnp.int32)
     forced = jax.lax.dynamic_index_in_dim(prompts, t + 1, axis=1, keepdims=False)
     nxt = jnp.where(t + 1 < lengths, forced, greedy)
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], t + 1, axis=1)

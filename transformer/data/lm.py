@@ -149,16 +149,16 @@ def encode_documents(tokenizer: Tokenizer, documents: list[str]) -> np.ndarray:
   return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
 
-def window_batch(stream: np.ndarray, starts, length: int, scored_from=None) -> dict:
-  """Rows inputs = stream[s : s + length], targets = stream[s + 1 : s + length + 1] (cut at
-  the stream's end and padded); targets_segmentation is 0 where a target is not scored
-  (before scored_from[i] within row i, or padding)."""
+def window_batch(stream: np.ndarray, starts, length: int, ends=None, scored_from=None) -> dict:
+  """Rows inputs = stream[s : e], targets = stream[s + 1 : e + 1] for each start s, with
+  e = min(s + length, ends[i], the stream's end), padded to `length`; targets_segmentation
+  is 0 where a target is not scored (before scored_from[i] within row i, or padding)."""
   n = len(starts)
   out = {k: np.zeros((n, length), np.int32) for k in (
       "inputs", "targets", "inputs_positions", "inputs_segmentation", "targets_positions",
       "targets_segmentation")}
   for i, s in enumerate(starts):
-    m = min(length, len(stream) - 1 - s)
+    m = min(length, len(stream) - 1 - s, length if ends is None else ends[i] - s)
     out["inputs"][i, :m], out["targets"][i, :m] = stream[s:s + m], stream[s + 1:s + m + 1]
     out["inputs_positions"][i, :m] = out["targets_positions"][i, :m] = np.arange(m)
     out["inputs_segmentation"][i, :m] = 1
@@ -237,10 +237,10 @@ class LanguageModelSource:
     for w in lengths:
       splits[f"len{w}"] = window_batch(stream, range(0, total, w), w)
     for w in lengths[1:] if self.data.sliding else []:
-      ends = range(step, total + 1, step)
+      ends = list(range(step, total + 1, step))
       starts = [max(0, e - w) for e in ends]
-      splits[f"len{w}_sliding"] = window_batch(stream, starts, w, [e - step - s for e, s in
-                                                                  zip(ends, starts)])
+      splits[f"len{w}_sliding"] = window_batch(stream, starts, w, ends,
+                                               [e - step - s for e, s in zip(ends, starts)])
     return splits
 
   def file_split(self, source_path: str, reference_path: str):
