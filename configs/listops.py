@@ -25,7 +25,7 @@ def get_config(arg: str = ""):
       heldout_modulus=10))
   config.model.update(arch="encoder", pooling="cls", d_model=64, num_heads=4, d_ff=128,
                       num_encoder_layers=2, max_len=64, dropout=0.0)
-  config.train.update(batch_size=32, num_steps=3000, learning_rate=0.5, warmup_steps=300,
+  config.train.update(batch_size=32, num_steps=3000, learning_rate=0.25, warmup_steps=300,
                       label_smoothing=0.0, eval_every=1000, loss_chunks=1)
   config.eval.update(num_examples=1000, batch_size=250)
   if arg == "lra":
