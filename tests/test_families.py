@@ -250,3 +250,30 @@ def test_a_tiny_encoder_learns_each_task(tmp_path, task, pooling, chance):
   final = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   valid = [r for r in final if r["split"] == "valid"][-1]
   assert valid["accuracy"] > chance + 0.3 and valid["macro_f1"] > 0.5, valid
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder"])
+def test_pictures_of_each_family(tmp_path, arch):
+  from transformer import pictures  # noqa: PLC0415 - matplotlib only here
+  model = _model(arch, "alibi")
+  task = labelled.Duplicates(num_symbols=16)
+  encoded = [np.array([3, 4, 5, 3], np.int32), np.array([6, 7], np.int32)]
+  paths = pictures.draw_self_attention(model, task, ["0 1 2 0", "3 4"], encoded, str(tmp_path))
+  assert [p.rsplit("/", 1)[1] for p in paths] == [f"attention_{i}_{arch}.png" for i in (0, 1)]
+  weights = pictures.attention_weights(model, {"inputs": np.stack([encoded[0]])})
+  assert list(weights) == [arch] and weights[arch][0].shape == (1, 2, 4, 4)
+  if arch == "decoder":  # causal: nothing above the diagonal
+    assert np.allclose(np.triu(weights[arch][0][0, 0], 1), 0)
+  assert pictures.draw_positions(model, 16, str(tmp_path / "positions.png"))
+
+
+def test_sweep_plots_perplexity_by_length(tmp_path):
+  from transformer import pictures, sweep  # noqa: PLC0415
+  run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
+                                      "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
+                       for w in (64, 128) for s in ("", "_sliding")}
+  base = make_tiny_config()
+  base.data = dict(source="lm", max_len=64)
+  sweep._plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
+                                                          "rotary": [run(2.0)]}, base)
+  assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()

@@ -327,6 +327,10 @@ class Transformer(nnx.Module):
     """The output projection of features(): see Embeddings.projection."""
     return self.embeddings.projection(dtype)
 
+  def stacks(self) -> dict[str, Stack]:
+    """The model's stacks by name (pictures draw each)."""
+    return {"encoder": self.encoder, "decoder": self.decoder}
+
   # ------------------------------------------------------------------ incremental decoding
 
   def init_decoding(self, encoded, inputs_positions, max_len: int) -> None:
@@ -409,6 +413,9 @@ class EncoderOnly(nnx.Module):
   def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
     return self.head.kernel[...].T.astype(dtype), self.head.bias[...].astype(dtype)
 
+  def stacks(self) -> dict[str, Stack]:
+    return {"encoder": self.encoder}
+
   def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Class logits [b, t, num_classes] (float32) at every token."""
     return self.head(self.features(batch, rngs=rngs)).astype(jnp.float32)
@@ -430,6 +437,9 @@ class DecoderOnly(nnx.Module):
 
   def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
     return self.embeddings.projection(dtype)
+
+  def stacks(self) -> dict[str, Stack]:
+    return {"decoder": self.decoder}
 
   def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Next-token logits [b, t, vocab] (float32)."""
