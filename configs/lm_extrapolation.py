@@ -31,7 +31,7 @@ def get_config():
   config.model.update(arch="decoder", d_model=128, num_heads=4, d_ff=512,
                       num_decoder_layers=2, max_len=512, dropout=0.0, norm="pre",
                       position="alibi")
-  config.train.update(batch_size=32, num_steps=1000, learning_rate=1.0, warmup_steps=200,
+  config.train.update(batch_size=32, num_steps=800, learning_rate=1.0, warmup_steps=200,
                       label_smoothing=0.0, eval_every=0, log_every=100, loss_chunks=4)
   config.eval.update(num_examples=16, batch_size=32)
   return config

@@ -13,7 +13,7 @@ from etils import epath
 from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, storage, workdir as workdir_lib
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding import beam_search, generate, greedy_decode
 from transformer.metrics import exact_matches, token_metrics, token_nll
 from transformer.registry import ConfigError, Interrupted, RunError
 
@@ -210,6 +210,25 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
     raise RunError(f"cannot write the metrics to {output}: {e.strerror}; the results were: "
                    f"{json.dumps(results)}") from None
   return step, results, output
+
+
+def continue_prompts(run: Run, prompts: list[str], num_tokens: int) -> list[str]:
+  """A decoder-only run's KV-cached greedy continuation of each prompt by num_tokens tokens,
+  as text (prompt included)."""
+  exp = run.experiment
+  if exp.model.arch != "decoder":
+    raise ConfigError(f"--generate needs a language model (model.arch='decoder'); this run's "
+                      f"is {exp.model.arch!r}")
+  encoded = [exp.source.encode(p) for p in prompts]
+  lengths = np.array([len(e) for e in encoded], np.int32)
+  padded = np.zeros((len(encoded), lengths.max()), np.int32)
+  for row, e in enumerate(encoded):
+    padded[row, :len(e)] = e
+  max_len = int(lengths.max()) + num_tokens
+  experiment.check_length(exp.model, max_len, "--generate")
+  model = nnx.merge(exp.graphdef, run.params)
+  tokens, _ = nnx.jit(generate, static_argnums=3)(model, padded, lengths, max_len)
+  return [exp.source.decode(row[:n + num_tokens]) for row, n in zip(np.asarray(tokens), lengths)]
 
 
 def format_table(results: dict[str, dict]) -> str:

@@ -257,6 +257,17 @@ class LanguageModelSource:
   def pieces(self, ids) -> list[str]:
     return [self.tokenizer.sp.id_to_piece(i) for i in np.asarray(ids).tolist()]
 
+  def decode(self, ids) -> str:
+    """Text of token ids: EOS ends a line; BOS and padding are dropped."""
+    lines, line = [], []
+    for i in np.asarray(ids).tolist():
+      if i == EOS_ID:
+        lines.append(self.tokenizer.sp.decode(line))
+        line = []
+      elif i not in (BOS_ID, 0):
+        line.append(i)
+    return "\n".join(lines + [self.tokenizer.sp.decode(line)])
+
   def split_metrics(self, split_name: str, split: dict[str, np.ndarray],
                     outputs: dict[str, np.ndarray]) -> dict:
     """Perplexity, bits per token, the window length, and the mean loss by position
