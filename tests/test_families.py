@@ -277,3 +277,37 @@ def test_sweep_plots_perplexity_by_length(tmp_path):
   sweep._plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
                                                           "rotary": [run(2.0)]}, base)
   assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()
+
+
+def listops_config(**overrides):
+  """A tiny ListOps encoder (mean pooling) that trains in seconds."""
+  config = make_tiny_config(**{"model.dropout": 0.0, "train.num_steps": 10, "train.log_every": 5,
+                               **overrides})
+  config.data.source = "labelled"
+  config.task = dict(name="listops", min_len=5, max_len=16, max_depth=3, max_args=3)
+  config.model.update(arch="encoder", pooling="mean")
+  return config
+
+
+SHARDED_RUN = """
+import json, sys
+from tests.test_families import listops_config
+from transformer.training import train_and_evaluate
+train_and_evaluate(listops_config(**json.loads(sys.argv[2])), sys.argv[1])
+"""
+
+
+def test_sharded_encoder_run_matches_one_device(tmp_path):
+  import os, subprocess, sys  # noqa: E401, PLC0415
+  single, sharded = str(tmp_path / "single"), str(tmp_path / "sharded")
+  training.train_and_evaluate(listops_config(), single)
+  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "JAX_PLATFORMS": "cpu"}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded, json.dumps(mesh)], cwd=root,
+                        env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  losses = lambda w: [r["loss"] for r in map(json.loads, open(f"{w}/metrics.jsonl"))  # noqa: E731
+                      if r["split"] == "train"]
+  np.testing.assert_allclose(losses(sharded), losses(single), rtol=1e-5)
