@@ -311,3 +311,13 @@ def test_sharded_encoder_run_matches_one_device(tmp_path):
   losses = lambda w: [r["loss"] for r in map(json.loads, open(f"{w}/metrics.jsonl"))  # noqa: E731
                       if r["split"] == "train"]
   np.testing.assert_allclose(losses(sharded), losses(single), rtol=1e-5)
+
+
+def test_lra_sized_listops_config_builds():
+  from configs import listops  # noqa: PLC0415
+  config = listops.get_config("lra")
+  exp = experiment.build(config)
+  assert (exp.source.task.max_len, exp.model.num_encoder_layers, exp.model.pooling) == (
+      2000, 4, "mean")
+  with pytest.raises(ValueError, match="takes '' or 'lra'"):
+    listops.get_config("big")
