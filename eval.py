@@ -14,6 +14,7 @@ positional encoding, into --plot_dir (default DIR/plots), from the same paramete
 metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
+  python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics  # an LM
 """
 
 import os
@@ -22,7 +23,8 @@ import sys
 from absl import app, flags
 
 from transformer import cli, pictures
-from transformer.evaluation import evaluate_run, format_table, output_path, restore_run
+from transformer.evaluation import (continue_prompts, evaluate_run, format_table, output_path,
+                                    restore_run)
 from transformer.registry import Interrupted
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
@@ -39,6 +41,8 @@ flags.DEFINE_multi_string("sentence", [], "Draw attention maps for this input (r
                           "source text, or for synthetic tasks symbols such as '3 1 4'.")
 flags.DEFINE_string("plot_dir", None, "Where pictures go (default DIR/plots); given without "
                     "--sentence, only the positional-encoding heatmap.")
+flags.DEFINE_integer("generate", 0, "Language models: continue each --sentence by this many "
+                     "tokens (KV-cached greedy) and print it.")
 flags.DEFINE_bool("metrics", True, "Evaluate the held-out splits; --nometrics only draws.")
 flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
@@ -67,6 +71,8 @@ def main(argv):
         print(f"step {step}")
         print(format_table(results))
         print(f"metrics written to {path}")
+      for text in continue_prompts(run, f.sentence, f.generate) if f.generate else []:
+        print(f"--- generated:\n{text}")
       if f.sentence or f.plot_dir:
         paths = pictures.draw(run, f.sentence, plot_dir)
         print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")

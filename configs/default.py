@@ -33,6 +33,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Model (transformer/model.py: ModelConfig, AttentionConfig).
   config.model = ml_collections.ConfigDict()
+  # encoder_decoder (seq2seq) | encoder (classification, labelling) | decoder (causal LM);
+  # the data source says which it needs.
+  config.model.arch = "encoder_decoder"
+  config.model.pooling = "none"  # encoder: none (a label per token) | cls | mean (per sequence)
   config.model.d_model = 64
   config.model.num_heads = 4
   config.model.d_ff = 256

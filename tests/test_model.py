@@ -139,10 +139,14 @@ def test_every_config_file_builds(path):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config()
-  # Text sources need their corpus to be constructed; the model needs only the vocab size.
-  vocab_size = (sources.SyntheticSource(config).vocab_size if config.data.source == "synthetic"
-                else config.data.vocab_size)
-  model = nnx.eval_shape(lambda: experiment.build_model(config, vocab_size, 0))
+  # Text sources need their corpus to be constructed; the model needs only the vocab size
+  # (and an encoder the number of classes, which generated data gives).
+  if config.data.source in ("synthetic", "labelled"):
+    source = sources.make_source(config)
+    vocab_size, num_classes = source.vocab_size, source.num_classes
+  else:
+    vocab_size, num_classes = config.data.vocab_size, 0
+  model = nnx.eval_shape(lambda: experiment.build_model(config, vocab_size, 0, num_classes))
   assert model.cfg.vocab_size == vocab_size
 
 

@@ -156,3 +156,42 @@ def beam_search(model: Transformer, batch: dict[str, jax.Array], max_len: int,
   alive_scores = s["alive_logp"][:, 0] / length_penalty(jnp.asarray(max_len), alpha)
   tokens = jnp.where(has_finished[:, None], s["finished_seqs"][:, 0], s["alive_seqs"][:, 0])
   return tokens, jnp.where(has_finished, s["finished_scores"][:, 0], alive_scores)
+
+
+def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
+             ) -> tuple[jax.Array, jax.Array]:
+  """KV-cached greedy continuation of prompts by a decoder-only model (model.DecoderOnly).
+
+  Args:
+    model: the language model (run deterministically).
+    prompts: [b, p] token ids; row i's prompt is its first lengths[i] ≥ 1 tokens.
+    lengths: [b] prompt lengths.
+    max_len: tokens in each output row, prompt included (the cache size).
+  Returns:
+    tokens [b, max_len]: the prompt, then the greedy continuation (never PAD, which is
+    no language model's target); and the logits
+    [b, max_len - 1, vocab] with which each position's successor was predicted.
+  """
+  b = prompts.shape[0]
+  model = nnx.clone(model)  # the caches go on a copy
+  model.init_decoding(b, max_len)
+  graphdef, cache, rest = nnx.split(model, nnx.Cache, ...)
+  prompts = jnp.pad(prompts, ((0, 0), (0, max_len - prompts.shape[1])))
+  tokens = jnp.where(jnp.arange(max_len)[None] < lengths[:, None], prompts, PAD_ID)
+
+  def step(t, state):
+    tokens, all_logits, cache = state
+    m = nnx.merge(graphdef, cache, rest)
+    token = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)
+    logits = m.decode_step(token, t)[:, 0]
+    greedy = jnp.argmax(logits.at[:, PAD_ID].set(NEG_INF), axis=-1).astype(jnp.int32)
+    forced = jax.lax.dynamic_index_in_dim(prompts, t + 1, axis=1, keepdims=False)
+    nxt = jnp.where(t + 1 < lengths, forced, greedy)
+    tokens = jax.lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], t + 1, axis=1)
+    all_logits = jax.lax.dynamic_update_slice_in_dim(all_logits, logits[:, None], t, axis=1)
+    return tokens, all_logits, nnx.state(m, nnx.Cache)
+
+  vocab = model.cfg.vocab_size
+  state = (tokens, jnp.zeros((b, max_len - 1, vocab), jnp.float32), cache)
+  tokens, logits, _ = jax.lax.fori_loop(0, max_len - 1, step, state)
+  return tokens, logits

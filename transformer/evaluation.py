@@ -1,4 +1,6 @@
-"""Held-out evaluation: teacher-forced loss and token accuracy, decoding metrics."""
+"""Held-out evaluation: teacher-forced loss and token accuracy, decoding metrics; for data
+that is scored, not decoded (encoder labels, language modelling), each scored position's
+prediction and loss handed to the source's own metrics."""
 
 import dataclasses
 import functools
@@ -11,8 +13,9 @@ from etils import epath
 from flax import nnx
 
 from transformer import checkpoint, experiment, sharding, storage, workdir as workdir_lib
-from transformer.decoding import beam_search, greedy_decode
-from transformer.metrics import exact_match_by_length, exact_matches, text_scores, token_metrics
+from transformer.decoding import beam_search, generate, greedy_decode
+from transformer.metrics import (exact_match_by_length, exact_matches, text_scores,
+                                 token_metrics, token_nll)
 from transformer.registry import ConfigError, Interrupted, RunError
 
 log = logging.getLogger("transformer")
@@ -39,7 +42,12 @@ class Evaluator:
         return greedy_decode(model, batch, max_len)
       return beam_search(model, batch, max_len, beam_size, alpha)[0]
 
-    self._score, self._predict = score, predict
+    @jax.jit
+    def tokenwise(params, batch):
+      logits = nnx.merge(graphdef, params)(batch)
+      return jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
+
+    self._score, self._predict, self._tokenwise = score, predict, tokenwise
 
   def _batches(self, split: dict):
     """The split's arrays (not its `references`) in padded batches of batch_size rows."""
@@ -60,12 +68,11 @@ class Evaluator:
   def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int,
                      should_stop=lambda: False):
     """Returns (metrics, predictions [n, decode_len]) for one split; raises Interrupted
-    between batches once should_stop() is true."""
-    totals: dict[str, float] = {}
-    for batch in self._batches(split):
-      _check_stop(should_stop)
-      for k, v in jax.device_get(self._score(params, batch)).items():
-        totals[k] = totals.get(k, 0.0) + float(v)
+    between batches once should_stop() is true. decode_len None: no decoding; the
+    predictions are the argmax of the teacher-forced logits (see score_split)."""
+    if decode_len is None:
+      return self.score_split(params, split, should_stop)
+    totals = self._totals(params, split, should_stop)
     predictions = self.predict(params, split, decode_len, should_stop)
     metrics = {"loss": totals["nll"] / totals["tokens"],
                "accuracy": totals["correct"] / totals["tokens"],
@@ -73,15 +80,46 @@ class Evaluator:
                "examples": len(split["inputs"])}
     return metrics, predictions
 
+  def _totals(self, params, split, should_stop) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for batch in self._batches(split):
+      _check_stop(should_stop)
+      for k, v in jax.device_get(self._score(params, batch)).items():
+        totals[k] = totals.get(k, 0.0) + float(v)
+    return totals
+
+  def score_split(self, params, split: dict[str, np.ndarray], should_stop=lambda: False):
+    """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
+    accuracy over the weighted targets, and outputs {"predictions", "nll"} [n, t] (the
+    argmax and −log p(target) at every position)."""
+    totals = self._totals(params, split, should_stop)
+    outputs = {"predictions": [], "nll": []}
+    for batch in self._batches(split):
+      _check_stop(should_stop)
+      for key, value in zip(outputs, jax.device_get(self._tokenwise(params, batch))):
+        outputs[key].append(np.asarray(value))
+    n = len(split["inputs"])
+    outputs = {k: np.concatenate(v)[:n] for k, v in outputs.items()}
+    metrics = {"loss": totals["nll"] / max(totals["tokens"], 1.0),
+               "accuracy": totals["correct"] / max(totals["tokens"], 1.0), "examples": n}
+    return metrics, outputs
+
   def evaluate(self, params, splits, source, should_stop=lambda: False):
     """Metrics of every split and the detokenized hypotheses per split (None without
-    text). A split with `references` is scored by BLEU and chrF of the source's tokenizer's
-    detokenized predictions; one without, by exact match per input length. Raises
-    Interrupted once should_stop() is true."""
+    text). A source that is scored, not decoded (decode_len None: labelling, language
+    modelling), adds its metrics of the outputs (source.split_metrics). A decoded split
+    with `references` is scored by BLEU and chrF of the source's tokenizer's detokenized
+    predictions; one without, by exact match per input length. Raises Interrupted once
+    should_stop() is true."""
     results, hypotheses = {}, {}
     for name, split in splits.items():
-      metrics, predictions = self.evaluate_split(params, split, source.decode_len(split),
-                                                 should_stop)
+      decode_len = source.decode_len(split)
+      if decode_len is None:  # scored, not decoded: the source's metrics of the outputs
+        metrics, outputs = self.score_split(params, split, should_stop)
+        results[name], hypotheses[name] = {**metrics, **source.split_metrics(
+            name, split, outputs)}, None
+        continue
+      metrics, predictions = self.evaluate_split(params, split, decode_len, should_stop)
       hypotheses[name] = None
       if "references" in split:
         hypotheses[name] = [source.tokenizer.decode(row) for row in predictions]
@@ -134,7 +172,7 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
 def check_split_lengths(exp: experiment.Experiment, splits: dict) -> None:
   """A ConfigError if a held-out split has sequences the positional encoding cannot encode."""
   for name, split in splits.items():
-    length = max(split["inputs"].shape[1], exp.source.decode_len(split))
+    length = max(split["inputs"].shape[1], exp.source.decode_len(split) or 0)
     experiment.check_length(exp.model, length, f"the {name} split")
 
 
@@ -188,11 +226,34 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
   return step, results, output
 
 
+def continue_prompts(run: Run, prompts: list[str], num_tokens: int) -> list[str]:
+  """A decoder-only run's KV-cached greedy continuation of each prompt by num_tokens tokens,
+  as text (prompt included)."""
+  exp = run.experiment
+  if exp.model.arch != "decoder":
+    raise ConfigError(f"--generate needs a language model (model.arch='decoder'); this run's "
+                      f"is {exp.model.arch!r}")
+  encoded = [exp.source.encode(p) for p in prompts]
+  lengths = np.array([len(e) for e in encoded], np.int32)
+  padded = np.zeros((len(encoded), lengths.max()), np.int32)
+  for row, e in enumerate(encoded):
+    padded[row, :len(e)] = e
+  max_len = int(lengths.max()) + num_tokens
+  experiment.check_length(exp.model, max_len, "--generate")
+  model = nnx.merge(exp.graphdef, run.params)
+  tokens, _ = nnx.jit(generate, static_argnums=3)(model, padded, lengths, max_len)
+  return [exp.source.decode(row[:n + num_tokens]) for row, n in zip(np.asarray(tokens), lengths)]
+
+
 def format_table(results: dict[str, dict]) -> str:
-  columns = [c for c in ("loss", "accuracy", "exact_match", "bleu", "chrf")
+  columns = [c for c in ("loss", "accuracy", "exact_match", "bleu", "chrf", "macro_f1",
+                          "perplexity", "bits_per_token")
              if any(c in m for m in results.values())]
-  rows = [f"{'split':<10}{'examples':>10}" + "".join(f"{c:>13}" for c in columns)]
+  width = max(10, *(len(name) + 1 for name in results))
+  w = {c: max(13, len(c) + 2) for c in columns}
+  rows = [f"{'split':<{width}}{'examples':>10}" + "".join(f"{c:>{w[c]}}" for c in columns)]
   for name, m in results.items():
-    rows.append(f"{name:<10}{m['examples']:>10d}" + "".join(f"{m[c]:>13.4f}" for c in columns))
+    rows.append(f"{name:<{width}}{m['examples']:>10d}" + "".join(
+        f"{m[c]:>{w[c]}.4f}" if c in m else " " * w[c] for c in columns))
   signatures = {m["bleu_signature"] for m in results.values() if "bleu_signature" in m}
   return "\n".join(rows + [f"sacreBLEU signature: {s}" for s in signatures])

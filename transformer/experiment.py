@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 from transformer import optim, sharding
 from transformer.data import sources
 from transformer.kernels import KERNELS
-from transformer.model import ModelConfig, Transformer
+from transformer.model import ModelConfig, make_model
 from transformer.positions import make_positional_encoding
 from transformer.registry import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, ConfigError,
                                   check_ranges, dataclass_from)
@@ -77,12 +77,13 @@ def train_config(config: ml_collections.ConfigDict) -> TrainConfig:
   return dataclass_from(TrainConfig, config.train.to_dict(), "train")
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
+def model_config(config: ml_collections.ConfigDict, vocab_size: int,
+                 num_classes: int = 0) -> ModelConfig:
   """config.model as a ModelConfig, each nested section (attention, the settings sections)
   checked; a model section written before the settings sections (an older run's
-  config.json) is migrated first."""
+  config.json) is migrated first. vocab_size and num_classes come from the data source."""
   return dataclass_from(ModelConfig, migrate_model(config.model.to_dict()), "model",
-                        vocab_size=vocab_size)
+                        vocab_size=vocab_size, num_classes=num_classes)
 
 
 # Flat model.attention fields of configs written before each scorer had its settings
@@ -105,8 +106,10 @@ def migrate_model(model: dict) -> dict:
   return {**model, "attention": {**attention, "score_settings": sections}}
 
 
-def build_model(config: ml_collections.ConfigDict, vocab_size: int, seed: int) -> Transformer:
-  return Transformer(model_config(config, vocab_size), rngs=nnx.Rngs(params=seed))
+def build_model(config: ml_collections.ConfigDict, vocab_size: int, seed: int,
+                num_classes: int = 0) -> nnx.Module:
+  """The model of config.model.arch (model.ARCHS)."""
+  return make_model(model_config(config, vocab_size, num_classes), rngs=nnx.Rngs(params=seed))
 
 
 def make_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -120,14 +123,16 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
                               grad_clip_norm=train.grad_clip_norm)
 
 
-def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer):
+def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer,
+              num_classes: int = 0):
   """Returns (graphdef, init) where init() builds the train state: a dict of
   `step`, `params` (a pure dict) and `opt_state`."""
   graphdef = nnx.graphdef(nnx.eval_shape(
-      lambda: build_model(config, vocab_size, config.seed)))
+      lambda: build_model(config, vocab_size, config.seed, num_classes)))
 
   def init():
-    params = nnx.to_pure_dict(nnx.state(build_model(config, vocab_size, config.seed)))
+    params = nnx.to_pure_dict(nnx.state(
+        build_model(config, vocab_size, config.seed, num_classes)))
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": optimizer.init(params)}
 
@@ -183,9 +188,18 @@ def build(config: ml_collections.ConfigDict, workdir: str | None = None, *,
   train = train_config(config)
   evaluation = dataclass_from(EvalConfig, config.eval.to_dict(), "eval")
   source = sources.make_source(config, workdir)
-  model = model_config(config, source.vocab_size)
+  model = model_config(config, source.vocab_size, source.num_classes)
+  if model.arch not in source.archs:
+    raise ConfigError(f"config.model.arch={model.arch!r} cannot learn data.source "
+                      f"{config.data.source!r}; it needs one of: {', '.join(source.archs)}")
+  if model.arch == "encoder" and (model.pooling != "none") != source.pooled:
+    raise ConfigError(
+        f"config.model.pooling={model.pooling!r} does not fit data.source "
+        f"{config.data.source!r}: {'cls or mean' if source.pooled else 'none'} "
+        f"({'a label per sequence' if source.pooled else 'a label per token'})")
   optimizer = make_optimizer(config)
-  graphdef, init = make_init(config, source.vocab_size, optimizer)  # runs the constructors' checks
+  # runs the constructors' checks
+  graphdef, init = make_init(config, source.vocab_size, optimizer, source.num_classes)
   mesh = sharding.make_mesh(None if evaluating else config.mesh.to_dict())
   if not evaluating:
     sharding.check_batch_size(train.batch_size, mesh, train.accumulation_steps)

@@ -3,6 +3,7 @@ devices and logging intervals combine by adding before a final division), and of
 predictions (exact match, BLEU, chrF)."""
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +60,22 @@ def text_scores(hypotheses: list[str], references: list[str]) -> dict:
   return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
           "chrf": sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score,
           "bleu_signature": str(bleu.get_signature())}
+
+
+def language_model_metrics(nll: np.ndarray, weights: np.ndarray, bins: int = 32) -> dict:
+  """Of per-token losses nll [n, t] (−log p of each target) under weights [n, t]:
+  perplexity, bits per token, the window length t, and the mean loss by position within
+  the window (in up to `bins` bins, keyed by the bin's first position)."""
+  loss = float(np.sum(nll * weights) / max(np.sum(weights), 1))
+  length = nll.shape[1]
+  bin_size = max(1, length // bins)
+  by_position = {}
+  for start in range(0, length, bin_size):
+    w = weights[:, start:start + bin_size]
+    if w.any():
+      by_position[str(start)] = float(np.sum(nll[:, start:start + bin_size] * w) / np.sum(w))
+  return {"perplexity": math.exp(min(loss, 50.0)), "bits_per_token": loss / math.log(2),
+          "eval_length": float(length), "loss_by_position": by_position}
 
 
 def _row_losses(logits, targets, label_smoothing, mean_logit):
@@ -148,3 +165,22 @@ def _loss_head_bwd(label_smoothing, chunks, grads, cotangent):
 
 
 loss_head_metrics.defvjp(_loss_head_fwd, _loss_head_bwd)
+
+
+def macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: np.ndarray,
+             num_classes: int) -> float:
+  """The mean over classes of F1 = 2·TP / (2·TP + FP + FN), counting the positions where
+  weights > 0; a class that neither occurs nor is predicted is left out of the mean."""
+  p, t = predictions[weights > 0], labels[weights > 0]
+  scores = []
+  for c in range(num_classes):
+    tp, fp, fn = np.sum((p == c) & (t == c)), np.sum((p == c) & (t != c)), np.sum((p != c) & (t == c))
+    if tp + fp + fn:
+      scores.append(2 * tp / (2 * tp + fp + fn))
+  return float(np.mean(scores)) if scores else 0.0
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """−log p(target) per position: logits [b, t, V], targets [b, t] -> [b, t] (float32)."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]

@@ -1,8 +1,17 @@
-"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017).
+"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017),
+and the encoder-only and decoder-only families built from the same layers (ARCHS).
 
 Pure model code: a frozen ModelConfig in, NNX modules out; no file I/O, no flags. The
 pluggable parts (attention score, window, positional encoding, residual placement) are
 chosen once, in constructors, from their registries.
+
+Every family has the same training interface: features(batch) [b, t, d_model] and
+projection(dtype) (weights [n_out, d_model], bias or None), whose product is scored against
+batch["targets"] where batch["targets_segmentation"] > 0 (metrics.loss_head_metrics):
+  encoder_decoder  targets: the target sentence (teacher-forced, shifted right inside);
+  encoder          targets: a label per input token (pooling "none": sequence labelling),
+                   or each sequence's class at its first token (pooling "cls" | "mean");
+  decoder          targets: the next token of each input token (a causal language model).
 """
 
 import dataclasses
@@ -42,6 +51,9 @@ class ModelConfig:
   # Each encoding's own knobs (`position_settings.alibi.max_bias`, ...): every section is
   # checked, the chosen encoding's is used.
   position_settings: PositionSettings = PositionSettings()
+  arch: str = "encoder_decoder"  # a key of ARCHS: encoder_decoder | encoder | decoder
+  pooling: str = "none"  # a key of POOLINGS (encoder): none (a label per token) | cls | mean
+  num_classes: int = 0  # outputs of the encoder's head (given by the data source)
 
   def __post_init__(self):
     check_ranges(self, vocab_size=AT_LEAST_1, d_model=AT_LEAST_1, num_heads=AT_LEAST_1,
@@ -52,6 +64,10 @@ class ModelConfig:
     lookup(POSITIONS, self.position, "position")
     lookup(RESIDUALS, self.norm, "norm")
     lookup(DTYPES, self.dtype, "model dtype")
+    lookup(ARCHS, self.arch, "model arch")
+    lookup(POOLINGS, self.pooling, "model pooling")
+    check(self.arch != "encoder" or self.num_classes >= 1, "num_classes", self.num_classes,
+          "≥ 1 for an encoder (its data source sets it)")
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -307,6 +323,14 @@ class Transformer(nnx.Module):
     """Teacher-forced logits [b, t, vocab] (float32) of a batch, as in features()."""
     return self.embeddings.logits(self.features(batch, rngs=rngs)).astype(jnp.float32)
 
+  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
+    """The output projection of features(): see Embeddings.projection."""
+    return self.embeddings.projection(dtype)
+
+  def stacks(self) -> dict[str, Stack]:
+    """The model's stacks by name (pictures draw each)."""
+    return {"encoder": self.encoder, "decoder": self.decoder}
+
   # ------------------------------------------------------------------ incremental decoding
 
   def init_decoding(self, encoded, inputs_positions, max_len: int) -> None:
@@ -329,3 +353,120 @@ class Transformer(nnx.Module):
                              causal=True), None, encoded=None,
                      cross_mask=Mask(ones, inputs_segments, positions, inputs_positions))
     return self.embeddings.logits(y[:, 0]).astype(jnp.float32)
+
+
+# --------------------------------------------------------------------------- other families
+
+
+class CausalLayer(EncoderLayer):
+  """The decoder-only layer: causal self-attention and the FFN, no cross-attention."""
+
+  causal = True
+
+
+def pool_segments(x: jax.Array, segments: jax.Array, positions: jax.Array,
+                  pooling: str) -> jax.Array:
+  """Each token's vector replaced by its segment's pooled vector: x [b, t, d] ->
+  [b, t, d]. "cls": the segment's first token (position 0); "mean": the mean over its real
+  tokens; "none": x itself. Pooling per segment keeps packed rows apart."""
+  if pooling == "none":
+    return x
+  b, t, d = x.shape
+  take = (segments > 0) & ((positions == 0) if pooling == "cls" else True)
+  ids = (jnp.arange(b)[:, None] * (t + 1) + segments).reshape(-1)  # segment ids are ≤ t
+  w = take.reshape(-1).astype(jnp.float32)
+  flat = x.reshape(-1, d).astype(jnp.float32) * w[:, None]
+  sums = jax.ops.segment_sum(flat, ids, num_segments=b * (t + 1))
+  counts = jax.ops.segment_sum(w, ids, num_segments=b * (t + 1))
+  return (sums / jnp.maximum(counts, 1)[:, None])[ids].reshape(b, t, d).astype(x.dtype)
+
+
+POOLINGS = {"none": "none", "cls": "cls", "mean": "mean"}
+
+
+def _inputs_mask(batch: dict[str, jax.Array], causal: bool) -> tuple[jax.Array, Mask]:
+  """batch["inputs"] and its self-attention Mask from the optional positions/segmentation."""
+  inputs = batch["inputs"]
+  positions = batch.get("inputs_positions", default_positions(inputs))
+  segments = batch.get("inputs_segmentation", default_segments(inputs))
+  return inputs, Mask(segments, segments, positions, positions, causal=causal)
+
+
+class EncoderOnly(nnx.Module):
+  """The encoder stack with a classifier over its outputs: a label per token (pooling
+  "none", sequence labelling) or per sequence, read at each segment's first token (pooling
+  "cls": that token's output, e.g. a CLS token the data puts there; "mean": the mean of the
+  segment's outputs)."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embeddings = Embeddings(dataclasses.replace(cfg, share_embeddings=True), rngs=rngs)
+    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
+    self.head = Dense(cfg.d_model, cfg.num_classes, dtype=compute_dtype(cfg), rngs=rngs)
+
+  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """[b, t, d_model]: the encoder's outputs, pooled per segment unless pooling is none."""
+    inputs, mask = _inputs_mask(batch, causal=False)
+    x = self.encoder(self.embeddings.source(inputs), mask, rngs)
+    return pool_segments(x, mask.q_segments, mask.q_positions, self.cfg.pooling)
+
+  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
+    return self.head.kernel[...].T.astype(dtype), self.head.bias[...].astype(dtype)
+
+  def stacks(self) -> dict[str, Stack]:
+    return {"encoder": self.encoder}
+
+  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Class logits [b, t, num_classes] (float32) at every token."""
+    return self.head(self.features(batch, rngs=rngs)).astype(jnp.float32)
+
+
+class DecoderOnly(nnx.Module):
+  """A causal language model: embeddings, a stack of CausalLayers and the (tied) output
+  projection; logits at each position predict the next token."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embeddings = Embeddings(cfg, rngs=rngs)
+    self.decoder = Stack(cfg, CausalLayer, cfg.num_decoder_layers, rngs=rngs)
+
+  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """[b, t, d_model] of batch["inputs"] (and optional positions/segmentation)."""
+    inputs, mask = _inputs_mask(batch, causal=True)
+    return self.decoder(self.embeddings.target(inputs), mask, rngs)
+
+  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
+    return self.embeddings.projection(dtype)
+
+  def stacks(self) -> dict[str, Stack]:
+    return {"decoder": self.decoder}
+
+  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Next-token logits [b, t, vocab] (float32)."""
+    return self.embeddings.logits(self.features(batch, rngs=rngs)).astype(jnp.float32)
+
+  def init_decoding(self, batch_size: int, max_len: int, dtype=jnp.float32) -> None:
+    """Prepares decode_step: empty self-attention caches of max_len positions."""
+    self.decoder.position.check_length(max_len)
+    for layer in self.decoder.layers:
+      layer.self_attention.init_self_cache(batch_size, max_len, dtype)
+
+  def decode_step(self, tokens: jax.Array, index) -> jax.Array:
+    """Logits [b, t, vocab] for tokens [b, t] at positions index..index+t-1, appended to
+    the caches made by init_decoding (which hold positions 0..index-1)."""
+    (b, t), max_len = tokens.shape, self.decoder.layers[0].self_attention.cache.k.shape[1]
+    positions = index + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
+    mask = Mask(jnp.ones((b, t), jnp.int32), jnp.ones((b, max_len), jnp.int32), positions,
+                key_positions, causal=True)
+    y = self.decoder(self.embeddings.target(tokens), mask, None)
+    return self.embeddings.logits(y).astype(jnp.float32)
+
+
+ARCHS: dict[str, type[nnx.Module]] = {"encoder_decoder": Transformer, "encoder": EncoderOnly,
+                                      "decoder": DecoderOnly}
+
+
+def make_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+  """The model of the family cfg.arch names."""
+  return lookup(ARCHS, cfg.arch, "model arch")(cfg, rngs=rngs)

@@ -49,7 +49,9 @@ def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
   epath.Path(plot_dir).mkdir(parents=True, exist_ok=True)
   model = nnx.merge(exp.graphdef, run.params)
   paths = []
-  if sentences:
+  if sentences and exp.model.arch != "encoder_decoder":  # one sequence, nothing decoded
+    paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir)
+  elif sentences:
     evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
     paths += draw_attention(model, exp.source, evaluator, run.params, sentences, encoded,
                             plot_dir)
@@ -65,7 +67,7 @@ def _capture(model, batch):
 def attention_weights(model, batch: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
   """Teacher-forced pass recording every attention layer's weights:
   {"encoder" | "decoder" | "cross": [per layer, [b, h, tq, tk]]}."""
-  stacks = (model.encoder, model.decoder)
+  stacks = list(model.stacks().values())
   scanned = [stack.scan_layers for stack in stacks]
   model.set_attributes(MultiHeadAttention, record_weights=True)
   model.set_attributes(Stack, scan_layers=False)  # what is sown inside a scan stays there
@@ -76,10 +78,12 @@ def attention_weights(model, batch: dict[str, np.ndarray]) -> dict[str, list[np.
     for stack, scan in zip(stacks, scanned):
       stack.scan_layers = scan
   layers = lambda stack, name: [np.asarray(layer[name]["weights"].get_value()[0])  # noqa: E731
-                                for _, layer in sorted(sown[stack]["layers"].items())]
-  return {"encoder": layers("encoder", "self_attention"),
-          "decoder": layers("decoder", "self_attention"),
-          "cross": layers("decoder", "cross_attention")}
+                                for _, layer in sorted(sown[stack]["layers"].items())
+                                if name in layer]
+  kinds = {"encoder": ("encoder", "self_attention"), "decoder": ("decoder", "self_attention"),
+           "cross": ("decoder", "cross_attention")}
+  weights = {kind: layers(stack, name) for kind, (stack, name) in kinds.items() if stack in sown}
+  return {kind: maps for kind, maps in weights.items() if maps}
 
 
 def _until_eos(ids: np.ndarray) -> np.ndarray:
@@ -109,6 +113,24 @@ def draw_attention(model, source, evaluator, params, sentences: list[str],
                f"{' '.join(source.pieces(tgt))}")
       _grid(maps, source.pieces(queries), source.pieces(keys), title, path,
             xlabel="key", ylabel="query (output token)" if kind != "encoder" else "query")
+      paths.append(path)
+  return paths
+
+
+def draw_self_attention(model, source, sentences: list[str], encoded: list[np.ndarray],
+                        plot_dir: str) -> list[str]:
+  """For an encoder-only or decoder-only model: attention_{i}_{stack}.png of each sentence
+  (a labelled input, or a language model's text) over its own tokens. Returns the paths."""
+  length = max(len(e) for e in encoded)
+  weights = attention_weights(model, pad_batch([(e, e) for e in encoded], length))
+  paths = []
+  for i, tokens in enumerate(encoded):
+    for kind, per_layer in weights.items():
+      maps = [w[i, :, :len(tokens), :len(tokens)] for w in per_layer]
+      path = storage.join(plot_dir, f"attention_{i}_{kind}.png")
+      _grid(maps, source.pieces(tokens), source.pieces(tokens),
+            f"{KINDS[kind]}: layers × heads\n{sentences[i]!r}", path, xlabel="key",
+            ylabel="query")
       paths.append(path)
   return paths
 
@@ -143,10 +165,10 @@ def _cosine(x: np.ndarray) -> np.ndarray:
 
 
 def draw_positions(model, length: int, path: str) -> str | None:
-  """positions.png: the encoder's and the decoder's position panels; None for `none`."""
+  """positions.png: each stack's position panels (encoder, decoder); None for `none`."""
   cfg = model.cfg
   rows = [(name, position_panels(stack.position, length, cfg.d_model, cfg.num_heads))
-          for name, stack in (("encoder", model.encoder), ("decoder", model.decoder))]
+          for name, stack in model.stacks().items()]
   rows = [(name, panels) for name, panels in rows if panels]
   if not rows:
     return None

@@ -153,7 +153,10 @@ def report(config_path: str, sweep_dir: str, overrides: dict | None = None) -> t
   """Writes under sweep_dir: report.md and report.csv, one row per variant (the overrides
   other than the seed) with each final held-out metric as mean ± std over its finished
   seeds; and PNG plots: curves.png (training loss), final.png (the main held-out metric)
-  and, when runs report exact match per length, extrapolation.png. Returns the table paths."""
+  and, when runs report exact match per length, extrapolation.png; for language models
+  (perplexity per evaluation length), perplexity.png (perplexity against the evaluation
+  length, non-overlapping and sliding windows) and position_loss.png (the loss by position
+  in the longest windows). Returns the table paths."""
   base, sweep = load(config_path)
   base = with_overrides(base, overrides or {})
   variants: dict[str, list[str]] = {}
@@ -165,7 +168,7 @@ def report(config_path: str, sweep_dir: str, overrides: dict | None = None) -> t
   finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in variants.items()}
   names = sorted({f"{split}/{key}" for runs in finals.values() for r in runs
                   for split, m in r.items() for key, value in m.items()
-                  if isinstance(value, float) and key != "step"})
+                  if isinstance(value, float) and key not in ("step", "eval_length")})
   stats = {}
   for variant, runs in finals.items():
     for name in names:
@@ -229,3 +232,41 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
            title="Length extrapolation")
     ax.legend(fontsize=7)
     pictures.save(fig, storage.join(sweep_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
+
+  if any("eval_length" in m for runs in finals.values() for r in runs for m in r.values()):
+    _plot_lengths(plt, sweep_dir, finals, base)
+
+
+def _plot_lengths(plt, sweep_dir, finals, base) -> None:
+  """perplexity.png and position_loss.png of language-model runs (see report)."""
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for (variant, runs), color in zip(finals.items(), itertools.cycle(plt.cm.tab10.colors)):
+    for sliding, style in ((False, "-"), (True, "--")):
+      by_length: dict[float, list[float]] = {}
+      for r in runs:
+        for split, m in r.items():
+          if "eval_length" in m and split.endswith("_sliding") == sliding:
+            by_length.setdefault(m["eval_length"], []).append(m["perplexity"])
+      lengths = sorted(by_length)
+      if lengths:
+        ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], style, marker="o",
+                color=color, label=f"{variant}{' (sliding)' if sliding else ''}")
+  ax.axvline(base.data.max_len, color="gray", linestyle=":", label="training length")
+  ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (mean over seeds)",
+         xscale="log", yscale="log", title="Length extrapolation")
+  ax.legend(fontsize=6, ncol=2)
+  pictures.save(fig, storage.join(sweep_dir, "perplexity.png"), dpi=120, bbox_inches="tight")
+
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for variant, runs in finals.items():
+    curves = [max(((m["eval_length"], m["loss_by_position"]) for split, m in r.items()
+                   if "eval_length" in m and not split.endswith("_sliding")),
+                  key=lambda x: x[0])[1] for r in runs]
+    positions = sorted(set.intersection(*(set(c) for c in curves)), key=int)
+    ax.plot([int(p) for p in positions], [np.mean([c[p] for c in curves]) for p in positions],
+            label=variant)
+  ax.axvline(base.data.max_len, color="gray", linestyle=":", label="training length")
+  ax.set(xlabel="position in the window", ylabel="loss (nats, mean over seeds)",
+         title="Loss by position, longest evaluation windows")
+  ax.legend(fontsize=7)
+  pictures.save(fig, storage.join(sweep_dir, "position_loss.png"), dpi=120, bbox_inches="tight")

@@ -55,7 +55,7 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
   def summed_loss(params, batch, key):
     model = nnx.merge(graphdef, params)
     y = model.features(batch, rngs=nnx.Rngs(dropout=key))
-    w_out, bias = model.embeddings.projection(y.dtype)
+    w_out, bias = model.projection(y.dtype)
     flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
     sums = loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]),
                              flat(batch["targets_segmentation"] > 0).astype(jnp.float32),

@@ -17,7 +17,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.data import encoded, pipeline, synthetic, text
+from transformer.data import encoded, labelled, lm, pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
@@ -31,6 +31,8 @@ class SyntheticSource:
   """config.task: reverse/copy/sort of random strings, generated from the seed."""
 
   tokenizer = None
+  archs = ("encoder_decoder",)  # the model families (model.ARCHS) that learn this data
+  num_classes, pooled = 0, False  # an encoder's outputs; a label per sequence
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     task = config.task.to_dict()
@@ -96,6 +98,9 @@ class ParallelTextSource:
   trained on a sample of the training pairs into the workdir (or `tokenizer`, an existing
   model). The training pairs are encoded once into data.cache_dir (default: the tokenizer's
   directory; encoded.py) and streamed from there, each process reading its own part."""
+
+  archs = ("encoder_decoder",)
+  num_classes, pooled = 0, False
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
     self.config, self.data = config, config.data
@@ -271,7 +276,8 @@ class TfdsSource(ParallelTextSource):
              "languages": [self.data.source_lang, self.data.target_lang]}]
 
 
-SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource}
+SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource,
+           "labelled": labelled.LabelledSource, "lm": lm.LanguageModelSource}
 
 
 def make_source(config: ml_collections.ConfigDict, workdir: str | None = None):

@@ -1,0 +1,276 @@
+"""Language modelling data for the decoder-only family: documents as one contiguous token
+stream, cut into windows of `data.max_len` tokens for training and evaluated at 1, 2, 4,
+... × that length (length extrapolation), without and with a sliding window.
+
+Corpora (`data.corpus`):
+  stdlib  the Python standard library's source, which every Python installation carries:
+          the .py files under sysconfig.get_paths()["stdlib"] (no site-packages or test
+          directories; `data.stdlib_scope` "top": top-level modules only, "all": packages
+          too), sorted by path; `data.python_version` must be the running interpreter's,
+          so that a run names the exact files it read.
+  files   the files matching `data.train_files` / `data.valid_files` (globs under data.dir),
+          one document each.
+  tfds    the `data.text_key` feature of `data.tfds_name`'s train_split / valid_split,
+          read through tfds.data_source (array_record, no TensorFlow), one document each.
+Held-out documents: for stdlib, the files whose CRC32 of the relative path is 0 modulo
+`data.heldout_modulus`; otherwise the valid files or split.
+
+Each line is encoded by a sentencepiece model (trained on the training documents into the
+workdir, as for translation) and ends in EOS, which stands for the newline; a document
+starts with BOS. Sentencepiece drops runs of spaces, so indentation is not modelled.
+"""
+
+import dataclasses
+import math
+import pathlib
+import sys
+import sysconfig
+import zlib
+
+import grain
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+from jax.experimental import multihost_utils
+
+from transformer import storage
+from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
+from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, dataclass_from, lookup
+from transformer.vocab import BOS_ID, EOS_ID, NUM_RESERVED
+from transformer.metrics import language_model_metrics
+
+TOKENIZER_FILE = "spm.model"
+_SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})
+_TRAIN_STREAM = 0
+_TOKENIZER_LINES = 300_000  # lines the tokenizer is trained on (the first ones)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMData:
+  """config.data for data.source "lm"."""
+
+  source: str = "lm"
+  corpus: str = "stdlib"  # a key of CORPORA
+  python_version: str = ""  # stdlib: "MAJOR.MINOR" of the interpreter the files come from
+  stdlib_scope: str = "top"  # stdlib: top (top-level modules) | all (with packages)
+  heldout_modulus: int = 10  # stdlib: 1/heldout_modulus of the files are held out
+  dir: str = ""  # files: the directory of the globs
+  train_files: str = ""
+  valid_files: str = ""
+  tfds_name: str = ""
+  tfds_dir: str = ""
+  text_key: str = "text"
+  train_split: str = "train"
+  valid_split: str = "validation"
+  vocab_size: int = 2048
+  tokenizer_type: str = "bpe"
+  tokenizer: str = ""  # an existing sentencepiece model instead of training one
+  max_len: int = 64  # L: the training window
+  max_factor: int = 8  # evaluation at L, 2L, 4L, ... up to max_factor·L
+  sliding: bool = True  # also evaluate each length with a sliding window of stride L
+
+  def __post_init__(self):
+    lookup(CORPORA, self.corpus, "data.corpus")
+    lookup({"top": 0, "all": 0}, self.stdlib_scope, "data.stdlib_scope")
+    lookup({t: t for t in MODEL_TYPES}, self.tokenizer_type, "data.tokenizer_type")
+    check_ranges(self, heldout_modulus=Range(2), vocab_size=Range(NUM_RESERVED + 2),
+                 max_len=Range(2), max_factor=AT_LEAST_1)
+    check(self.max_factor & (self.max_factor - 1) == 0, "max_factor", self.max_factor,
+          "a power of 2")
+
+  @property
+  def eval_lengths(self) -> list[int]:
+    return [self.max_len * 2**i for i in range(int(math.log2(self.max_factor)) + 1)]
+
+
+def stdlib_files(data: LMData) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
+  """(train, valid) .py files of the running interpreter's standard library (see the module
+  docstring); a ConfigError if it is not data.python_version."""
+  running = f"{sys.version_info.major}.{sys.version_info.minor}"
+  if data.python_version != running:
+    raise ConfigError(f"config.data.python_version={data.python_version!r} but this is Python "
+                      f"{running}: the stdlib corpus is pinned to one version; set "
+                      f"--config.data.python_version={running} (a different corpus)")
+  root = pathlib.Path(sysconfig.get_paths()["stdlib"])  # always local
+  files = sorted(p for p in root.rglob("*.py")
+                 if not set(p.relative_to(root).parts[:-1]) & _SKIP_DIRS
+                 and (data.stdlib_scope == "all" or len(p.relative_to(root).parts) == 1))
+  held = lambda p: zlib.crc32(str(p.relative_to(root)).encode()) % data.heldout_modulus == 0  # noqa: E731
+  return [p for p in files if not held(p)], [p for p in files if held(p)]
+
+
+def _read(path) -> str:
+  return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def stdlib_documents(data: LMData, split: str) -> list[str]:
+  train, valid = stdlib_files(data)
+  return [_read(p) for p in (train if split == "train" else valid)]
+
+
+def file_documents(data: LMData, split: str) -> list[str]:
+  pattern = data.train_files if split == "train" else data.valid_files
+  paths = sorted(epath.Path(data.dir).glob(pattern)) if pattern else []
+  if not paths:
+    raise ConfigError(f"config.data.{split}_files={pattern!r}: no file matches under "
+                      f"{data.dir or '.'!r}")
+  return [_read(p) for p in paths]
+
+
+def tfds_documents(data: LMData, split: str) -> list[str]:
+  try:
+    import tensorflow_datasets as tfds  # noqa: PLC0415 - optional: pip install '.[tfds]'
+  except ImportError:
+    raise ConfigError("data.corpus 'tfds' needs tensorflow-datasets: pip install -e '.[tfds]'"
+                      ) from None
+  name = data.train_split if split == "train" else data.valid_split
+  try:
+    source = tfds.data_source(data.tfds_name, split=name, data_dir=data.tfds_dir or None,
+                              download=False)
+  except Exception as e:  # noqa: BLE001 - tfds raises assorted errors for an unprepared set
+    raise ConfigError(f"TFDS dataset {data.tfds_name!r} (split {name!r}) is not readable "
+                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); prepare it "
+                      f"once in array_record format") from None
+  text = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)  # noqa: E731
+  return [text(ex[data.text_key]) for ex in source]
+
+
+CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents}
+
+
+def encode_documents(tokenizer: Tokenizer, documents: list[str]) -> np.ndarray:
+  """One int32 stream: per document BOS, then each line's pieces followed by EOS."""
+  parts = []
+  for doc in documents:
+    lines = doc.split("\n")
+    ids = tokenizer.sp.encode(lines)
+    parts.append(np.array([BOS_ID], np.int32))
+    parts.extend(np.asarray(line + [EOS_ID], np.int32) for line in ids)
+  return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
+def window_batch(stream: np.ndarray, starts, length: int, ends=None, scored_from=None) -> dict:
+  """Rows inputs = stream[s : e], targets = stream[s + 1 : e + 1] for each start s, with
+  e = min(s + length, ends[i], the stream's end), padded to `length`; targets_segmentation
+  is 0 where a target is not scored (before scored_from[i] within row i, or padding)."""
+  n = len(starts)
+  out = {k: np.zeros((n, length), np.int32) for k in (
+      "inputs", "targets", "inputs_positions", "inputs_segmentation", "targets_positions",
+      "targets_segmentation")}
+  for i, s in enumerate(starts):
+    m = min(length, len(stream) - 1 - s, length if ends is None else ends[i] - s)
+    out["inputs"][i, :m], out["targets"][i, :m] = stream[s:s + m], stream[s + 1:s + m + 1]
+    out["inputs_positions"][i, :m] = out["targets_positions"][i, :m] = np.arange(m)
+    out["inputs_segmentation"][i, :m] = 1
+    first = 0 if scored_from is None else scored_from[i]
+    out["targets_segmentation"][i, first:m] = 1
+  return out
+
+
+class LanguageModelSource:
+  """data.source "lm": a causal language model (model.arch=decoder) on a corpus of long
+  documents (see the module docstring)."""
+
+  archs = ("decoder",)
+  num_classes, pooled = 0, False
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    self.config = config
+    self.data = dataclass_from(LMData, config.data.to_dict(), "data")
+    check(config.eval.num_examples >= 1, "config.eval.num_examples", config.eval.num_examples,
+          f"≥ 1 (windows of {self.data.eval_lengths[-1]} tokens evaluated)")
+    self.vocab_size = self.data.vocab_size
+    self.tokenizer_path = self.data.tokenizer or storage.join(workdir or ".", TOKENIZER_FILE)
+    self.tokenizer: Tokenizer | None = None
+    self.streams: dict[str, np.ndarray] = {}
+    if self.data.corpus == "stdlib":
+      train, valid = stdlib_files(self.data)
+      check(bool(train and valid), "config.data.heldout_modulus", self.data.heldout_modulus,
+            "one that leaves training and held-out files")
+
+  def max_lengths(self) -> dict[str, int]:
+    return {"data.max_len": self.data.max_len,
+            "data.max_factor × data.max_len": self.data.eval_lengths[-1]}
+
+  def prepare(self) -> None:
+    """Loads (first trains) the tokenizer and encodes the train and valid documents."""
+    documents = {split: CORPORA[self.data.corpus](self.data, split) for split in
+                 ("train", "valid")}
+    if not epath.Path(self.tokenizer_path).exists() and jax.process_index() == 0:
+      lines = (line for doc in documents["train"] for line in doc.split("\n"))
+      train_tokenizer(lines, self.tokenizer_path, self.vocab_size, self.data.tokenizer_type,
+                      max_sentences=_TOKENIZER_LINES)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("tokenizer")
+    self.tokenizer = Tokenizer(self.tokenizer_path)
+    if self.tokenizer.vocab_size != self.vocab_size:
+      raise ConfigError(f"{self.tokenizer_path} has {self.tokenizer.vocab_size} pieces but "
+                        f"config.data.vocab_size is {self.vocab_size}")
+    self.streams = {split: encode_documents(self.tokenizer, docs)
+                    for split, docs in documents.items()}
+    need = self.config.eval.num_examples * self.data.eval_lengths[-1] + 1
+    for split, stream in self.streams.items():
+      if len(stream) <= (need if split == "valid" else self.data.max_len + 1):
+        raise ConfigError(f"the {split} documents have {len(stream)} tokens, too few for "
+                          f"{'eval.num_examples windows of ' + str(self.data.eval_lengths[-1]) if split == 'valid' else 'one window'}")
+
+  def train_batches(self) -> grain.IterDataset:
+    """Endless batches of random windows; batch `step` is a pure function of (seed, step)."""
+    stream, length = self.streams["train"], self.data.max_len
+    batch_size, count = self.config.train.batch_size, jax.process_count()
+    rows, index, seed = batch_size // count, jax.process_index(), self.config.seed
+    global_index = lambda j: (j // rows) * batch_size + index * rows + j % rows  # noqa: E731
+    start = lambda j: int(np.random.default_rng([seed, _TRAIN_STREAM, global_index(j)]  # noqa: E731
+                                                ).integers(len(stream) - length))
+    dataset = grain.MapDataset.range(2**62).map(start)
+    dataset = dataset.batch(rows, batch_fn=lambda starts: window_batch(stream, starts, length))
+    return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+
+  def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored
+    at each evaluation length W: `lenW` in non-overlapping windows of W tokens, and
+    `lenW_sliding` in windows of up to W tokens moved by L, each scoring its last L."""
+    n = num_examples or self.config.eval.num_examples
+    stream, lengths, step = self.streams["valid"], self.data.eval_lengths, self.data.max_len
+    total = n * lengths[-1]
+    splits = {}
+    for w in lengths:
+      splits[f"len{w}"] = window_batch(stream, range(0, total, w), w)
+    for w in lengths[1:] if self.data.sliding else []:
+      ends = list(range(step, total + 1, step))
+      starts = [max(0, e - w) for e in ends]
+      splits[f"len{w}_sliding"] = window_batch(stream, starts, w, ends,
+                                               [e - step - s for e, s in zip(ends, starts)])
+    return splits
+
+  def file_split(self, source_path: str, reference_path: str):
+    raise ConfigError("evaluating a source/reference file pair needs a translation source; "
+                      "this run's is 'lm'")
+
+  def decode_len(self, split) -> None:
+    return None  # scored, not decoded
+
+  def encode(self, sentence: str) -> np.ndarray:
+    """A prompt: its pieces, after BOS, without a final EOS."""
+    return np.asarray([BOS_ID] + self.tokenizer.sp.encode(sentence), np.int32)
+
+  def pieces(self, ids) -> list[str]:
+    return [self.tokenizer.sp.id_to_piece(i) for i in np.asarray(ids).tolist()]
+
+  def decode(self, ids) -> str:
+    """Text of token ids: EOS ends a line; BOS and padding are dropped."""
+    lines, line = [], []
+    for i in np.asarray(ids).tolist():
+      if i == EOS_ID:
+        lines.append(self.tokenizer.sp.decode(line))
+        line = []
+      elif i not in (BOS_ID, 0):
+        line.append(i)
+    return "\n".join(lines + [self.tokenizer.sp.decode(line)])
+
+  def split_metrics(self, split_name: str, split: dict[str, np.ndarray],
+                    outputs: dict[str, np.ndarray]) -> dict:
+    """metrics.language_model_metrics of the split's per-token losses."""
+    del split_name
+    return language_model_metrics(outputs["nll"], split["targets_segmentation"] > 0)
