@@ -1,9 +1,9 @@
 """Ablation: positional encodings on the reverse task, 3 seeds each, with the `longer` split
 at up to 2× the training length (17..32) for length extrapolation. Batches of 32 for 2500
 steps: on a 2-core CPU small batches run more examples per second than 64, so the runs
-learn the task better (valid exact match 0.96-0.99 for the working encodings); the 18 runs
-of the first six encodings took about 25 minutes in all, the 27 runs with xpos, kerple and
-fire take longer (fire's MLP bias costs the most; not timed yet). An encoding's settings
+learn the task better (valid exact match 0.89-0.98 for the working encodings; README). The
+27 runs took 60 minutes on a 2-core CPU that other jobs shared (the first six encodings'
+18 runs alone: about 25 minutes on a quiet one). An encoding's settings
 are swept the same way, e.g. axis("model.position_settings.xpos.scale_base", [64.0, 512.0]).
 
   python sweep.py --config configs/positions.py --sweep_dir sweeps/positions
