@@ -19,6 +19,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from transformer.data import SourceArgs
 from transformer.metrics import macro_f1
 from transformer.registry import (AT_LEAST_1, ConfigError, Range, check, check_ranges,
                                   dataclass_from, lookup)
@@ -202,20 +203,20 @@ class LabelledSource:
   """data.source "labelled": config.task names a task of TASKS (its fields: that task's
   dataclass); trains an encoder (model.arch=encoder) with the pooling the task needs."""
 
+  section = "task"
   tokenizer = None
   archs = ("encoder",)
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    del workdir
-    section = config.task.to_dict()
+  def __init__(self, section: ml_collections.ConfigDict, args: SourceArgs):
+    section = section.to_dict()
     self.task = dataclass_from(lookup(TASKS, section.get("name"), "labelled task"), section,
                                "task")
-    check(config.eval.num_examples >= 1, "config.eval.num_examples", config.eval.num_examples,
+    check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
           "≥ 1 for a synthetic task")
-    self.config = config
+    self.args = args
     self.vocab_size, self.num_classes = self.task.vocab_size, self.task.num_classes
     self.pooled = self.task.pooled
-    example(self.task, config.seed, _TRAIN_STREAM, 0, heldout=False)  # fails early if none
+    example(self.task, args.seed, _TRAIN_STREAM, 0, heldout=False)  # fails early if none
 
   def max_lengths(self) -> dict[str, int]:
     return {"task.max_len": self.task.max_len}
@@ -225,10 +226,10 @@ class LabelledSource:
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches; batch `step` is a pure function of (seed, step), this process's rows."""
-    batch_size, count = self.config.train.batch_size, jax.process_count()
+    batch_size, count = self.args.batch_size, jax.process_count()
     rows, index = batch_size // count, jax.process_index()
     global_index = lambda j: (j // rows) * batch_size + index * rows + j % rows  # noqa: E731
-    task, seed = self.task, self.config.seed
+    task, seed = self.task, self.args.seed
     dataset = grain.MapDataset.range(2**62).map(
         lambda j: example(task, seed, _TRAIN_STREAM, global_index(j), heldout=False))
     dataset = dataset.batch(rows, batch_fn=lambda exs: label_batch(exs, task.max_len))
@@ -236,8 +237,8 @@ class LabelledSource:
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid`: num_examples held-out sequences (0: config.eval.num_examples)."""
-    n = num_examples or self.config.eval.num_examples
-    examples = [example(self.task, self.config.seed, 1, i, heldout=True) for i in range(n)]
+    n = num_examples or self.args.eval_examples
+    examples = [example(self.task, self.args.seed, 1, i, heldout=True) for i in range(n)]
     return {"valid": label_batch(examples, self.task.max_len)}
 
   def file_split(self, source_path: str, reference_path: str):

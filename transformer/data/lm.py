@@ -35,10 +35,11 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
+from transformer.data import SourceArgs
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
+from transformer.metrics import language_model_metrics
 from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import BOS_ID, EOS_ID, NUM_RESERVED
-from transformer.metrics import language_model_metrics
 
 TOKENIZER_FILE = "spm.model"
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})
@@ -172,16 +173,18 @@ class LanguageModelSource:
   """data.source "lm": a causal language model (model.arch=decoder) on a corpus of long
   documents (see the module docstring)."""
 
+  section = "data"
   archs = ("decoder",)
   num_classes, pooled = 0, False
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    self.config = config
-    self.data = dataclass_from(LMData, config.data.to_dict(), "data")
-    check(config.eval.num_examples >= 1, "config.eval.num_examples", config.eval.num_examples,
+  def __init__(self, section: ml_collections.ConfigDict, args: SourceArgs):
+    self.args = args
+    self.data = dataclass_from(LMData, section.to_dict(), "data")
+    check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
           f"≥ 1 (windows of {self.data.eval_lengths[-1]} tokens evaluated)")
     self.vocab_size = self.data.vocab_size
-    self.tokenizer_path = self.data.tokenizer or storage.join(workdir or ".", TOKENIZER_FILE)
+    self.tokenizer_path = self.data.tokenizer or storage.join(args.workdir or ".",
+                                                             TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
     self.streams: dict[str, np.ndarray] = {}
     if self.data.corpus == "stdlib":
@@ -209,7 +212,7 @@ class LanguageModelSource:
                         f"config.data.vocab_size is {self.vocab_size}")
     self.streams = {split: encode_documents(self.tokenizer, docs)
                     for split, docs in documents.items()}
-    need = self.config.eval.num_examples * self.data.eval_lengths[-1] + 1
+    need = self.args.eval_examples * self.data.eval_lengths[-1] + 1
     for split, stream in self.streams.items():
       if len(stream) <= (need if split == "valid" else self.data.max_len + 1):
         raise ConfigError(f"the {split} documents have {len(stream)} tokens, too few for "
@@ -218,8 +221,8 @@ class LanguageModelSource:
   def train_batches(self) -> grain.IterDataset:
     """Endless batches of random windows; batch `step` is a pure function of (seed, step)."""
     stream, length = self.streams["train"], self.data.max_len
-    batch_size, count = self.config.train.batch_size, jax.process_count()
-    rows, index, seed = batch_size // count, jax.process_index(), self.config.seed
+    batch_size, count = self.args.batch_size, jax.process_count()
+    rows, index, seed = batch_size // count, jax.process_index(), self.args.seed
     global_index = lambda j: (j // rows) * batch_size + index * rows + j % rows  # noqa: E731
     start = lambda j: int(np.random.default_rng([seed, _TRAIN_STREAM, global_index(j)]  # noqa: E731
                                                 ).integers(len(stream) - length))
@@ -231,7 +234,7 @@ class LanguageModelSource:
     """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored
     at each evaluation length W: `lenW` in non-overlapping windows of W tokens, and
     `lenW_sliding` in windows of up to W tokens moved by L, each scoring its last L."""
-    n = num_examples or self.config.eval.num_examples
+    n = num_examples or self.args.eval_examples
     stream, lengths, step = self.streams["valid"], self.data.eval_lengths, self.data.max_len
     total = n * lengths[-1]
     splits = {}

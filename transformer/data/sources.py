@@ -17,7 +17,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.data import encoded, labelled, lm, pipeline, synthetic, text
+from transformer.data import SourceArgs, encoded, labelled, lm, pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
@@ -30,22 +30,23 @@ WINDOW = 8192  # training examples packed at a time (data.window)
 class SyntheticSource:
   """config.task: reverse/copy/sort of random strings, generated from the seed."""
 
+  section = "task"  # the config section the source reads
   tokenizer = None
   archs = ("encoder_decoder",)  # the model families (model.ARCHS) that learn this data
   num_classes, pooled = 0, False  # an encoder's outputs; a label per sequence
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    task = config.task.to_dict()
+  def __init__(self, section: ml_collections.ConfigDict, args: SourceArgs):
+    task = section.to_dict()
     self.longer_max_len = task.pop("longer_max_len")
     self.task = dataclass_from(synthetic.SyntheticTask, task, "task")
     check(isinstance(self.longer_max_len, int) and not isinstance(self.longer_max_len, bool),
           "config.task.longer_max_len", self.longer_max_len, "an integer")
-    check(config.eval.num_examples >= 1, "config.eval.num_examples", config.eval.num_examples,
+    check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
           "≥ 1 for a synthetic task")
-    self.config = config
+    self.args = args
     self.vocab_size = self.task.vocab_size
-    synthetic.eval_splits(self.task, config.seed, 1, self.longer_max_len)  # a string space
-    synthetic.train_dataset(self.task, config.seed, 1)[0]  # without such strings fails here
+    synthetic.eval_splits(self.task, args.seed, 1, self.longer_max_len)  # a string space
+    synthetic.train_dataset(self.task, args.seed, 1)[0]  # without such strings fails here
 
   def max_lengths(self) -> dict[str, int]:
     """The longest sequences (tokens, EOS included) the config implies, by the field."""
@@ -58,14 +59,14 @@ class SyntheticSource:
     """Nothing to build: the data is a function of the seed."""
 
   def train_batches(self) -> grain.IterDataset:
-    dataset = synthetic.train_dataset(self.task, self.config.seed, self.config.train.batch_size,
+    dataset = synthetic.train_dataset(self.task, self.args.seed, self.args.batch_size,
                                       jax.process_index(), jax.process_count())
     return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid` and `longer`, num_examples each (0: config.eval.num_examples)."""
-    return synthetic.eval_splits(self.task, self.config.seed,
-                                 num_examples or self.config.eval.num_examples,
+    return synthetic.eval_splits(self.task, self.args.seed,
+                                 num_examples or self.args.eval_examples,
                                  self.longer_max_len)
 
   def file_split(self, source_path: str, reference_path: str):
@@ -99,13 +100,15 @@ class ParallelTextSource:
   model). The training pairs are encoded once into data.cache_dir (default: the tokenizer's
   directory; encoded.py) and streamed from there, each process reading its own part."""
 
+  section = "data"
   archs = ("encoder_decoder",)
   num_classes, pooled = 0, False
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-    self.config, self.data = config, config.data
+  def __init__(self, section: ml_collections.ConfigDict, args: SourceArgs):
+    self.args, self.data = args, section
     self.vocab_size = self.data.vocab_size
-    self.tokenizer_path = self.data.tokenizer or storage.join(workdir or ".", TOKENIZER_FILE)
+    self.tokenizer_path = self.data.tokenizer or storage.join(args.workdir or ".",
+                                                             TOKENIZER_FILE)
     self.cache_dir = storage.join(self.data.get("cache_dir") or
                                   str(epath.Path(self.tokenizer_path).parent), ENCODED_DIR)
     self.corpus: encoded.EncodedCorpus | None = None
@@ -192,15 +195,15 @@ class ParallelTextSource:
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
     return pipeline.PackedStream(
-        self.encoded_corpus(), seed=self.config.seed,
-        batch_size=self.config.train.batch_size // process_count, max_len=self.data.max_len,
+        self.encoded_corpus(), seed=self.args.seed,
+        batch_size=self.args.batch_size // process_count, max_len=self.data.max_len,
         pack=self.data.pack, window=self.data.get("window", WINDOW),
         process_index=process_index, process_count=process_count)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """The first num_examples pairs (0: config.eval.num_examples; 0 there: all) of the
     `valid` and, if configured, `test` splits, none dropped."""
-    limit = num_examples or self.config.eval.num_examples or None
+    limit = num_examples or self.args.eval_examples or None
     return {split: self._split(self.pairs(split)[:limit]) for split in self.held_out()}
 
   def held_out(self) -> list[str]:
@@ -281,4 +284,9 @@ SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": Tfd
 
 
 def make_source(config: ml_collections.ConfigDict, workdir: str | None = None):
-  return lookup(SOURCES, config.data.source, "data source")(config, workdir)
+  """The source config.data.source names, given its own section (`section`: task or data)
+  and the values every source takes (SourceArgs), not the whole config."""
+  source = lookup(SOURCES, config.data.source, "data source")
+  return source(config[source.section], SourceArgs(
+      seed=config.seed, batch_size=config.train.batch_size,
+      eval_examples=config.eval.num_examples, workdir=workdir))
