@@ -38,6 +38,8 @@ MANIFEST = "manifest.json"
 CHUNK = 1 << 17  # pairs per encoding chunk and per shard file
 WRITER_OPTIONS = "group_size:1,uncompressed"  # group size 1: each record read on its own
 
+log = logging.getLogger("transformer")
+
 
 def file_identity(path: str) -> dict:
   """What identifies a corpus file's contents cheaply: its path, size and mtime."""
@@ -68,24 +70,24 @@ def check(directory: str, key: dict) -> dict | None:
   whole; otherwise None, with a log line saying why."""
   path = epath.Path(directory) / MANIFEST
   if not path.exists():
-    logging.info("no encoded corpus at %s: encoding it", directory)
+    log.info("no encoded corpus at %s: encoding it", directory)
     return None
   try:
     manifest = json.loads(path.read_text())
     changed = _differences(manifest["key"], key)
     shards = manifest["shards"]
   except (ValueError, KeyError, TypeError) as e:
-    logging.warning("unreadable manifest %s (%s): rebuilding the encoded corpus", path, e)
+    log.warning("unreadable manifest %s (%s): rebuilding the encoded corpus", path, e)
     return None
   if changed:
-    logging.warning("encoded corpus at %s was built for another %s: rebuilding it", directory,
+    log.warning("encoded corpus at %s was built for another %s: rebuilding it", directory,
                     " and ".join(changed))
     return None
   for shard in shards:
     file = epath.Path(directory) / shard["file"]
     size = file.stat().length if file.exists() else None
     if size != shard["bytes"]:
-      logging.warning("encoded corpus shard %s has %s bytes, the manifest says %d: rebuilding "
+      log.warning("encoded corpus shard %s has %s bytes, the manifest says %d: rebuilding "
                       "the encoded corpus", file, size, shard["bytes"])
       return None
   return manifest
@@ -162,7 +164,7 @@ def build(directory: str, key: dict, pairs: Iterable[tuple[str, str]], encode: C
   if not num_chunks:
     raise ConfigError("empty training corpus: nothing to encode")
   seconds = time.perf_counter() - start
-  logging.info("encoded %d training pairs (%d chunks of %d) into %s in %.1f s: %.0f "
+  log.info("encoded %d training pairs (%d chunks of %d) into %s in %.1f s: %.0f "
                "sentences/s", encoded, -(-num_chunks // process_count), CHUNK, directory,
                seconds, 2 * encoded / max(seconds, 1e-9))
   barrier("encoded_shards")
