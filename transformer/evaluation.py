@@ -43,9 +43,10 @@ class Evaluator:
       return beam_search(model, batch, max_len, beam_size, alpha)[0]
 
     @jax.jit
-    def tokenwise(params, batch):
+    def tokenwise(params, batch):  # score's sums, and per position the argmax and −log p
       logits = nnx.merge(graphdef, params)(batch)
-      return jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
+      sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
+      return sums, jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
 
     self._score, self._predict, self._tokenwise = score, predict, tokenwise
 
@@ -68,10 +69,8 @@ class Evaluator:
   def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int,
                      should_stop=lambda: False):
     """Returns (metrics, predictions [n, decode_len]) for one split; raises Interrupted
-    between batches once should_stop() is true. decode_len None: no decoding; the
-    predictions are the argmax of the teacher-forced logits (see score_split)."""
-    if decode_len is None:
-      return self.score_split(params, split, should_stop)
+    between batches once should_stop() is true. (A split that is scored, not decoded:
+    score_split.)"""
     totals = self._totals(params, split, should_stop)
     predictions = self.predict(params, split, decode_len, should_stop)
     metrics = {"loss": totals["nll"] / totals["tokens"],
@@ -84,19 +83,20 @@ class Evaluator:
     totals: dict[str, float] = {}
     for batch in self._batches(split):
       _check_stop(should_stop)
-      for k, v in jax.device_get(self._score(params, batch)).items():
-        totals[k] = totals.get(k, 0.0) + float(v)
+      _add(totals, jax.device_get(self._score(params, batch)))
     return totals
 
   def score_split(self, params, split: dict[str, np.ndarray], should_stop=lambda: False):
     """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
     accuracy over the weighted targets, and outputs {"predictions", "nll"} [n, t] (the
-    argmax and −log p(target) at every position)."""
-    totals = self._totals(params, split, should_stop)
+    argmax and −log p(target) at every position), from one forward pass per batch."""
+    totals: dict[str, float] = {}
     outputs = {"predictions": [], "nll": []}
     for batch in self._batches(split):
       _check_stop(should_stop)
-      for key, value in zip(outputs, jax.device_get(self._tokenwise(params, batch))):
+      sums, *values = jax.device_get(self._tokenwise(params, batch))
+      _add(totals, sums)
+      for key, value in zip(outputs, values):
         outputs[key].append(np.asarray(value))
     n = len(split["inputs"])
     outputs = {k: np.concatenate(v)[:n] for k, v in outputs.items()}
@@ -130,6 +130,12 @@ class Evaluator:
                                                                  lengths)
       results[name] = metrics
     return results, hypotheses
+
+
+def _add(totals: dict[str, float], sums: dict) -> None:
+  """Adds a batch's metric sums into totals."""
+  for k, v in sums.items():
+    totals[k] = totals.get(k, 0.0) + float(v)
 
 
 def _check_stop(should_stop) -> None:

@@ -32,16 +32,14 @@ import jax
 import ml_collections
 import numpy as np
 from etils import epath
-from jax.experimental import multihost_utils
 
 from transformer import storage
 from transformer.data import SourceArgs
-from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
+from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
 from transformer.metrics import language_model_metrics
 from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import BOS_ID, EOS_ID, NUM_RESERVED
 
-TOKENIZER_FILE = "spm.model"
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})
 _TRAIN_STREAM = 0
 _TOKENIZER_LINES = 300_000  # lines the tokenizer is trained on (the first ones)
@@ -200,16 +198,10 @@ class LanguageModelSource:
     """Loads (first trains) the tokenizer and encodes the train and valid documents."""
     documents = {split: CORPORA[self.data.corpus](self.data, split) for split in
                  ("train", "valid")}
-    if not epath.Path(self.tokenizer_path).exists() and jax.process_index() == 0:
-      lines = (line for doc in documents["train"] for line in doc.split("\n"))
-      train_tokenizer(lines, self.tokenizer_path, self.vocab_size, self.data.tokenizer_type,
-                      max_sentences=_TOKENIZER_LINES)
-    if jax.process_count() > 1:
-      multihost_utils.sync_global_devices("tokenizer")
-    self.tokenizer = Tokenizer(self.tokenizer_path)
-    if self.tokenizer.vocab_size != self.vocab_size:
-      raise ConfigError(f"{self.tokenizer_path} has {self.tokenizer.vocab_size} pieces but "
-                        f"config.data.vocab_size is {self.vocab_size}")
+    self.tokenizer = load_or_train(
+        self.tokenizer_path,
+        lambda: (line for doc in documents["train"] for line in doc.split("\n")),
+        self.vocab_size, self.data.tokenizer_type, max_sentences=_TOKENIZER_LINES)
     self.streams = {split: encode_documents(self.tokenizer, docs)
                     for split, docs in documents.items()}
     need = self.args.eval_examples * self.data.eval_lengths[-1] + 1

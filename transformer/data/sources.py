@@ -18,11 +18,10 @@ from jax.experimental import multihost_utils
 
 from transformer import storage
 from transformer.data import SourceArgs, encoded, labelled, lm, pipeline, synthetic, text
-from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, train_tokenizer
+from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
 from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
-TOKENIZER_FILE = "spm.model"
 ENCODED_DIR = "encoded_train"  # the encoded training corpus, under data.cache_dir
 WINDOW = 8192  # training examples packed at a time (data.window)
 
@@ -150,15 +149,9 @@ class ParallelTextSource:
   def prepare(self) -> None:
     """Loads the tokenizer, training it on a sample of the training pairs first if it does
     not exist."""
-    if not epath.Path(self.tokenizer_path).exists() and jax.process_index() == 0:
-      train_tokenizer((s for pair in self.train_pairs() for s in pair), self.tokenizer_path,
-                      self.vocab_size, self.data.tokenizer_type)
-    if jax.process_count() > 1:  # the others wait for process 0's tokenizer
-      multihost_utils.sync_global_devices("tokenizer")
-    self.tokenizer = Tokenizer(self.tokenizer_path)
-    if self.tokenizer.vocab_size != self.vocab_size:
-      raise ConfigError(f"{self.tokenizer_path} has {self.tokenizer.vocab_size} pieces but "
-                        f"config.data.vocab_size is {self.vocab_size}")
+    self.tokenizer = load_or_train(
+        self.tokenizer_path, lambda: (s for pair in self.train_pairs() for s in pair),
+        self.vocab_size, self.data.tokenizer_type)
 
   def _encode(self, pairs):
     return [(self.tokenizer.encode(s), self.tokenizer.encode(t)) for s, t in pairs]

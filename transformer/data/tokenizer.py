@@ -4,17 +4,20 @@ kept as a model file, local or a URL."""
 import itertools
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+import jax
 import numpy as np
 import sentencepiece as spm
 from etils import epath
+from jax.experimental import multihost_utils
 
 from transformer import storage
 from transformer.registry import ConfigError
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
+TOKENIZER_FILE = "spm.model"  # the name of a tokenizer a run trains into its workdir
 UNK_ID = 3
 
 
@@ -90,3 +93,19 @@ def train_tokenizer(sentences: Iterable[str], model_path: str, vocab_size: int,
     with open(prefix + ".model", "rb") as f:
       storage.write(model_path, f.read())
   return Tokenizer(model_path)
+
+
+def load_or_train(model_path: str, sentences: Callable[[], Iterable[str]], vocab_size: int,
+                  model_type: str, max_sentences: int = 1_000_000) -> Tokenizer:
+  """The tokenizer at `model_path`; if it does not exist, process 0 first trains it on
+  sentences() (train_tokenizer) while the other processes wait. A ConfigError if it does
+  not have vocab_size pieces."""
+  if not epath.Path(model_path).exists() and jax.process_index() == 0:
+    train_tokenizer(sentences(), model_path, vocab_size, model_type, max_sentences)
+  if jax.process_count() > 1:  # the others wait for process 0's tokenizer
+    multihost_utils.sync_global_devices("tokenizer")
+  tokenizer = Tokenizer(model_path)
+  if tokenizer.vocab_size != vocab_size:
+    raise ConfigError(f"{model_path} has {tokenizer.vocab_size} pieces but "
+                      f"config.data.vocab_size is {vocab_size}")
+  return tokenizer
