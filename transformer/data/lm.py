@@ -34,7 +34,7 @@ import numpy as np
 from etils import epath
 
 from transformer import storage
-from transformer.data import SourceArgs
+from transformer.data import SourceArgs, text
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
 from transformer.metrics import language_model_metrics
 from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, dataclass_from, lookup
@@ -118,21 +118,9 @@ def file_documents(data: LMData, split: str) -> list[str]:
 
 
 def tfds_documents(data: LMData, split: str) -> list[str]:
-  try:
-    import tensorflow_datasets as tfds  # noqa: PLC0415 - optional: pip install '.[tfds]'
-  except ImportError:
-    raise ConfigError("data.corpus 'tfds' needs tensorflow-datasets: pip install -e '.[tfds]'"
-                      ) from None
-  name = data.train_split if split == "train" else data.valid_split
-  try:
-    source = tfds.data_source(data.tfds_name, split=name, data_dir=data.tfds_dir or None,
-                              download=False)
-  except Exception as e:  # noqa: BLE001 - tfds raises assorted errors for an unprepared set
-    raise ConfigError(f"TFDS dataset {data.tfds_name!r} (split {name!r}) is not readable "
-                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); prepare it "
-                      f"once in array_record format") from None
-  text = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)  # noqa: E731
-  return [text(ex[data.text_key]) for ex in source]
+  source = text.tfds_split(data.tfds_name, data.train_split if split == "train"
+                           else data.valid_split, data.tfds_dir, what="data.corpus 'tfds'")
+  return [text.as_text(ex[data.text_key]) for ex in source]
 
 
 CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents}

@@ -228,23 +228,7 @@ class TfdsSource(ParallelTextSource):
       self._data_source(split)
 
   def _data_source(self, split: str):
-    try:
-      import tensorflow_datasets as tfds  # noqa: PLC0415 - optional: pip install '.[tfds]'
-    except ImportError:
-      raise ConfigError("data.source 'tfds' needs tensorflow-datasets: pip install -e '.[tfds]'"
-                        ) from None
-    name, data_dir = self.data.tfds_name, self.data.tfds_dir or None
-    try:
-      return tfds.data_source(name, split=self.data[f"{split}_split"], data_dir=data_dir,
-                              download=False)
-    except Exception as e:  # noqa: BLE001 - tfds raises assorted errors for an unprepared set
-      raise ConfigError(
-          f"TFDS dataset {name!r} (split {self.data[f'{split}_split']!r}) is not readable under "
-          f"{data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
-          f"{' '.join(str(e).split())[:200]}). Prepare it once in array_record format: pip install "
-          f"tensorflow tensorflow-datasets && python -c \"import tensorflow_datasets as tfds; "
-          f"tfds.builder('{name}', data_dir={data_dir!r}, file_format='array_record')"
-          f".download_and_prepare()\"") from None
+    return text.tfds_split(self.data.tfds_name, self.data[f"{split}_split"], self.data.tfds_dir)
 
   def held_out(self) -> list[str]:
     return [split for split in ("valid", "test") if self.data.get(f"{split}_split")]
@@ -257,12 +241,11 @@ class TfdsSource(ParallelTextSource):
 
   def _stream(self, split: str, chunk: int = 4096) -> Iterator[tuple[str, str]]:
     """The pairs of a split in record order, read `chunk` records at a time."""
-    text_of = lambda x: x.decode("utf-8") if isinstance(x, bytes) else str(x)  # noqa: E731
     src, tgt = self.data.source_lang, self.data.target_lang
     source = self._data_source(split)
     for start in range(0, len(source), chunk):
       for ex in source.__getitems__(range(start, min(start + chunk, len(source)))):
-        yield text_of(ex[src]), text_of(ex[tgt])
+        yield text.as_text(ex[src]), text.as_text(ex[tgt])
 
   def corpus_identity(self) -> list[dict]:
     source = self._data_source("train")

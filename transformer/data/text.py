@@ -1,5 +1,6 @@
-"""Parallel text corpora: one sentence per line, a source and a target file per split,
-plain or gzip, local or a URL. Bad input fails with a ConfigError naming the file (and line)."""
+"""Text corpora: parallel files with one sentence per line, a source and a target file per
+split, plain or gzip, local or a URL; and prepared TFDS datasets. Bad input fails with a
+ConfigError naming the file (and line) or saying how to prepare the dataset."""
 
 import contextlib
 import gzip
@@ -71,3 +72,29 @@ def iter_parallel(source_path: str, target_path: str) -> Iterator[tuple[str, str
   if not nonempty:
     raise ConfigError(f"empty corpus: no non-empty sentence pair in {source_path} and "
                       f"{target_path}")
+
+
+def tfds_split(name: str, split: str, data_dir: str = "", what: str = "data.source 'tfds'"):
+  """The random-access tfds.data_source of a prepared dataset's split (array_record, no
+  TensorFlow); a ConfigError that says how to prepare it if it cannot be read. `what` names
+  the config choice that needs tensorflow-datasets."""
+  try:
+    import tensorflow_datasets as tfds  # noqa: PLC0415 - optional: pip install '.[tfds]'
+  except ImportError:
+    raise ConfigError(f"{what} needs tensorflow-datasets: pip install -e '.[tfds]'") from None
+  data_dir = data_dir or None
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except Exception as e:  # noqa: BLE001 - tfds raises assorted errors for an unprepared set
+    raise ConfigError(
+        f"TFDS dataset {name!r} (split {split!r}) is not readable under "
+        f"{data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
+        f"{' '.join(str(e).split())[:200]}). Prepare it once in array_record format: pip install "
+        f"tensorflow tensorflow-datasets && python -c \"import tensorflow_datasets as tfds; "
+        f"tfds.builder('{name}', data_dir={data_dir!r}, file_format='array_record')"
+        f".download_and_prepare()\"") from None
+
+
+def as_text(value) -> str:
+  """A TFDS text feature (bytes or str) as str."""
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
