@@ -9,6 +9,7 @@ metadata) is reported in one line and the one before it is used; training moves 
 as STEP.unrestorable, where it stays for inspection and is never deleted.
 """
 
+import gc
 import logging
 
 import grain
@@ -91,6 +92,29 @@ def _one_line(e: Exception, limit: int = 200) -> str:
   return text if len(text) <= limit else text[:limit] + "..."
 
 
+class _FailedReads(logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" for tensorstore reads."""
+
+  def filter(self, record):
+    error = record.exc_info[1] if record.exc_info else None
+    return not ("exception was never retrieved" in record.getMessage()
+                and "tensorstore_spec" in str(error))
+
+
+_FAILED_READS = _FailedReads()
+
+
+def _quiet_failed_reads() -> None:
+  """When one read of a damaged checkpoint fails, tensorstore's other reads end as asyncio
+  tasks whose exceptions nobody retrieves, and asyncio logs each (kilobytes of spec) when
+  it is collected, some at exit. The failure is reported in one line: from the first one
+  on, those logs are dropped, and what is already done is collected now."""
+  asyncio_log = logging.getLogger("asyncio")
+  if _FAILED_READS not in asyncio_log.filters:
+    asyncio_log.addFilter(_FAILED_READS)
+  gc.collect()
+
+
 def _target(abstract_state, shardings):
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       abstract_state, shardings)
@@ -128,6 +152,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, make_iterato
     try:
       return step, mngr.restore(step, args=ocp.args.Composite(**items))["state"], iterator
     except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for bad files
+      _quiet_failed_reads()
       failures.append(f"step {step}: {type(e).__name__}: {_one_line(e, 120)}")
       moved = f"; moved to {_quarantine(mngr, step)} for inspection" if quarantine else ""
       log.warning("the checkpoint at step %d in %s does not restore (%s: %s)%s; trying the "
@@ -170,6 +195,7 @@ def _restore_params(mngr, abstract_params, shardings, step, count):
       params = mngr.restore(s, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
           target, restore_args=restore_args, partial_restore=True)))["state"]["params"]
     except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many types for bad files
+      _quiet_failed_reads()
       if s == step:
         raise RunError(f"the checkpoint at step {s} in {mngr.directory} does not restore "
                        f"({type(e).__name__}: {_one_line(e)})") from None
