@@ -1,8 +1,12 @@
 """data.source=tfds: a tiny TFDS translation dataset prepared as array_record, read and trained
 on without TensorFlow; a clear error when a dataset is not prepared."""
 
+import glob
+import logging
 import os
+import shutil
 import sys
+import time
 
 import pytest
 
@@ -22,6 +26,7 @@ class TinyTranslate(tfds.core.GeneratorBasedBuilder):
   """Six sentence pairs repeated: train 60 pairs, validation and test 6 each."""
 
   VERSION = tfds.core.Version("1.0.0")
+  REVERSED = False  # True: the English sentences in the other order, as if the data changed
 
   def _info(self):
     return tfds.core.DatasetInfo(builder=self,
@@ -33,7 +38,7 @@ class TinyTranslate(tfds.core.GeneratorBasedBuilder):
 
   def _generate_examples(self, repeats):
     for i in range(repeats * len(EN)):
-      yield i, {"en": EN[i % len(EN)], "de": DE[i % len(DE)]}
+      yield i, {"en": (EN[::-1] if self.REVERSED else EN)[i % len(EN)], "de": DE[i % len(DE)]}
 
 
 def _config(data_dir):
@@ -70,6 +75,27 @@ def test_tfds_run_trains_and_evaluates(prepared, tmp_path):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     text = f.read()
   assert '"split": "test"' in text and '"bleu"' in text
+
+
+def test_a_prepared_again_dataset_rebuilds_the_encoded_cache(tmp_path, caplog, monkeypatch):
+  """Same name, version and record count, other contents: the files tell them apart."""
+  data_dir, run = str(tmp_path / "tfds"), str(tmp_path / "run")
+  TinyTranslate(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  source = sources.make_source(_config(data_dir), run)
+  source.prepare()
+  assert len(source.encoded_corpus()) == 60
+  shutil.rmtree(data_dir)
+  monkeypatch.setattr(TinyTranslate, "REVERSED", True)
+  TinyTranslate(data_dir=data_dir, file_format="array_record").download_and_prepare()
+  files = glob.glob(os.path.join(data_dir, "*", "*", "*train.array_record*"))
+  assert files
+  for name in files:
+    os.utime(name, (time.time() + 60,) * 2)  # prepared later, not within the same second
+  source = sources.make_source(_config(data_dir), run)
+  source.prepare()
+  with caplog.at_level(logging.INFO):
+    assert len(source.encoded_corpus()) == 60
+  assert "was built for another corpus: rebuilding" in caplog.text
 
 
 def test_unprepared_tfds_dataset_says_how_to_prepare_it(tmp_path):

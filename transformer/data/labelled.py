@@ -15,11 +15,10 @@ import dataclasses
 import zlib
 
 import grain
-import jax
 import ml_collections
 import numpy as np
 
-from transformer.data import SourceArgs
+from transformer.data import SourceArgs, pipeline
 from transformer.metrics import macro_f1
 from transformer.registry import (AT_LEAST_1, ConfigError, Range, check, check_ranges,
                                   dataclass_from, lookup)
@@ -226,14 +225,10 @@ class LabelledSource:
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches; batch `step` is a pure function of (seed, step), this process's rows."""
-    batch_size, count = self.args.batch_size, jax.process_count()
-    rows, index = batch_size // count, jax.process_index()
-    global_index = lambda j: (j // rows) * batch_size + index * rows + j % rows  # noqa: E731
     task, seed = self.task, self.args.seed
-    dataset = grain.MapDataset.range(2**62).map(
-        lambda j: example(task, seed, _TRAIN_STREAM, global_index(j), heldout=False))
-    dataset = dataset.batch(rows, batch_fn=lambda exs: label_batch(exs, task.max_len))
-    return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+    return pipeline.generated_batches(
+        self.args.batch_size, lambda i: example(task, seed, _TRAIN_STREAM, i, heldout=False),
+        lambda exs: label_batch(exs, task.max_len))
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid`: num_examples held-out sequences (0: config.eval.num_examples)."""

@@ -28,13 +28,12 @@ import sysconfig
 import zlib
 
 import grain
-import jax
 import ml_collections
 import numpy as np
 from etils import epath
 
 from transformer import storage
-from transformer.data import SourceArgs, text
+from transformer.data import SourceArgs, pipeline, text
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
 from transformer.metrics import language_model_metrics
 from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, dataclass_from, lookup
@@ -200,15 +199,11 @@ class LanguageModelSource:
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches of random windows; batch `step` is a pure function of (seed, step)."""
-    stream, length = self.streams["train"], self.data.max_len
-    batch_size, count = self.args.batch_size, jax.process_count()
-    rows, index, seed = batch_size // count, jax.process_index(), self.args.seed
-    global_index = lambda j: (j // rows) * batch_size + index * rows + j % rows  # noqa: E731
-    start = lambda j: int(np.random.default_rng([seed, _TRAIN_STREAM, global_index(j)]  # noqa: E731
+    stream, length, seed = self.streams["train"], self.data.max_len, self.args.seed
+    start = lambda i: int(np.random.default_rng([seed, _TRAIN_STREAM, i]  # noqa: E731
                                                 ).integers(len(stream) - length))
-    dataset = grain.MapDataset.range(2**62).map(start)
-    dataset = dataset.batch(rows, batch_fn=lambda starts: window_batch(stream, starts, length))
-    return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+    return pipeline.generated_batches(
+        self.args.batch_size, start, lambda starts: window_batch(stream, starts, length))
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored

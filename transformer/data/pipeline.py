@@ -4,7 +4,7 @@ Batches are dicts of int32 arrays [batch, length] (see transformer/data/__init__
 """
 
 import concurrent.futures
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grain
 import jax
@@ -222,3 +222,16 @@ def train_batches(examples: Sequence, *, seed: int, batch_size: int, max_len: in
   return PackedStream(Pairs(examples), seed=seed, batch_size=batch_size, max_len=max_len,
                       pack=pack, window=window, process_index=jax.process_index(),
                       process_count=jax.process_count())
+
+
+def generated_batches(batch_size: int, row: Callable[[int], object],
+                      batch: Callable[[list], dict[str, np.ndarray]]) -> grain.IterDataset:
+  """Endless batches of rows made on demand: `row(i)` is global row i, a pure function of
+  i, and `batch(rows)` stacks this process's share of each batch. Process p of P takes rows
+  p·b/P ... (p+1)·b/P - 1 of every batch of b, so batch `step` is the same rows on any
+  number of processes."""
+  rows, index = batch_size // jax.process_count(), jax.process_index()
+  dataset = grain.MapDataset.range(2**62).map(
+      lambda j: row((j // rows) * batch_size + index * rows + j % rows))
+  dataset = dataset.batch(rows, batch_fn=batch)
+  return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))

@@ -248,11 +248,15 @@ class TfdsSource(ParallelTextSource):
         yield text.as_text(ex[src]), text.as_text(ex[tgt])
 
   def corpus_identity(self) -> list[dict]:
+    """The split's name, version and size, and each of its array_record files' size and
+    mtime with the records read from it: a re-prepared dataset has new files."""
     source = self._data_source("train")
+    files = [encoded.file_identity(f.filename) | {"skip": f.skip, "take": f.take}
+             for f in source.dataset_info.splits[source.split].file_instructions]
     return [{"tfds_name": self.data.tfds_name, "split": self.data.train_split,
              "tfds_dir": storage.absolute(self.data.tfds_dir) if self.data.tfds_dir else "",
              "version": str(source.dataset_info.version), "records": len(source),
-             "languages": [self.data.source_lang, self.data.target_lang]}]
+             "languages": [self.data.source_lang, self.data.target_lang], "files": files}]
 
 
 SOURCES = {"synthetic": SyntheticSource, "text": ParallelTextSource, "tfds": TfdsSource,
