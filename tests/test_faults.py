@@ -250,7 +250,9 @@ def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tin
   _assert_same(_params(run, 40), _params(straight, 40))
 
 
+# the save's other items (orbax coroutines) are never awaited, and closing them can raise
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_exception_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny_config,
                                                                    straight, monkeypatch):
   config = tiny_config()
