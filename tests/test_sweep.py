@@ -3,6 +3,7 @@ report's mean ± std over seeds, worker sharding, shipped sweep configs."""
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -79,6 +80,12 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   final = sweep.final_metrics(str(first))  # exact match per length, training and longer ones
   assert {"3", "4", "5"} <= set(final["valid"]["exact_match_by_length"]) <= {"1", "2", "3", "4", "5"}
   assert set(final["longer"]["exact_match_by_length"]) == {"6", "7"}
+
+  shutil.rmtree(sweep_dir / "model.position=rotary,seed=1")  # one seed: no spread is shown
+  sweep.report(str(config_path), str(sweep_dir))
+  row = next(r for r in (sweep_dir / "report.md").read_text().splitlines() if "rotary" in r)
+  assert row.startswith("| model.position=rotary | 1 | ") and "±" not in row
+  assert f"{exact[0]:.4f}" in row
 
 
 def test_workers_split_the_runs_and_commands_are_printed(tmp_path):

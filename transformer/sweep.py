@@ -169,17 +169,24 @@ def report(config_path: str, sweep_dir: str, overrides: dict | None = None) -> t
   names = sorted({f"{split}/{key}" for runs in finals.values() for r in runs
                   for split, m in r.items() for key, value in m.items()
                   if isinstance(value, float) and key not in ("step", "eval_length")})
-  stats = {}
+  stats, counts = {}, {}
   for variant, runs in finals.items():
     for name in names:
       split, key = name.split("/")
       values = [r[split][key] for r in runs if key in r.get(split, {})]
       stats[variant, name] = (float(np.mean(values)), float(np.std(values))) if values else None
+      counts[variant, name] = len(values)
+
+  def cell(variant, name):  # one seed has no spread to show
+    if not stats[variant, name]:
+      return ""
+    mean, std = stats[variant, name]
+    return f"{mean:.4f} ± {std:.4f}" if counts[variant, name] > 1 else f"{mean:.4f}"
+
   md_path, csv_path = storage.join(sweep_dir, "report.md"), storage.join(sweep_dir, "report.csv")
   lines = ["| variant | seeds | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
   for variant, runs in finals.items():
-    cells = [f"{stats[variant, n][0]:.4f} ± {stats[variant, n][1]:.4f}" if stats[variant, n]
-             else "" for n in names]
+    cells = [cell(variant, n) for n in names]
     lines.append(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |")
   storage.write(md_path, "\n".join(lines) + "\n")
   table = io.StringIO()
