@@ -228,7 +228,7 @@ class LabelledSource:
     task, seed = self.task, self.args.seed
     return pipeline.generated_batches(
         self.args.batch_size, lambda i: example(task, seed, _TRAIN_STREAM, i, heldout=False),
-        lambda exs: label_batch(exs, task.max_len))
+        lambda exs: label_batch(exs, task.max_len)).to_iter_dataset(pipeline.READ_OPTIONS)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid`: num_examples held-out sequences (0: config.eval.num_examples)."""

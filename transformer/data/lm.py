@@ -203,7 +203,8 @@ class LanguageModelSource:
     start = lambda i: int(np.random.default_rng([seed, _TRAIN_STREAM, i]  # noqa: E731
                                                 ).integers(len(stream) - length))
     return pipeline.generated_batches(
-        self.args.batch_size, start, lambda starts: window_batch(stream, starts, length))
+        self.args.batch_size, start, lambda starts: window_batch(stream, starts, length)
+    ).to_iter_dataset(pipeline.READ_OPTIONS)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored

@@ -224,14 +224,21 @@ def train_batches(examples: Sequence, *, seed: int, batch_size: int, max_len: in
                       process_count=jax.process_count())
 
 
+READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)  # generated batches
+
+
 def generated_batches(batch_size: int, row: Callable[[int], object],
-                      batch: Callable[[list], dict[str, np.ndarray]]) -> grain.IterDataset:
-  """Endless batches of rows made on demand: `row(i)` is global row i, a pure function of
-  i, and `batch(rows)` stacks this process's share of each batch. Process p of P takes rows
-  p·b/P ... (p+1)·b/P - 1 of every batch of b, so batch `step` is the same rows on any
-  number of processes."""
-  rows, index = batch_size // jax.process_count(), jax.process_index()
+                      batch: Callable[[list], dict[str, np.ndarray]],
+                      process_index: int | None = None,
+                      process_count: int | None = None) -> grain.MapDataset:
+  """Endless batches of rows made on demand (the synthetic, labelled and LM sources):
+  `row(i)` is global row i, a pure function of i, and `batch(rows)` stacks this process's
+  share; `dataset[step]` is that share of step's batch. Process p of P (default: this JAX
+  process) takes rows p·b/P ... (p+1)·b/P - 1 of every batch of b, so batch `step` is the
+  same rows on any number of processes."""
+  process_index = jax.process_index() if process_index is None else process_index
+  process_count = jax.process_count() if process_count is None else process_count
+  rows = batch_size // process_count
   dataset = grain.MapDataset.range(2**62).map(
-      lambda j: row((j // rows) * batch_size + index * rows + j % rows))
-  dataset = dataset.batch(rows, batch_fn=batch)
-  return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+      lambda j: row((j // rows) * batch_size + process_index * rows + j % rows))
+  return dataset.batch(rows, batch_fn=batch)

@@ -60,7 +60,7 @@ class SyntheticSource:
   def train_batches(self) -> grain.IterDataset:
     dataset = synthetic.train_dataset(self.task, self.args.seed, self.args.batch_size,
                                       jax.process_index(), jax.process_count())
-    return dataset.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4))
+    return dataset.to_iter_dataset(pipeline.READ_OPTIONS)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
     """`valid` and `longer`, num_examples each (0: config.eval.num_examples)."""

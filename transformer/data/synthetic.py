@@ -17,7 +17,7 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
-from transformer.data.pipeline import pad_batch
+from transformer.data.pipeline import generated_batches, pad_batch
 from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED
 
@@ -74,12 +74,10 @@ def train_dataset(task: SyntheticTask, seed: int, batch_size: int, process_index
                   process_count: int = 1) -> grain.MapDataset:
   """Endless training batches; `dataset[step]` is this process's rows of the global batch
   of that step (batch_size rows in all, split evenly between the processes)."""
-  width, rows = task.max_len + 1, batch_size // process_count
-  global_index = lambda j: (j // rows) * batch_size + process_index * rows + j % rows  # noqa: E731
-  examples = grain.MapDataset.range(2**62).map(
-      lambda j: task.example(seed, _TRAIN_STREAM, global_index(j), task.min_len, task.max_len,
-                             heldout=False))
-  return examples.batch(rows, batch_fn=lambda pairs: pad_batch(pairs, width))
+  return generated_batches(
+      batch_size, lambda i: task.example(seed, _TRAIN_STREAM, i, task.min_len, task.max_len,
+                                         heldout=False),
+      lambda pairs: pad_batch(pairs, task.max_len + 1), process_index, process_count)
 
 
 def eval_splits(task: SyntheticTask, seed: int, num_examples: int,
