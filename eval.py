@@ -23,9 +23,9 @@ import sys
 from absl import app, flags
 
 from transformer import cli, pictures
+from transformer.errors import Interrupted
 from transformer.evaluation import (continue_prompts, evaluate_run, format_table, output_path,
                                     restore_run)
-from transformer.registry import Interrupted
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the latest).")

@@ -24,7 +24,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import cli, storage, sweep
+from transformer import cli, report, storage, sweep
 
 config_flags.DEFINE_config_file("config", None, "A sweep config file (get_config and "
                                 "get_sweep); --config.FIELD=VALUE overrides every run.")
@@ -67,7 +67,7 @@ def main(argv):
     if stop.exit_status:
       sys.exit(stop.exit_status)
     if jax.process_index() == 0:
-      md_path, csv_path = sweep.report(path, f.sweep_dir, overrides)
+      md_path, csv_path = report.write(path, f.sweep_dir, overrides)
       print(storage.read_text(md_path))
       print(f"report written to {md_path} and {csv_path}")
   if failed:

@@ -17,8 +17,8 @@ from absl import app, flags
 from flax import nnx
 
 from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.blocks import NO_POSITION
 from transformer.masks import Mask
-from transformer.model import NO_POSITION
 
 flags.DEFINE_list("lengths", ["256", "1024", "4096", "8192", "16384"], "Sequence lengths.")
 flags.DEFINE_integer("window", 128, "Local window (±positions).")

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.heldout_modulus = 10  # 1/10 of string space is held out for evaluation
   config.task.longer_max_len = 24  # the `longer` split: lengths max_len+1 .. this
 
-  # Model (transformer/model.py: ModelConfig, AttentionConfig).
+  # Model (transformer/blocks.py: ModelConfig; transformer/attention.py: AttentionConfig).
   config.model = ml_collections.ConfigDict()
   # encoder_decoder (seq2seq) | encoder (classification, labelling) | decoder (causal LM);
   # the data source says which it needs.

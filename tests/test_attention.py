@@ -10,12 +10,12 @@ import pytest
 from flax import nnx
 
 from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.blocks import ModelConfig
+from transformer.errors import ConfigError
+from transformer.families import EncoderDecoder
 from transformer.kernels import KERNELS, reference_kernel
-from transformer.masks import (WINDOWS, Mask, causal_mask, local_window, masked_softmax,
-                               segment_mask)
-from transformer.model import ModelConfig, Transformer
+from transformer.masks import WINDOWS, Mask, causal_mask, local_window, masked_softmax, segment_mask
 from transformer.positions import PositionalEncoding, make_positional_encoding
-from transformer.registry import ConfigError
 from transformer.scores import SCORES, ScaledDot, make_score, unit
 
 B, TQ, TK, H, D = 2, 3, 4, 2, 4
@@ -295,11 +295,11 @@ def test_a_kernel_without_bias_refuses_a_biasing_encoding(monkeypatch):
   monkeypatch.setitem(KERNELS, "nobias", dataclasses.replace(KERNELS["reference"], bias=False))
   cfg = dict(vocab_size=8, d_model=8, num_heads=2, d_ff=8, num_encoder_layers=1,
              num_decoder_layers=1, attention=AttentionConfig(kernel="nobias"))
-  Transformer(ModelConfig(**cfg, position="rotary"), rngs=nnx.Rngs(0))
+  EncoderDecoder(ModelConfig(**cfg, position="rotary"), rngs=nnx.Rngs(0))
   for position in BIASED:
     with pytest.raises(ConfigError, match=f"kernel 'nobias' adds no logit bias, and position "
                                           f"'{position}' is one"):
-      Transformer(ModelConfig(**cfg, position=position), rngs=nnx.Rngs(0))
+      EncoderDecoder(ModelConfig(**cfg, position=position), rngs=nnx.Rngs(0))
 
 
 def _attention_with(**cfg):

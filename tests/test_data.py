@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from transformer.data.synthetic import SyntheticTask, eval_splits, train_dataset
-from transformer.registry import ConfigError
+from transformer.errors import ConfigError
 from transformer.vocab import EOS_ID, NUM_RESERVED
 
 

@@ -7,10 +7,11 @@ import pytest
 from flax import nnx
 
 from transformer.attention import AttentionConfig
+from transformer.blocks import ModelConfig
 from transformer.decoding import beam_search, greedy_decode, length_penalty
-from transformer.model import ModelConfig, Transformer, shift_right
+from transformer.errors import ConfigError
+from transformer.families import EncoderDecoder, shift_right
 from transformer.positions import POSITIONS
-from transformer.registry import ConfigError
 from transformer.scores import SCORES
 from transformer.vocab import EOS_ID, PAD_ID
 
@@ -23,7 +24,7 @@ MAX_LEN = 7
 def _model(position="sinusoidal", score="scaled_dot", window="full", seed=0):
   cfg = ModelConfig(**TINY, position=position,
                     attention=AttentionConfig(score=score, window=window, window_size=2))
-  return Transformer(cfg, rngs=nnx.Rngs(seed))
+  return EncoderDecoder(cfg, rngs=nnx.Rngs(seed))
 
 
 @nnx.jit

@@ -13,7 +13,7 @@ from configs import multi30k
 from transformer.data import encoded, sources
 from transformer.data.pipeline import permute
 from transformer.data.tokenizer import sample
-from transformer.registry import ConfigError
+from transformer.errors import ConfigError
 
 WORDS = ("red", "small", "old", "happy", "dog", "cat", "man", "bird", "tree", "car")
 SOURCES = [f"the {a} {b} sees {c} {d}" for a in WORDS[:4] for b in WORDS[4:8]

@@ -13,12 +13,13 @@ from flax import nnx
 from tests.conftest import make_tiny_config
 from transformer import experiment, training
 from transformer.attention import AttentionConfig
+from transformer.blocks import ModelConfig
 from transformer.data import labelled, lm
 from transformer.decoding import generate
+from transformer.errors import ConfigError
+from transformer.families import make_model
 from transformer.metrics import macro_f1
-from transformer.model import ModelConfig, make_model
 from transformer.positions import POSITIONS
-from transformer.registry import ConfigError
 from transformer.scores import SCORES
 
 TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
@@ -268,13 +269,13 @@ def test_pictures_of_each_family(tmp_path, arch):
 
 
 def test_sweep_plots_perplexity_by_length(tmp_path):
-  from transformer import pictures, sweep  # noqa: PLC0415
+  from transformer import pictures, report  # noqa: PLC0415
   run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
                                       "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
                        for w in (64, 128) for s in ("", "_sliding")}
   base = make_tiny_config()
   base.data = dict(source="lm", max_len=64)
-  sweep._plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
+  report._plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
                                                           "rotary": [run(2.0)]}, base)
   assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()
 
@@ -298,7 +299,9 @@ train_and_evaluate(listops_config(**json.loads(sys.argv[2])), sys.argv[1])
 
 
 def test_sharded_encoder_run_matches_one_device(tmp_path):
-  import os, subprocess, sys  # noqa: E401, PLC0415
+  import os  # noqa: E401, PLC0415
+  import subprocess
+  import sys
   single, sharded = str(tmp_path / "single"), str(tmp_path / "sharded")
   training.train_and_evaluate(listops_config(), single)
   mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}

@@ -23,8 +23,8 @@ from tests.clirun import ROOT, TINY, CliRunner
 from tests.conftest import make_tiny_config
 from transformer import checkpoint, evaluation, experiment, lock, training
 from transformer.data import sources
+from transformer.errors import RunError
 from transformer.evaluation import restore_and_evaluate
-from transformer.registry import RunError
 from transformer.training import make_train_step, train_and_evaluate
 from transformer.workdir import CONFIG_FILE, read_metrics
 

@@ -14,11 +14,12 @@ from flax import nnx
 
 from transformer import experiment
 from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.blocks import ModelConfig
 from transformer.data import sources
 from transformer.decoding import greedy_decode
-from transformer.model import ModelConfig, Transformer, shift_right
+from transformer.errors import ConfigError
+from transformer.families import EncoderDecoder, shift_right
 from transformer.positions import POSITIONS, make_positional_encoding
-from transformer.registry import ConfigError
 from transformer.scores import SCORES, make_score
 
 TINY = dict(vocab_size=11, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
@@ -43,7 +44,7 @@ def _batch(b=2, s=5, t=6, seed=0):
 def test_forward_shapes_and_finite(position, score, window, norm):
   cfg = ModelConfig(**TINY, position=position, norm=norm,
                     attention=AttentionConfig(score=score, window=window, window_size=2))
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  model = EncoderDecoder(cfg, rngs=nnx.Rngs(0))
   batch = _batch()
   logits = forward(model, batch)
   assert logits.shape == (2, 6, 11) and logits.dtype == jnp.float32
@@ -55,7 +56,7 @@ def test_forward_shapes_and_finite(position, score, window, norm):
 def test_every_named_combination_has_right_abstract_shapes():
   for position, score in itertools.product(sorted(POSITIONS), sorted(SCORES)):
     cfg = ModelConfig(**TINY, position=position, attention=AttentionConfig(score=score))
-    model = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda cfg=cfg: EncoderDecoder(cfg, rngs=nnx.Rngs(0)))
     out = jax.eval_shape(lambda m, b: m(b), model, _batch())
     assert out.shape == (2, 6, 11)
 
@@ -65,7 +66,7 @@ def test_packed_rows_equal_separate_rows(position):
   """Two pairs packed into one row with segment ids and restarting positions give the same
   logits as each pair alone: attention and positions never cross segments."""
   cfg = ModelConfig(**{**TINY, "dropout": 0.0}, position=position)
-  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  model = EncoderDecoder(cfg, rngs=nnx.Rngs(0))
   a, b = _batch(1, 3, 4, seed=1), _batch(1, 2, 3, seed=2)
   alone = [forward(model, x) for x in (a, b)]
   cat = lambda k: jnp.concatenate([a[k], b[k], jnp.zeros((1, 1), jnp.int32)], 1)  # noqa: E731
@@ -88,8 +89,8 @@ def test_shift_right_restarts_each_segment_with_bos():
 
 
 def test_shared_embeddings_tie_output_projection():
-  shared = Transformer(ModelConfig(**TINY), rngs=nnx.Rngs(0))
-  separate = Transformer(ModelConfig(**TINY, share_embeddings=False), rngs=nnx.Rngs(0))
+  shared = EncoderDecoder(ModelConfig(**TINY), rngs=nnx.Rngs(0))
+  separate = EncoderDecoder(ModelConfig(**TINY, share_embeddings=False), rngs=nnx.Rngs(0))
   n = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m)))  # noqa: E731
   assert n(separate) - n(shared) == 11 * 16 + (16 * 11 + 11)
   y = jnp.ones((1, 2, 16))
@@ -127,9 +128,9 @@ def test_existing_entries_keep_their_checkpoint_layout():
 
 def test_unknown_norm_and_window():
   with pytest.raises(ConfigError, match="unknown norm 'mid'; choose one of: post, pre"):
-    Transformer(ModelConfig(**TINY, norm="mid"), rngs=nnx.Rngs(0))
+    EncoderDecoder(ModelConfig(**TINY, norm="mid"), rngs=nnx.Rngs(0))
   with pytest.raises(ConfigError, match="unknown attention window 'causal'; choose one of: full, local"):
-    Transformer(ModelConfig(**TINY, attention=AttentionConfig(window="causal")), rngs=nnx.Rngs(0))
+    EncoderDecoder(ModelConfig(**TINY, attention=AttentionConfig(window="causal")), rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("path", sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "*.py"))
@@ -154,8 +155,8 @@ def test_bfloat16_computes_in_bfloat16_with_float32_parameters():
   """dtype=bfloat16: every matmul takes bf16 operands, the parameters stay float32, and the
   logits stay near the float32 model's (same parameters)."""
   cfg = ModelConfig(**{**TINY, "dropout": 0.0})
-  ref = Transformer(cfg, rngs=nnx.Rngs(0))
-  low = Transformer(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
+  ref = EncoderDecoder(cfg, rngs=nnx.Rngs(0))
+  low = EncoderDecoder(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
   assert {x.dtype for x in jax.tree.leaves(nnx.state(low, nnx.Param))} == {jnp.dtype("float32")}
   batch = _batch()
   dots = _equations(jax.make_jaxpr(lambda m, b: m(b))(low, batch).jaxpr, "dot_general")
@@ -163,7 +164,7 @@ def test_bfloat16_computes_in_bfloat16_with_float32_parameters():
   a, b = np.asarray(forward(ref, batch)), np.asarray(forward(low, batch))
   assert np.linalg.norm(b - a) / np.linalg.norm(a) < 2e-2
   with pytest.raises(ConfigError, match="unknown model dtype 'float8'"):
-    Transformer(dataclasses.replace(cfg, dtype="float8"), rngs=nnx.Rngs(0))
+    EncoderDecoder(dataclasses.replace(cfg, dtype="float8"), rngs=nnx.Rngs(0))
 
 
 def _equations(jaxpr, primitive):
@@ -183,7 +184,7 @@ def test_remat_gives_the_same_loss_and_gradients_with_dropout():
   batch, key = _batch(), jax.random.key(3)
 
   def loss_and_grads(remat):
-    model = Transformer(ModelConfig(**TINY, remat=remat), rngs=nnx.Rngs(0))
+    model = EncoderDecoder(ModelConfig(**TINY, remat=remat), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(batch, rngs=nnx.Rngs(dropout=key)) ** 2)  # noqa: E731
     return jax.jit(jax.value_and_grad(loss))(params)
@@ -202,7 +203,7 @@ def test_scanned_layers_equal_the_layer_loop():
   batch = _batch()
 
   def run(scan):
-    model = Transformer(dataclasses.replace(cfg, scan_layers=scan), rngs=nnx.Rngs(0))
+    model = EncoderDecoder(dataclasses.replace(cfg, scan_layers=scan), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
     loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(batch) ** 2)  # noqa: E731
     decoded = nnx.jit(greedy_decode, static_argnums=2)(model, batch, 6)
@@ -224,7 +225,7 @@ def test_scanned_layers_with_dropout_and_remat():
   batch, key = _batch(), jax.random.key(3)
 
   def loss(remat):
-    model = Transformer(ModelConfig(**TINY, scan_layers=True, remat=remat), rngs=nnx.Rngs(0))
+    model = EncoderDecoder(ModelConfig(**TINY, scan_layers=True, remat=remat), rngs=nnx.Rngs(0))
     return forward_train(model, batch, key), forward(model, batch)
 
   (train, deterministic), (remat_train, _) = loss(False), loss(True)

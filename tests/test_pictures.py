@@ -8,7 +8,8 @@ from flax import nnx
 
 from transformer import pictures
 from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.model import ModelConfig, Transformer
+from transformer.blocks import ModelConfig
+from transformer.families import EncoderDecoder
 from transformer.positions import POSITIONS, alibi_slopes, make_positional_encoding, sinusoid
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -19,7 +20,7 @@ def _model(position="sinusoidal", kernel="reference"):
   cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
                     num_decoder_layers=2, dropout=0.0, position=position, max_len=16,
                     attention=AttentionConfig(kernel=kernel, block_size=4))
-  return Transformer(cfg, rngs=nnx.Rngs(0))
+  return EncoderDecoder(cfg, rngs=nnx.Rngs(0))
 
 
 def _batch():

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.positions import (POSITIONS, ALiBi, Fire, Kerple, PositionSettings, Rotary,
-                                   T5Bias, XPos, alibi_slopes, make_positional_encoding,
+from transformer.errors import ConfigError
+from transformer.fields import FieldError
+from transformer.positions import (POSITIONS, ALiBi, Fire, Kerple, PositionSettings, Rotary, T5Bias,
+                                   XPos, alibi_slopes, make_positional_encoding,
                                    relative_position_bucket, rotate_half_pairs, sinusoid)
-from transformer.registry import ConfigError, FieldError
 
 
 def test_sinusoid_worked_example_d4():

@@ -15,9 +15,9 @@ from ml_collections import config_flags
 
 from tests.conftest import make_tiny_config
 from transformer import experiment, sweep, workdir
-from transformer.model import Transformer
+from transformer.errors import ConfigError
+from transformer.families import EncoderDecoder
 from transformer.positions import ALiBi, PositionSettings, T5Bias, make_positional_encoding
-from transformer.registry import ConfigError
 from transformer.scores import ScoreSettings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def test_settings_are_overridable_on_the_command_line():
   assert cfg.position_settings.alibi.max_bias == 4.0
   assert cfg.position_settings.t5.num_buckets == 16
   assert cfg.attention.score_settings.cosine.init_temperature == 2.5
-  model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: EncoderDecoder(cfg, rngs=nnx.Rngs(0)))
   assert model.encoder.position.slopes[-1] == 2.0 ** -4  # 4 heads: 2^(-4·h/4), h = 4
 
 
@@ -60,7 +60,7 @@ def test_settings_are_sweepable():
   scale_bases = []
   for overrides in runs:
     cfg = _model_config(sweep.with_overrides(make_tiny_config(), overrides))
-    model = nnx.eval_shape(lambda cfg=cfg: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda cfg=cfg: EncoderDecoder(cfg, rngs=nnx.Rngs(0)))
     scale_bases.append(model.decoder.position.scale_base)
   assert scale_bases == [64.0, 256.0]
   assert sweep.run_name(runs[0]) == ("model.position=xpos,"

@@ -12,8 +12,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from transformer import sharding
+from transformer.errors import ConfigError
 from transformer.evaluation import restore_and_evaluate
-from transformer.registry import ConfigError
 from transformer.training import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,7 +14,8 @@ import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
 
-from transformer import lock, pictures, storage, workdir as workdir_lib
+from transformer import lock, pictures, storage
+from transformer import workdir as workdir_lib
 from transformer.data import text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 

@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from transformer import sweep
-from transformer.registry import ConfigError
+from transformer import report, sweep
+from transformer.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,7 +68,7 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   with open(sweep_dir / "report.csv") as f:
     rows = {r["variant"]: r for r in csv.DictReader(f)}
   assert set(rows) == {"model.position=sinusoidal", "model.position=rotary"}
-  exact = [sweep.final_metrics(str(sweep_dir / f"model.position=rotary,seed={s}"))["valid"]
+  exact = [report.final_metrics(str(sweep_dir / f"model.position=rotary,seed={s}"))["valid"]
            ["exact_match"] for s in (0, 1)]
   row = rows["model.position=rotary"]
   assert row["seeds"] == "2"
@@ -77,12 +77,12 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   assert "| model.position=rotary | 2 |" in (sweep_dir / "report.md").read_text()
   for picture in ("curves.png", "final.png", "extrapolation.png"):
     assert (sweep_dir / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  final = sweep.final_metrics(str(first))  # exact match per length, training and longer ones
+  final = report.final_metrics(str(first))  # exact match per length, training and longer ones
   assert {"3", "4", "5"} <= set(final["valid"]["exact_match_by_length"]) <= {"1", "2", "3", "4", "5"}
   assert set(final["longer"]["exact_match_by_length"]) == {"6", "7"}
 
   shutil.rmtree(sweep_dir / "model.position=rotary,seed=1")  # one seed: no spread is shown
-  sweep.report(str(config_path), str(sweep_dir))
+  report.write(str(config_path), str(sweep_dir))
   row = next(r for r in (sweep_dir / "report.md").read_text().splitlines() if "rotary" in r)
   assert row.startswith("| model.position=rotary | 1 | ") and "±" not in row
   assert f"{exact[0]:.4f}" in row

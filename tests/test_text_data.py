@@ -9,7 +9,7 @@ import pytest
 from transformer.data.pipeline import train_batches
 from transformer.data.text import read_parallel
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
-from transformer.registry import ConfigError
+from transformer.errors import ConfigError
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from configs import multi30k
+from transformer.errors import ConfigError
 from transformer.evaluation import restore_and_evaluate
-from transformer.registry import ConfigError
 from transformer.training import train_and_evaluate
 from transformer.workdir import METRICS_FILE
 

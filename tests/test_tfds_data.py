@@ -14,7 +14,7 @@ tfds = pytest.importorskip("tensorflow_datasets")
 
 from configs import wmt14_base  # noqa: E402
 from transformer.data import sources  # noqa: E402
-from transformer.registry import ConfigError  # noqa: E402
+from transformer.errors import ConfigError  # noqa: E402
 from transformer.training import train_and_evaluate  # noqa: E402
 
 EN = ["a dog runs", "the cat sleeps", "a big dog", "the small cat", "here now", "a cat runs"]

@@ -9,10 +9,10 @@ import orbax.checkpoint as ocp
 import pytest
 
 from transformer import checkpoint, experiment, sharding
+from transformer.errors import ConfigError
 from transformer.evaluation import restore_and_evaluate
 from transformer.metrics import cross_entropy
 from transformer.optim import rsqrt_schedule
-from transformer.registry import ConfigError
 from transformer.training import train_and_evaluate
 from transformer.workdir import METRICS_FILE
 

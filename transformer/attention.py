@@ -12,11 +12,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from transformer.errors import ConfigError
+from transformer.fields import AT_LEAST_1, FRACTION, check_ranges
 from transformer.kernels import KERNELS, attention_weights, check_kernel
 from transformer.layers import Dense, Dropout, project
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import PositionalEncoding
-from transformer.registry import AT_LEAST_1, FRACTION, ConfigError, check_ranges, lookup
+from transformer.registry import lookup
 from transformer.scores import SCORES, ScoreSettings, make_score
 
 

@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy as policies
 
 from transformer import storage
-from transformer.registry import ConfigError, RunError
+from transformer.errors import ConfigError, RunError
 
 log = logging.getLogger("transformer")
 UNRESTORABLE = ".unrestorable"

@@ -9,10 +9,10 @@ import sys
 
 import jax
 from absl import flags
-from jax.experimental import multihost_utils
 from absl import logging as absl_logging
+from jax.experimental import multihost_utils
 
-from transformer.registry import ConfigError, RunError
+from transformer.errors import ConfigError, RunError
 
 
 def define_distributed_flags() -> None:

@@ -9,13 +9,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.model import Transformer, default_positions, default_segments
+from transformer.blocks import default_positions, default_segments
+from transformer.families import EncoderDecoder
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1.0e9
 
 
-def _start(model: Transformer, batch: dict[str, jax.Array], max_len: int, repeat: int = 1):
+def _start(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int, repeat: int = 1):
   """Encodes, makes caches for `repeat` hypotheses per sentence and returns
   (step_fn, cache) with step_fn(cache, tokens, t) -> (logits, cache)."""
   inputs = batch["inputs"]
@@ -36,7 +37,7 @@ def _start(model: Transformer, batch: dict[str, jax.Array], max_len: int, repeat
   return step_fn, cache
 
 
-def greedy_decode(model: Transformer, batch: dict[str, jax.Array], max_len: int) -> jax.Array:
+def greedy_decode(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int) -> jax.Array:
   """Greedy decoding.
 
   Args:
@@ -88,7 +89,7 @@ def _gather_cache(cache, indices: jax.Array):
   return jax.tree.map(gather, cache)
 
 
-def beam_search(model: Transformer, batch: dict[str, jax.Array], max_len: int,
+def beam_search(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int,
                 beam_size: int = 4, alpha: float = 0.6) -> tuple[jax.Array, jax.Array]:
   """Beam search ranking finished hypotheses by log P(Y|X) / length_penalty(|Y|, α).
 

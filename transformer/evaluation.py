@@ -12,11 +12,12 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from transformer import checkpoint, experiment, sharding, storage, workdir as workdir_lib
+from transformer import checkpoint, experiment, sharding, storage
+from transformer import workdir as workdir_lib
 from transformer.decoding import beam_search, generate, greedy_decode
-from transformer.metrics import (exact_match_by_length, exact_matches, text_scores,
-                                 token_metrics, token_nll)
-from transformer.registry import ConfigError, Interrupted, RunError
+from transformer.errors import ConfigError, Interrupted, RunError
+from transformer.metrics import (exact_match_by_length, exact_matches, text_scores, token_metrics,
+                                 token_nll)
 
 log = logging.getLogger("transformer")
 

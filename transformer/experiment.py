@@ -21,12 +21,15 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from transformer import optim, sharding
+from transformer.blocks import ModelConfig
 from transformer.data import sources
+from transformer.errors import ConfigError
+from transformer.families import ARCHS, make_model
+from transformer.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check_ranges,
+                                dataclass_from)
 from transformer.kernels import KERNELS
-from transformer.model import ModelConfig, make_model
 from transformer.positions import make_positional_encoding
-from transformer.registry import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, ConfigError,
-                                  check_ranges, dataclass_from)
+from transformer.registry import lookup
 
 log = logging.getLogger("transformer")
 
@@ -82,8 +85,10 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
   """config.model as a ModelConfig, each nested section (attention, the settings sections)
   checked; a model section written before the settings sections (an older run's
   config.json) is migrated first. vocab_size and num_classes come from the data source."""
-  return dataclass_from(ModelConfig, migrate_model(config.model.to_dict()), "model",
-                        vocab_size=vocab_size, num_classes=num_classes)
+  model = dataclass_from(ModelConfig, migrate_model(config.model.to_dict()), "model",
+                         vocab_size=vocab_size, num_classes=num_classes)
+  lookup(ARCHS, model.arch, "model arch")
+  return model
 
 
 # Flat model.attention fields of configs written before each scorer had its settings

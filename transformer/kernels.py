@@ -14,9 +14,10 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from transformer.errors import ConfigError
 from transformer.layers import Dropout
 from transformer.masks import Mask, masked_softmax
-from transformer.registry import ConfigError, lookup
+from transformer.registry import lookup
 from transformer.scores import Scorer
 
 

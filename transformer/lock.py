@@ -32,7 +32,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.registry import ConfigError, RunError
+from transformer.errors import ConfigError, RunError
 
 log = logging.getLogger("transformer")
 

@@ -17,11 +17,11 @@ from flax import nnx
 
 from transformer import storage
 from transformer.attention import MultiHeadAttention
+from transformer.blocks import Stack
 from transformer.data.pipeline import pad_batch
+from transformer.errors import ConfigError
 from transformer.evaluation import Evaluator, Run
-from transformer.model import Stack
 from transformer.positions import PositionalEncoding
-from transformer.registry import ConfigError
 from transformer.vocab import BOS_ID, EOS_ID
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",

@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from transformer.errors import ConfigError
+from transformer.fields import AT_LEAST_1, POSITIVE, Range, check, check_ranges
 from transformer.layers import Dense
-from transformer.registry import (AT_LEAST_1, POSITIVE, ConfigError, NoSettings, Range, check,
-                                  check_ranges, lookup, settings_of, settings_sections)
+from transformer.registry import NoSettings, lookup, settings_of, settings_sections
 
 ABOVE_1 = Range(1, lo_open=True)
 

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.registry import (AT_LEAST_0, POSITIVE, NoSettings, check_ranges, lookup,
-                                  settings_of, settings_sections)
+from transformer.fields import AT_LEAST_0, POSITIVE, check_ranges
+from transformer.registry import NoSettings, lookup, settings_of, settings_sections
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,11 +24,11 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from transformer import (checkpoint, experiment, lock, sharding, storage, summaries,
-                         workdir as workdir_lib)
+from transformer import checkpoint, experiment, lock, sharding, storage, summaries
+from transformer import workdir as workdir_lib
+from transformer.errors import Interrupted, RunError
 from transformer.evaluation import Evaluator, check_split_lengths
 from transformer.metrics import loss_head_metrics
-from transformer.registry import Interrupted, RunError
 
 log = logging.getLogger("transformer")
 

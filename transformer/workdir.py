@@ -14,7 +14,7 @@ import ml_collections
 from etils import epath
 
 from transformer import experiment, storage
-from transformer.registry import ConfigError
+from transformer.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"

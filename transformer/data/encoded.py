@@ -30,7 +30,7 @@ from array_record.python.array_record_module import ArrayRecordReader, ArrayReco
 from etils import epath
 
 from transformer import storage
-from transformer.registry import ConfigError
+from transformer.errors import ConfigError
 from transformer.vocab import EOS_ID
 
 FORMAT = 1

@@ -19,9 +19,10 @@ import ml_collections
 import numpy as np
 
 from transformer.data import SourceArgs, pipeline
+from transformer.errors import ConfigError
+from transformer.fields import AT_LEAST_1, Range, check, check_ranges, dataclass_from
 from transformer.metrics import macro_f1
-from transformer.registry import (AT_LEAST_1, ConfigError, Range, check, check_ranges,
-                                  dataclass_from, lookup)
+from transformer.registry import lookup
 from transformer.vocab import BOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 _TRAIN_STREAM = 0  # evaluation splits use 1, 2, ...

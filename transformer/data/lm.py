@@ -35,8 +35,10 @@ from etils import epath
 from transformer import storage
 from transformer.data import SourceArgs, pipeline, text
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
+from transformer.errors import ConfigError
+from transformer.fields import AT_LEAST_1, Range, check, check_ranges, dataclass_from
 from transformer.metrics import language_model_metrics
-from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, dataclass_from, lookup
+from transformer.registry import lookup
 from transformer.vocab import BOS_ID, EOS_ID, NUM_RESERVED
 
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})

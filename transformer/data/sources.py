@@ -19,7 +19,9 @@ from jax.experimental import multihost_utils
 from transformer import storage
 from transformer.data import SourceArgs, encoded, labelled, lm, pipeline, synthetic, text
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
-from transformer.registry import AT_LEAST_0, ConfigError, Range, check, check_ranges, dataclass_from, lookup
+from transformer.errors import ConfigError
+from transformer.fields import AT_LEAST_0, Range, check, check_ranges, dataclass_from
+from transformer.registry import lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 ENCODED_DIR = "encoded_train"  # the encoded training corpus, under data.cache_dir

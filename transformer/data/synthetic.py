@@ -18,7 +18,9 @@ import grain
 import numpy as np
 
 from transformer.data.pipeline import generated_batches, pad_batch
-from transformer.registry import AT_LEAST_1, ConfigError, Range, check, check_ranges, lookup
+from transformer.errors import ConfigError
+from transformer.fields import AT_LEAST_1, Range, check, check_ranges
+from transformer.registry import lookup
 from transformer.vocab import EOS_ID, NUM_RESERVED
 
 TRANSFORMS: dict[str, Callable[[np.ndarray], np.ndarray]] = {

@@ -13,7 +13,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer import storage
-from transformer.registry import ConfigError
+from transformer.errors import ConfigError
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")

@@ -1,17 +1,9 @@
-"""The encoder-decoder Transformer of "Attention Is All You Need" (Vaswani et al. 2017),
-and the encoder-only and decoder-only families built from the same layers (ARCHS).
+"""The building blocks of every model family (transformer/families.py): the model's config,
+residual placement, the feed-forward and attention layers, the stacks, embeddings, pooling.
 
 Pure model code: a frozen ModelConfig in, NNX modules out; no file I/O, no flags. The
 pluggable parts (attention score, window, positional encoding, residual placement) are
 chosen once, in constructors, from their registries.
-
-Every family has the same training interface: features(batch) [b, t, d_model] and
-projection(dtype) (weights [n_out, d_model], bias or None), whose product is scored against
-batch["targets"] where batch["targets_segmentation"] > 0 (metrics.loss_head_metrics):
-  encoder_decoder  targets: the target sentence (teacher-forced, shifted right inside);
-  encoder          targets: a label per input token (pooling "none": sequence labelling),
-                   or each sequence's class at its first token (pooling "cls" | "mean");
-  decoder          targets: the next token of each input token (a causal language model).
 """
 
 import dataclasses
@@ -22,13 +14,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges
 from transformer.kernels import check_bias
 from transformer.layers import Dense, Dropout, LayerNorm
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import (POSITIONS, PositionalEncoding, PositionSettings,
                                    make_positional_encoding)
-from transformer.registry import AT_LEAST_1, FRACTION, check, check_ranges, lookup
-from transformer.vocab import BOS_ID, PAD_ID
+from transformer.registry import lookup
+from transformer.vocab import PAD_ID
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +44,7 @@ class ModelConfig:
   # Each encoding's own knobs (`position_settings.alibi.max_bias`, ...): every section is
   # checked, the chosen encoding's is used.
   position_settings: PositionSettings = PositionSettings()
-  arch: str = "encoder_decoder"  # a key of ARCHS: encoder_decoder | encoder | decoder
+  arch: str = "encoder_decoder"  # a key of families.ARCHS: encoder_decoder | encoder | decoder
   pooling: str = "none"  # a key of POOLINGS (encoder): none (a label per token) | cls | mean
   num_classes: int = 0  # outputs of the encoder's head (given by the data source)
 
@@ -64,10 +57,7 @@ class ModelConfig:
     lookup(POSITIONS, self.position, "position")
     lookup(RESIDUALS, self.norm, "norm")
     lookup(DTYPES, self.dtype, "model dtype")
-    lookup(ARCHS, self.arch, "model arch")
     lookup(POOLINGS, self.pooling, "model pooling")
-    check(self.arch != "encoder" or self.num_classes >= 1, "num_classes", self.num_classes,
-          "≥ 1 for an encoder (its data source sets it)")
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -254,114 +244,18 @@ class Embeddings(nnx.Module):
     return self.output.kernel[...].T.astype(dtype), self.output.bias[...].astype(dtype)
 
 
+class CausalLayer(EncoderLayer):
+  """The decoder-only layer: causal self-attention and the FFN, no cross-attention."""
+
+  causal = True
+
+
 def default_positions(tokens: jax.Array) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
 
 
 def default_segments(tokens: jax.Array) -> jax.Array:
   return (tokens != PAD_ID).astype(jnp.int32)
-
-
-def shift_right(targets: jax.Array, positions: jax.Array) -> jax.Array:
-  """Decoder inputs: each segment's tokens moved one step right with BOS at its position 0."""
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  return jnp.where(positions == 0, BOS_ID, shifted)
-
-
-class Transformer(nnx.Module):
-  """Encoder-decoder Transformer.
-
-  Token arrays are int32 [batch, length]; positions restart at 0 in each segment and
-  segment ids are 0 on padding (defaults: one segment, positions 0..length-1).
-  """
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
-    self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs)
-
-  def encode(self, inputs, positions=None, segments=None, *, rngs=None):
-    """inputs [b, s] -> encoded [b, s, d_model]."""
-    positions = default_positions(inputs) if positions is None else positions
-    segments = default_segments(inputs) if segments is None else segments
-    x = self.embeddings.source(inputs)
-    return self.encoder(x, Mask(segments, segments, positions, positions), rngs)
-
-  def decode(self, encoded, inputs_segments, decoder_inputs, positions=None, segments=None,
-             *, inputs_positions=None, rngs=None):
-    """encoded [b, s, d], decoder_inputs [b, t] -> logits [b, t, vocab] (float32)."""
-    return self.embeddings.logits(self.decoder_outputs(
-        encoded, inputs_segments, decoder_inputs, positions, segments,
-        inputs_positions=inputs_positions, rngs=rngs)).astype(jnp.float32)
-
-  def decoder_outputs(self, encoded, inputs_segments, decoder_inputs, positions=None,
-                      segments=None, *, inputs_positions=None, rngs=None):
-    """decode() up to the output projection: the decoder stack's outputs [b, t, d_model]."""
-    positions = default_positions(decoder_inputs) if positions is None else positions
-    segments = default_segments(decoder_inputs) if segments is None else segments
-    inputs_positions = (default_positions(inputs_segments) if inputs_positions is None
-                        else inputs_positions)
-    x = self.embeddings.target(decoder_inputs)
-    return self.decoder(x, Mask(segments, segments, positions, positions, causal=True), rngs,
-                        encoded=encoded,
-                        cross_mask=Mask(segments, inputs_segments, positions, inputs_positions))
-
-  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Teacher-forced decoder outputs [b, t, d_model] (before the output projection) for a
-    batch with keys `inputs`, `targets` and optional `{inputs,targets}_{positions,segmentation}`."""
-    inputs, targets = batch["inputs"], batch["targets"]
-    in_pos = batch.get("inputs_positions", default_positions(inputs))
-    in_seg = batch.get("inputs_segmentation", default_segments(inputs))
-    tgt_pos = batch.get("targets_positions", default_positions(targets))
-    tgt_seg = batch.get("targets_segmentation", default_segments(targets))
-    encoded = self.encode(inputs, in_pos, in_seg, rngs=rngs)
-    return self.decoder_outputs(encoded, in_seg, shift_right(targets, tgt_pos), tgt_pos, tgt_seg,
-                                inputs_positions=in_pos, rngs=rngs)
-
-  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Teacher-forced logits [b, t, vocab] (float32) of a batch, as in features()."""
-    return self.embeddings.logits(self.features(batch, rngs=rngs)).astype(jnp.float32)
-
-  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
-    """The output projection of features(): see Embeddings.projection."""
-    return self.embeddings.projection(dtype)
-
-  def stacks(self) -> dict[str, Stack]:
-    """The model's stacks by name (pictures draw each)."""
-    return {"encoder": self.encoder, "decoder": self.decoder}
-
-  # ------------------------------------------------------------------ incremental decoding
-
-  def init_decoding(self, encoded, inputs_positions, max_len: int) -> None:
-    """Prepares decode_step: empty self-attention caches of max_len positions and the
-    cross-attention K/V of `encoded` [b, s, d], projected once here."""
-    self.decoder.position.check_length(max_len)
-    for layer in self.decoder.layers:
-      layer.self_attention.init_self_cache(encoded.shape[0], max_len, encoded.dtype)
-      layer.cross_attention.init_cross_cache(encoded, inputs_positions, NO_POSITION)
-
-  def decode_step(self, tokens, index, inputs_segments, inputs_positions):
-    """Logits [b, vocab] for the next position given the token [b] at position `index`
-    (BOS at 0); appends to the caches made by init_decoding."""
-    b, max_len = tokens.shape[0], self.decoder.layers[0].self_attention.cache.k.shape[1]
-    positions = jnp.full((b, 1), index, jnp.int32)
-    key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
-    x = self.embeddings.target(tokens[:, None])
-    ones = jnp.ones((b, 1), jnp.int32)
-    y = self.decoder(x, Mask(ones, jnp.ones((b, max_len), jnp.int32), positions, key_positions,
-                             causal=True), None, encoded=None,
-                     cross_mask=Mask(ones, inputs_segments, positions, inputs_positions))
-    return self.embeddings.logits(y[:, 0]).astype(jnp.float32)
-
-
-# --------------------------------------------------------------------------- other families
-
-
-class CausalLayer(EncoderLayer):
-  """The decoder-only layer: causal self-attention and the FFN, no cross-attention."""
-
-  causal = True
 
 
 def pool_segments(x: jax.Array, segments: jax.Array, positions: jax.Array,
@@ -384,89 +278,9 @@ def pool_segments(x: jax.Array, segments: jax.Array, positions: jax.Array,
 POOLINGS = {"none": "none", "cls": "cls", "mean": "mean"}
 
 
-def _inputs_mask(batch: dict[str, jax.Array], causal: bool) -> tuple[jax.Array, Mask]:
+def inputs_mask(batch: dict[str, jax.Array], causal: bool) -> tuple[jax.Array, Mask]:
   """batch["inputs"] and its self-attention Mask from the optional positions/segmentation."""
   inputs = batch["inputs"]
   positions = batch.get("inputs_positions", default_positions(inputs))
   segments = batch.get("inputs_segmentation", default_segments(inputs))
   return inputs, Mask(segments, segments, positions, positions, causal=causal)
-
-
-class EncoderOnly(nnx.Module):
-  """The encoder stack with a classifier over its outputs: a label per token (pooling
-  "none", sequence labelling) or per sequence, read at each segment's first token (pooling
-  "cls": that token's output, e.g. a CLS token the data puts there; "mean": the mean of the
-  segment's outputs)."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embeddings = Embeddings(dataclasses.replace(cfg, share_embeddings=True), rngs=rngs)
-    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
-    self.head = Dense(cfg.d_model, cfg.num_classes, dtype=compute_dtype(cfg), rngs=rngs)
-
-  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """[b, t, d_model]: the encoder's outputs, pooled per segment unless pooling is none."""
-    inputs, mask = _inputs_mask(batch, causal=False)
-    x = self.encoder(self.embeddings.source(inputs), mask, rngs)
-    return pool_segments(x, mask.q_segments, mask.q_positions, self.cfg.pooling)
-
-  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
-    return self.head.kernel[...].T.astype(dtype), self.head.bias[...].astype(dtype)
-
-  def stacks(self) -> dict[str, Stack]:
-    return {"encoder": self.encoder}
-
-  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Class logits [b, t, num_classes] (float32) at every token."""
-    return self.head(self.features(batch, rngs=rngs)).astype(jnp.float32)
-
-
-class DecoderOnly(nnx.Module):
-  """A causal language model: embeddings, a stack of CausalLayers and the (tied) output
-  projection; logits at each position predict the next token."""
-
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.cfg = cfg
-    self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.decoder = Stack(cfg, CausalLayer, cfg.num_decoder_layers, rngs=rngs)
-
-  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """[b, t, d_model] of batch["inputs"] (and optional positions/segmentation)."""
-    inputs, mask = _inputs_mask(batch, causal=True)
-    return self.decoder(self.embeddings.target(inputs), mask, rngs)
-
-  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
-    return self.embeddings.projection(dtype)
-
-  def stacks(self) -> dict[str, Stack]:
-    return {"decoder": self.decoder}
-
-  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
-    """Next-token logits [b, t, vocab] (float32)."""
-    return self.embeddings.logits(self.features(batch, rngs=rngs)).astype(jnp.float32)
-
-  def init_decoding(self, batch_size: int, max_len: int, dtype=jnp.float32) -> None:
-    """Prepares decode_step: empty self-attention caches of max_len positions."""
-    self.decoder.position.check_length(max_len)
-    for layer in self.decoder.layers:
-      layer.self_attention.init_self_cache(batch_size, max_len, dtype)
-
-  def decode_step(self, tokens: jax.Array, index) -> jax.Array:
-    """Logits [b, t, vocab] for tokens [b, t] at positions index..index+t-1, appended to
-    the caches made by init_decoding (which hold positions 0..index-1)."""
-    (b, t), max_len = tokens.shape, self.decoder.layers[0].self_attention.cache.k.shape[1]
-    positions = index + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
-    mask = Mask(jnp.ones((b, t), jnp.int32), jnp.ones((b, max_len), jnp.int32), positions,
-                key_positions, causal=True)
-    y = self.decoder(self.embeddings.target(tokens), mask, None)
-    return self.embeddings.logits(y).astype(jnp.float32)
-
-
-ARCHS: dict[str, type[nnx.Module]] = {"encoder_decoder": Transformer, "encoder": EncoderOnly,
-                                      "decoder": DecoderOnly}
-
-
-def make_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
-  """The model of the family cfg.arch names."""
-  return lookup(ARCHS, cfg.arch, "model arch")(cfg, rngs=rngs)
