@@ -16,7 +16,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import cli
+from transformer import cli, config
 from transformer.training import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
@@ -30,7 +30,8 @@ def main(argv):
   cli.start_distributed()
   cli.setup_logging()
   with cli.StopSignals() as stop, cli.one_line_errors():
-    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir, should_stop=stop)
+    cfg = config.parse(flags.FLAGS.config)  # the one parse: typed from here on
+    train_and_evaluate(cfg, flags.FLAGS.workdir, should_stop=stop)
   if stop.exit_status:
     sys.exit(stop.exit_status)
 

@@ -57,12 +57,13 @@ def peak_rss_mb() -> float:
 
 
 def child(args) -> dict:
-  from transformer.data import sources  # noqa: PLC0415
+  from transformer import experiment  # noqa: PLC0415
+  from transformer.config import parse  # noqa: PLC0415
 
   imported = time.perf_counter()
 
   config = config_for(args.corpus, args.multi30k, args.batch_size)
-  source = sources.make_source(config, args.corpus)
+  source = experiment.make_source(parse(config), args.corpus)
   source.prepare()
   if args.child == "prepare":
     start = time.perf_counter()

@@ -23,6 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import experiment
+from transformer.config import parse
 from transformer.data import pipeline
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
@@ -54,7 +55,7 @@ def measure(name: str, batches, count: int) -> None:
 def main(argv):
   del argv
   config, count = flags.FLAGS.config, flags.FLAGS.batches
-  exp = experiment.build(config, flags.FLAGS.workdir)
+  exp = experiment.build(parse(config), flags.FLAGS.workdir)
   exp.source.prepare()
   examples = [ex for ex in exp.source._encode(exp.source.pairs("train"))  # noqa: SLF001
               if len(ex[0]) <= config.data.max_len and len(ex[1]) <= config.data.max_len]

@@ -15,6 +15,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import experiment, training
+from transformer.config import parse
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
@@ -28,7 +29,7 @@ def main(argv):
         f"{config.data.max_len} tokens per side; dtype {config.model.dtype}")
   for pack in (True, False):
     config.data.pack = pack
-    exp = experiment.build(config, flags.FLAGS.workdir)
+    exp = experiment.build(parse(config), flags.FLAGS.workdir)
     exp.source.prepare()
     compiled = training.compile_step(exp)  # the train step exactly as train.py runs it
     state, step_fn = compiled.init(), compiled.step

@@ -33,6 +33,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer import experiment, training
+from transformer.config import parse
 from transformer.vocab import NUM_RESERVED
 
 DIMS = {
@@ -126,7 +127,7 @@ def main(argv):
   b, t, v = FLAGS.batch_size, FLAGS.length, FLAGS.vocab_size
   config.train.batch_size = b
   config.task.update(num_symbols=v - NUM_RESERVED, max_len=t - 1, longer_max_len=t - 1)
-  exp = experiment.build(config)
+  exp = experiment.build(parse(config))
   step = training.compile_step(exp)  # the train step exactly as train.py runs it
   state = step.init()
   n_params = sum(x.size for x in jax.tree.leaves(state["params"]))

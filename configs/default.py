@@ -18,7 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
 
-  # Where batches come from (transformer/data/sources.py): synthetic | text.
+  # Where batches come from (transformer/data/sources.py): synthetic | text | tfds | labelled
+  # | lm, each with its own config.data fields (and config.task for synthetic and labelled).
   config.data = ml_collections.ConfigDict()
   config.data.source = "synthetic"
 

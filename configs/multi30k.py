@@ -14,6 +14,7 @@ from configs import default
 
 def get_config():
   config = default.get_config()
+  del config.task  # a translation source reads none
   data = config.data
   data.source = "text"
   data.dir = "../shared/data/multi30k"

@@ -15,6 +15,7 @@ from configs import default
 
 def get_config():
   config = default.get_config()
+  del config.task  # a translation source reads none
   data = config.data
   data.source = "tfds"
   data.tfds_name = "wmt14_translate/de-en"

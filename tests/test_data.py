@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from transformer.data.synthetic import SyntheticTask, eval_splits, train_dataset
+from transformer.data.synthetic import TRANSFORMS, SyntheticTask, eval_splits, train_dataset
 from transformer.errors import ConfigError
 from transformer.vocab import EOS_ID, NUM_RESERVED
 
@@ -42,8 +42,9 @@ def test_positions_and_segments_describe_the_padding():
 
 
 def test_heldout_strings_never_appear_in_training():
-  task = SyntheticTask("reverse", num_symbols=4, min_len=1, max_len=4, heldout_modulus=5)
-  splits = eval_splits(task, seed=0, num_examples=200, longer_max_len=6)
+  task = SyntheticTask("reverse", num_symbols=4, min_len=1, max_len=4, heldout_modulus=5,
+                       longer_max_len=6)
+  splits = eval_splits(task, seed=0, num_examples=200)
   heldout = {tuple(_strip(r)) for r in splits["valid"]["inputs"]}
   ds = train_dataset(task, 0, 64)
   seen = {tuple(_strip(r)) for i in range(50) for r in ds[i]["inputs"]}
@@ -52,8 +53,8 @@ def test_heldout_strings_never_appear_in_training():
 
 
 def test_longer_split_is_longer_than_any_training_example():
-  task = SyntheticTask("reverse", min_len=2, max_len=8)
-  splits = eval_splits(task, seed=0, num_examples=50, longer_max_len=12)
+  task = SyntheticTask("reverse", min_len=2, max_len=8, longer_max_len=12)
+  splits = eval_splits(task, seed=0, num_examples=50)
   lengths = (splits["longer"]["inputs"] != 0).sum(1) - 1  # minus EOS
   assert lengths.min() == 9 and lengths.max() <= 12
   valid = (splits["valid"]["inputs"] != 0).sum(1) - 1
@@ -61,7 +62,8 @@ def test_longer_split_is_longer_than_any_training_example():
 
 
 def test_bad_task_settings():
-  with pytest.raises(ConfigError, match="unknown task 'revers'; choose one of: copy, reverse, sort"):
+  with pytest.raises(ConfigError, match="unknown task 'revers'; choose one of: "
+                     + ", ".join(sorted(TRANSFORMS))):
     SyntheticTask("revers")
   with pytest.raises(ValueError, match="min_len"):
     SyntheticTask("copy", min_len=5, max_len=3)

@@ -40,14 +40,11 @@ def _full_logits(model, batch, targets):
 def _cached_logits(model, batch, targets):
   """Teacher-forced logits from decode_step, one position at a time."""
   model = nnx.clone(model)
-  inputs = batch["inputs"]
-  seg = (inputs != PAD_ID).astype(jnp.int32)
-  pos = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
-  model.init_decoding(model.encode(inputs), pos, targets.shape[1])
+  model.init_decoding(batch, targets.shape[1])
   decoder_inputs = shift_right(targets, jnp.broadcast_to(jnp.arange(targets.shape[1]),
                                                          targets.shape))
-  return jnp.stack([model.decode_step(decoder_inputs[:, t], t, seg, pos)
-                    for t in range(targets.shape[1])], axis=1)
+  return jnp.concatenate([model.decode_step(decoder_inputs[:, t:t + 1], t)
+                          for t in range(targets.shape[1])], axis=1)
 
 
 def _reference_greedy(model, batch, max_len):

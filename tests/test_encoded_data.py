@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from configs import multi30k
-from transformer.data import encoded, sources
+from transformer import experiment
+from transformer.config import parse
+from transformer.data import encoded, translation
 from transformer.data.pipeline import permute
 from transformer.data.tokenizer import sample
 from transformer.errors import ConfigError
@@ -35,7 +37,7 @@ def _source(tmp_path, window=16, vocab_size=28, batch_size=4):
                      test_source="", test_target="", vocab_size=vocab_size, max_len=40,
                      window=window)
   config.train.batch_size = batch_size
-  source = sources.make_source(config, str(tmp_path / "run"))
+  source = experiment.make_source(parse(config), str(tmp_path / "run"))
   source.prepare()
   return source
 
@@ -104,7 +106,7 @@ def test_a_changed_corpus_or_tokenizer_rebuilds_the_cache_with_a_log_line(tmp_pa
 
 def test_a_damaged_cache_is_rebuilt_or_refused_never_trained_on(tmp_path, caplog):
   _corpus(tmp_path / "corpus")
-  cache = tmp_path / "run" / sources.ENCODED_DIR
+  cache = tmp_path / "run" / translation.ENCODED_DIR
   shard = cache / encoded.shard_name(0)
   want = _sentences(_source(tmp_path), _source(tmp_path).train_batches().rows(0, 0))
   data = shard.read_bytes()

@@ -14,6 +14,7 @@ from tests.conftest import make_tiny_config
 from transformer import experiment, training
 from transformer.attention import AttentionConfig
 from transformer.blocks import ModelConfig
+from transformer.config import parse
 from transformer.data import labelled, lm
 from transformer.decoding import generate
 from transformer.errors import ConfigError
@@ -35,7 +36,7 @@ def _model(arch, position="sinusoidal", pooling="none", score="scaled_dot", **kw
 
 
 def _examples(task, n=3, seed=0):
-  return [labelled.example(task, seed, 1, i, heldout=True) for i in range(n)]
+  return [labelled.example_at(task, seed, 1, i, heldout=True) for i in range(n)]
 
 
 # --------------------------------------------------------------------------- encoder
@@ -75,7 +76,7 @@ def test_token_labels_of_a_packed_row_equal_each_sequence_alone(position):
 
 def test_bidirectional_labels_need_both_sides():
   task = labelled.Duplicates(num_symbols=4, min_len=6, max_len=6)
-  tokens, labels, weights = labelled.example(task, 0, 0, 0, heldout=False)
+  tokens, labels, weights = labelled.example_at(task, 0, 0, 0, heldout=False)
   counts = [(tokens == t).sum() - 1 for t in tokens]
   np.testing.assert_array_equal(labels, np.minimum(counts, 1))
   assert weights.tolist() == [1] * 6
@@ -85,7 +86,7 @@ def test_bidirectional_labels_need_both_sides():
 
 def test_listops_values_and_purity():
   task = labelled.ListOps(min_len=5, max_len=40, max_depth=3)
-  a, b = labelled.example(task, 3, 0, 7, False), labelled.example(task, 3, 0, 7, False)
+  a, b = labelled.example_at(task, 3, 0, 7, False), labelled.example_at(task, 3, 0, 7, False)
   np.testing.assert_array_equal(a[0], b[0])
   pieces = task.pieces(a[0])[1:]
 
@@ -101,7 +102,7 @@ def test_listops_values_and_purity():
   assert evaluate(0) == (a[1][0], len(pieces))
   assert labelled.OPERATORS["[MED"]([1, 4, 6, 9]) == 5 and labelled.OPERATORS["[SM"]([7, 8]) == 5
   assert a[2].tolist() == [1] + [0] * (len(a[0]) - 1)  # scored at the CLS token only
-  heldout = labelled.example(task, 3, 1, 7, True)
+  heldout = labelled.example_at(task, 3, 1, 7, True)
   assert labelled.is_heldout(heldout[0], 10) and not labelled.is_heldout(a[0], 10)
 
 
@@ -153,15 +154,16 @@ def test_lm_windows_score_the_same_tokens_at_every_length(tmp_path):
                      valid_files="valid.txt", vocab_size=64, max_len=8, max_factor=4)
   config.model.update(arch="decoder", max_len=32)
   config.eval.num_examples = 5
-  source = experiment.build(config, str(tmp_path)).source
+  source = experiment.build(parse(config), str(tmp_path)).source
   source.prepare()
   splits = source.eval_splits()
   assert sorted(splits) == ["len16", "len16_sliding", "len32", "len32_sliding", "len8"]
-  scored = {name: int((s["targets_segmentation"] > 0).sum()) for name, s in splits.items()}
+  scored = {name: int((s.arrays["targets_segmentation"] > 0).sum())
+            for name, s in splits.items()}
   assert set(scored.values()) == {5 * 32}
   np.testing.assert_array_equal(  # the same tokens, cut differently
-      splits["len8"]["targets"].reshape(-1),
-      splits["len32"]["targets"].reshape(-1))
+      splits["len8"].arrays["targets"].reshape(-1),
+      splits["len32"].arrays["targets"].reshape(-1))
   train, valid = lm.stdlib_files(lm.LMData(python_version="{}.{}".format(
       *__import__("sys").version_info[:2])))
   assert train and valid and not set(train) & set(valid) and train == sorted(train)
@@ -217,20 +219,20 @@ def test_family_and_data_must_fit():
   config.data.source = "labelled"
   config.task = dict(name="duplicates", min_len=2, max_len=6, num_symbols=6)
   with pytest.raises(ConfigError, match="model.arch='encoder_decoder' cannot learn"):
-    experiment.build(config)
+    experiment.build(parse(config))
   config.model.arch = "encoder"
   config.model.pooling = "cls"
   with pytest.raises(ConfigError, match="pooling='cls' does not fit"):
-    experiment.build(config)
+    experiment.build(parse(config))
   config.model.pooling = "max"
   with pytest.raises(ConfigError, match="unknown model pooling 'max'; choose one of"):
-    experiment.build(config)
+    experiment.build(parse(config))
   config.model.pooling, config.model.arch = "none", "prefix_lm"
   with pytest.raises(ConfigError, match="unknown model arch 'prefix_lm'"):
-    experiment.build(config)
-  config.model.arch, config.task.name = "encoder", "parity"
-  with pytest.raises(ConfigError, match="unknown labelled task 'parity'"):
-    experiment.build(config)
+    experiment.build(parse(config))
+  config.model.arch, config.task.name = "encoder", "no_such_task"
+  with pytest.raises(ConfigError, match="unknown labelled task 'no_such_task'"):
+    experiment.build(parse(config))
 
 
 # --------------------------------------------------------------------------- learning
@@ -247,7 +249,7 @@ def test_a_tiny_encoder_learns_each_task(tmp_path, task, pooling, chance):
   config.train.update(num_steps=300, learning_rate=0.25, warmup_steps=50, log_every=100,
                       checkpoint_every=300)
   config.eval.update(num_examples=256, batch_size=128)
-  training.train_and_evaluate(config, str(tmp_path))
+  training.train_and_evaluate(parse(config), str(tmp_path))
   final = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   valid = [r for r in final if r["split"] == "valid"][-1]
   assert valid["accuracy"] > chance + 0.3 and valid["macro_f1"] > 0.5, valid
@@ -273,10 +275,8 @@ def test_sweep_plots_perplexity_by_length(tmp_path):
   run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
                                       "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
                        for w in (64, 128) for s in ("", "_sliding")}
-  base = make_tiny_config()
-  base.data = dict(source="lm", max_len=64)
   report._plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
-                                                          "rotary": [run(2.0)]}, base)
+                                                           "rotary": [run(2.0)]}, 64)
   assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()
 
 
@@ -293,8 +293,9 @@ def listops_config(**overrides):
 SHARDED_RUN = """
 import json, sys
 from tests.test_families import listops_config
+from transformer.config import parse
 from transformer.training import train_and_evaluate
-train_and_evaluate(listops_config(**json.loads(sys.argv[2])), sys.argv[1])
+train_and_evaluate(parse(listops_config(**json.loads(sys.argv[2]))), sys.argv[1])
 """
 
 
@@ -303,7 +304,7 @@ def test_sharded_encoder_run_matches_one_device(tmp_path):
   import subprocess
   import sys
   single, sharded = str(tmp_path / "single"), str(tmp_path / "sharded")
-  training.train_and_evaluate(listops_config(), single)
+  training.train_and_evaluate(parse(listops_config()), single)
   mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
          "JAX_PLATFORMS": "cpu"}
@@ -319,8 +320,8 @@ def test_sharded_encoder_run_matches_one_device(tmp_path):
 def test_lra_sized_listops_config_builds():
   from configs import listops  # noqa: PLC0415
   config = listops.get_config("lra")
-  exp = experiment.build(config)
-  assert (exp.source.task.max_len, exp.model.num_encoder_layers, exp.model.pooling) == (
+  exp = experiment.build(parse(config))
+  assert (exp.config.task.max_len, exp.model.num_encoder_layers, exp.model.pooling) == (
       2000, 4, "mean")
   with pytest.raises(ValueError, match="takes '' or 'lra'"):
     listops.get_config("big")

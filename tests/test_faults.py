@@ -22,9 +22,9 @@ from orbax.checkpoint._src.handlers import standard_checkpoint_handler
 from tests.clirun import ROOT, TINY, CliRunner
 from tests.conftest import make_tiny_config
 from transformer import checkpoint, evaluation, experiment, lock, training
-from transformer.data import sources
+from transformer.config import parse
 from transformer.errors import RunError
-from transformer.evaluation import restore_and_evaluate
+from tests.conftest import restore_and_evaluate
 from transformer.training import make_train_step, train_and_evaluate
 from transformer.workdir import CONFIG_FILE, read_metrics
 
@@ -40,7 +40,7 @@ def cli():
 def straight(tmp_path_factory):
   """An uninterrupted tiny run (40 steps, checkpoints every 10): what resumed runs must equal."""
   workdir = str(tmp_path_factory.mktemp("straight") / "run")
-  train_and_evaluate(make_tiny_config(), workdir)
+  train_and_evaluate(parse(make_tiny_config()), workdir)
   return workdir
 
 
@@ -65,7 +65,7 @@ def _nan_loss_at(monkeypatch, config, steps):
   """Makes the loss NaN on the training batches of the given steps (1-based), recognised
   by a checksum of their targets (a fault in the data or the model at those steps only)."""
   checksum = lambda t: (t.reshape(-1) * np.arange(t.size)).sum()  # noqa: E731
-  batches = iter(sources.make_source(config).train_batches())
+  batches = iter(experiment.build(parse(config)).source.train_batches())
   sums = [int(checksum(next(batches)["targets"])) for _ in range(config.train.num_steps)]
   marks = [sums[s - 1] for s in steps]
   assert all(sums.count(m) == 1 for m in marks)
@@ -83,12 +83,10 @@ def _nan_loss_at(monkeypatch, config, steps):
 
 
 def test_a_non_finite_step_is_not_applied(tiny_config):
-  config = tiny_config()
-  optimizer = experiment.make_optimizer(config)
-  graphdef, init = experiment.make_init(config, 9, optimizer)
-  step = jax.jit(make_train_step(graphdef, optimizer, experiment.make_schedule(config),
-                                 label_smoothing=0.0, seed=0))
-  state = init()
+  exp = experiment.build(parse(tiny_config()))
+  step = jax.jit(make_train_step(exp.graphdef, exp.optimizer, exp.schedule, label_smoothing=0.0,
+                                 seed=0))
+  state = exp.init()
   ones = np.ones((2, 4), np.int32)
   batch = {"inputs": 5 * ones, "targets": 6 * ones, "targets_segmentation": ones}
   good, sums = step(state, batch)
@@ -110,13 +108,13 @@ def test_nan_mid_run_stops_unsaved_and_the_resumed_run_is_exact(tmp_path, tiny_c
   skipping = tiny_config(**{"train.skip_nonfinite": 1})
   _nan_loss_at(monkeypatch, config, [25])  # a bad batch at step 25
   straight, broken = str(tmp_path / "straight"), str(tmp_path / "broken")
-  assert train_and_evaluate(skipping, straight) == 40
+  assert train_and_evaluate(parse(skipping), straight) == 40
   with pytest.raises(RunError, match=r"training diverged at step 25: .*\(last checkpoint: "
                                      r"step 20\)"):
-    train_and_evaluate(config, broken)
+    train_and_evaluate(parse(config), broken)
   assert _steps(broken) == [10, 20]  # nothing after the bad step was saved
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(broken, 20)))
-  assert train_and_evaluate(skipping, broken) == 40  # resumes from 20, skips step 25 this time
+  assert train_and_evaluate(parse(skipping), broken) == 40  # resumes from 20, skips step 25 this time
   _assert_same(_params(broken, 40), _params(straight, 40))
   train = [r["step"] for r in read_metrics(broken) if r["split"] == "train"]
   assert train == sorted(set(train))  # each logged step once
@@ -125,14 +123,14 @@ def test_nan_mid_run_stops_unsaved_and_the_resumed_run_is_exact(tmp_path, tiny_c
 def test_skip_nonfinite_skips_a_few_bad_steps_in_a_row(tmp_path, tiny_config, monkeypatch):
   config = tiny_config(**{"train.skip_nonfinite": 2})
   _nan_loss_at(monkeypatch, config, [25, 26])
-  assert train_and_evaluate(config, str(tmp_path / "skips")) == 40
+  assert train_and_evaluate(parse(config), str(tmp_path / "skips")) == 40
   skipped = {r["step"]: r["skipped_steps"] for r in read_metrics(str(tmp_path / "skips"))
              if r["split"] == "train"}
   assert skipped[30] == 2 and sum(skipped.values()) == 2  # logged every 10 steps
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(str(tmp_path / "skips"), 40)))
   _nan_loss_at(monkeypatch, config, [25, 26, 27])
   with pytest.raises(RunError, match="training diverged at step 27"):
-    train_and_evaluate(config, str(tmp_path / "three"))
+    train_and_evaluate(parse(config), str(tmp_path / "three"))
 
 
 def test_divergence_never_rotates_out_the_last_good_checkpoint(tmp_path, cli):
@@ -233,7 +231,7 @@ def _truncate_data_files(step_dir):
 def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tiny_config,
                                                                     straight, caplog):
   run = str(tmp_path / "run")
-  train_and_evaluate(tiny_config(**{"train.num_steps": 30}), run)
+  train_and_evaluate(parse(tiny_config(**{"train.num_steps": 30})), run)
   _truncate_data_files(os.path.join(run, "checkpoints", "30"))
   os.remove(os.path.join(run, "checkpoints", "20", "state", "_METADATA"))
   with caplog.at_level(logging.WARNING, logger="transformer"):
@@ -243,7 +241,7 @@ def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tin
   assert "never retrieved" not in caplog.text  # one line per checkpoint, not tensorstore's dumps
   assert _steps(run) == [10, 20, 30]  # eval leaves the bad ones where they are
   with caplog.at_level(logging.WARNING, logger="transformer"):
-    assert train_and_evaluate(tiny_config(), run) == 40
+    assert train_and_evaluate(parse(tiny_config()), run) == 40
   assert "moved to 30.unrestorable for inspection" in caplog.text
   assert "moved to 20.unrestorable for inspection" in caplog.text
   assert {"30.unrestorable", "20.unrestorable"} <= set(os.listdir(os.path.join(run, "checkpoints")))
@@ -268,9 +266,9 @@ def test_an_exception_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny
   with monkeypatch.context() as patch:
     patch.setattr(standard_checkpoint_handler.StandardCheckpointHandler, "async_save", full_disk)
     with pytest.raises(RunError, match=r"saving the checkpoint at step 20 .* No space left"):
-      train_and_evaluate(config, run)
+      train_and_evaluate(parse(config), run)
   assert _steps(run) == [10]
-  assert train_and_evaluate(config, run) == 40
+  assert train_and_evaluate(parse(config), run) == 40
   _assert_same(_params(run, 40), _params(straight, 40))
 
 
@@ -283,10 +281,10 @@ def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_pat
       raise RuntimeError("evaluation broke")
     patch.setattr(evaluation.Evaluator, "evaluate", broken)
     with pytest.raises(RuntimeError, match="evaluation broke"):
-      train_and_evaluate(config, run)  # the final save is in flight when the evaluation fails
+      train_and_evaluate(parse(config), run)  # the final save is in flight when the evaluation fails
   assert _steps(run) == [20] and not glob.glob(os.path.join(run, "checkpoints", "*tmp*"))
   trained = [r for r in read_metrics(run) if r["split"] == "train"]
-  assert train_and_evaluate(config, run) == 20
+  assert train_and_evaluate(parse(config), run) == 20
   records = read_metrics(run)
   assert [r for r in records if r["split"] == "train"] == trained  # nothing trained again
   assert {r["split"] for r in records if r["step"] == 20} == {"train", "valid", "longer"}
@@ -299,7 +297,7 @@ def test_resuming_after_a_crash_records_each_step_once(tmp_path, tiny_config, st
   for step in (30, 40):  # as if the process died after logging step 40, before these saves
     os.rename(os.path.join(run, "checkpoints", str(step)),
               os.path.join(run, "checkpoints", f"{step}.orbax-checkpoint-tmp-1"))
-  assert train_and_evaluate(config, run) == 40
+  assert train_and_evaluate(parse(config), run) == 40
   records = [(r["step"], r["split"]) for r in read_metrics(run)]
   assert len(records) == len(set(records))
   assert [s for s, split in records if split == "train"] == list(range(10, 41, 10))
@@ -308,7 +306,7 @@ def test_resuming_after_a_crash_records_each_step_once(tmp_path, tiny_config, st
 def test_a_run_trained_with_cudnn_evaluates_and_resumes_on_cpu(tmp_path, tiny_config, caplog):
   config = tiny_config(**{"train.num_steps": 20, "model.attention.kernel": "xla"})
   run = str(tmp_path / "run")
-  train_and_evaluate(config, run)
+  train_and_evaluate(parse(config), run)
   _, expected, _ = restore_and_evaluate(run)
   path = os.path.join(run, CONFIG_FILE)
   with open(path) as f:
@@ -322,7 +320,7 @@ def test_a_run_trained_with_cudnn_evaluates_and_resumes_on_cpu(tmp_path, tiny_co
   for split in ("valid", "longer"):
     np.testing.assert_allclose(results[split]["loss"], expected[split]["loss"], rtol=1e-6)
   resumed = tiny_config(**{"train.num_steps": 30, "model.attention.kernel": "reference"})
-  assert train_and_evaluate(resumed, run) == 30  # the kernel is not the model's identity
+  assert train_and_evaluate(parse(resumed), run) == 30  # the kernel is not the model's identity
 
 
 # --------------------------------------------------------------------------- signals

@@ -7,6 +7,7 @@ tfds = pytest.importorskip("tensorflow_datasets")
 
 from tests.conftest import make_tiny_config  # noqa: E402
 from transformer import experiment  # noqa: E402
+from transformer.config import parse
 
 LINES = ["def add(a, b):", "    return a + b", "", "class Point:", "    x = 0"]
 
@@ -36,7 +37,7 @@ def test_lm_reads_tfds_documents_as_one_stream(tmp_path):
                      vocab_size=48, max_len=8, max_factor=2)
   config.model.update(arch="decoder", max_len=16)
   config.eval.num_examples = 4
-  source = experiment.build(config, str(tmp_path)).source
+  source = experiment.build(parse(config), str(tmp_path)).source
   source.prepare()
   assert source.streams["train"][0] == 1  # BOS opens a document
   assert (source.streams["valid"] == 1).sum() == 8  # one BOS per validation document

@@ -20,7 +20,8 @@ import pytest
 
 from tests.clirun import ROOT
 from transformer import sweep
-from transformer.evaluation import restore_and_evaluate, restore_run
+from tests.conftest import restore_and_evaluate
+from transformer.evaluation import restore_run
 from transformer.workdir import read_metrics
 
 # Beyond ~30 steps the 1e-6 differences between 1 and 2 processes (the order of their sums)

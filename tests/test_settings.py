@@ -3,6 +3,7 @@ on the command line and by a sweep, checked whole (unknown keys and bad values a
 ConfigErrors naming the section), and the migration of configs written before the sections
 existed (flat model.attention.additive_dim, gaussian_sigma, learn_sigma)."""
 
+import dataclasses
 import json
 import os
 
@@ -15,6 +16,8 @@ from ml_collections import config_flags
 
 from tests.conftest import make_tiny_config
 from transformer import experiment, sweep, workdir
+from transformer import config as config_lib
+from transformer.config import parse
 from transformer.errors import ConfigError
 from transformer.families import EncoderDecoder
 from transformer.positions import ALiBi, PositionSettings, T5Bias, make_positional_encoding
@@ -24,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _model_config(config):
-  return experiment.model_config(config, vocab_size=10)
+  return parse(config).model
 
 
 def test_defaults_are_the_settings_dataclasses():
@@ -73,8 +76,8 @@ def test_settings_are_sweepable():
     ("model.position_settings.alibi", "foo", 1,
      "unknown field(s) foo in config.model.position_settings.alibi; fields: max_bias"),
     ("model.position_settings", "alibii", {"max_bias": 1.0},
-     "unknown field(s) alibii in config.model.position_settings; fields: alibi, fire, kerple, "
-     "rotary, t5, xpos"),
+     "unknown field(s) alibii in config.model.position_settings; fields: "
+     + ", ".join(sorted(f.name for f in dataclasses.fields(PositionSettings)))),
     ("model.attention.score_settings.gaussian", "width", 2.0,
      "unknown field(s) width in config.model.attention.score_settings.gaussian; fields: "
      "learn_sigma, sigma"),
@@ -115,7 +118,7 @@ def test_a_config_written_before_the_sections_loads_for_evaluation(tmp_path):
   """The old flat fields move into their sections (their values kept), absent sections
   take the defaults (the old class constants), and the model has the parameter tree the
   old code built."""
-  old = workdir.load_config(_old_config_json(tmp_path, **OLD))
+  old = parse(workdir.load_config(_old_config_json(tmp_path, **OLD)))
   exp = experiment.build(old, str(tmp_path), evaluating=True)
   settings = exp.model.attention.score_settings
   assert (settings.additive.dim, settings.gaussian.sigma, settings.gaussian.learn_sigma) == (
@@ -123,25 +126,30 @@ def test_a_config_written_before_the_sections_loads_for_evaluation(tmp_path):
   assert exp.model.position_settings == PositionSettings()
   new = make_tiny_config()
   new.model.attention.score_settings.additive.dim = 8
-  new_params = jax.eval_shape(experiment.build(new, str(tmp_path)).init)["params"]
+  new_params = jax.eval_shape(experiment.build(parse(new), str(tmp_path)).init)["params"]
   old_params = jax.eval_shape(exp.init)["params"]
   assert jax.tree.structure(old_params) == jax.tree.structure(new_params)
   assert jax.tree.map(lambda x: x.shape, old_params) == jax.tree.map(lambda x: x.shape, new_params)
 
 
+def _migrate_model(model: dict) -> dict:
+  return config_lib.migrate({"model": model})["model"]
+
+
 def test_migration_of_the_old_flat_scorer_fields():
+  """The old flat fields move to the sections whose fields declare them (moved_from)."""
   model = {"d_model": 8, "attention": {"score": "additive", **OLD, "dropout": 0.1}}
-  assert experiment.migrate_model(model) == {"d_model": 8, "attention": {
+  assert _migrate_model(model) == {"d_model": 8, "attention": {
       "score": "additive", "dropout": 0.1, "score_settings": {
           "additive": {"dim": 8}, "gaussian": {"sigma": 2.0, "learn_sigma": False}}}}
   # Beside a new section (a config file setting an old field on the new default config),
   # the old field's value is the one given.
   both = {"attention": {"additive_dim": 4, "score_settings": {"additive": {"dim": 0},
                                                               "cosine": {"init_temperature": 3.0}}}}
-  assert experiment.migrate_model(both)["attention"]["score_settings"] == {
+  assert _migrate_model(both)["attention"]["score_settings"] == {
       "additive": {"dim": 4}, "cosine": {"init_temperature": 3.0}}
-  current = {"attention": {"score_settings": {"additive": {"dim": 4}}}}
-  assert experiment.migrate_model(current) is current
+  current = {"model": {"attention": {"score_settings": {"additive": {"dim": 4}}}}}
+  assert config_lib.migrate(current) is current
   with pytest.raises(ConfigError, match="gaussian.sigma=-1.0 is not allowed"):
     _model_config(ml_collections.ConfigDict(
         {**make_tiny_config().to_dict(),
@@ -163,14 +171,14 @@ def test_a_run_s_identity_counts_only_the_chosen_entries_settings(tmp_path):
   of a scorer or encoding the run does not use are not its identity; the chosen ones are."""
   run = _old_config_json(tmp_path, **OLD)  # scaled_dot and sinusoidal: OLD is unused
   config = make_tiny_config()
-  workdir.check_identity(config, run, has_checkpoints=True)
+  workdir.check_identity(parse(config), run, has_checkpoints=True)
   config.model.position_settings.alibi.max_bias = 4.0
   config.model.attention.score_settings.additive.dim = 16
-  workdir.check_identity(config, run, has_checkpoints=True)
+  workdir.check_identity(parse(config), run, has_checkpoints=True)
   additive = _old_config_json(tmp_path, **OLD, score="additive")
   config = make_tiny_config(**{"model.attention.score": "additive"})
   config.model.attention.score_settings.additive.dim = 8  # what the old run had
-  workdir.check_identity(config, additive, has_checkpoints=True)
+  workdir.check_identity(parse(config), additive, has_checkpoints=True)
   config.model.attention.score_settings.additive.dim = 16
   with pytest.raises(ConfigError, match=r"differs in: attention.score_settings.additive.dim"):
-    workdir.check_identity(config, additive, has_checkpoints=True)
+    workdir.check_identity(parse(config), additive, has_checkpoints=True)

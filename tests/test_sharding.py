@@ -12,8 +12,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from transformer import sharding
+from transformer.config import parse
 from transformer.errors import ConfigError
-from transformer.evaluation import restore_and_evaluate
+from tests.conftest import restore_and_evaluate
 from transformer.training import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,9 +24,10 @@ import json, sys
 import jax
 from tests.conftest import make_tiny_config
 from transformer import sharding
+from transformer.config import parse
 from transformer.training import train_and_evaluate
 config = make_tiny_config(**json.loads(sys.argv[2]))
-train_and_evaluate(config, sys.argv[1])
+train_and_evaluate(parse(config), sys.argv[1])
 mesh = sharding.make_mesh(config.mesh.to_dict())
 print("MESH", dict(mesh.shape), "DEVICES", jax.device_count())
 """
@@ -55,7 +57,7 @@ def test_mesh_shape_errors_name_the_mesh():
 def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_path, tiny_config):
   overrides = {"model.dropout": 0.0, "train.num_steps": 20, "train.log_every": 5}
   single = str(tmp_path / "single")
-  train_and_evaluate(tiny_config(**overrides), single)
+  train_and_evaluate(parse(tiny_config(**overrides)), single)
 
   sharded = str(tmp_path / "sharded")
   # The sharded run also scans its layers: the stacked layer states shard as the loop's do.
@@ -79,9 +81,9 @@ def test_gradient_accumulation_matches_the_large_batch(tmp_path, tiny_config):
   overrides = {"model.dropout": 0.0, "train.num_steps": 10, "train.log_every": 5,
                "train.checkpoint_every": 10}
   whole, micro = str(tmp_path / "whole"), str(tmp_path / "micro")
-  train_and_evaluate(tiny_config(**overrides), whole)
-  train_and_evaluate(tiny_config(**overrides, **{"train.accumulation_steps": 4}), micro)
+  train_and_evaluate(parse(tiny_config(**overrides)), whole)
+  train_and_evaluate(parse(tiny_config(**overrides, **{"train.accumulation_steps": 4})), micro)
   np.testing.assert_allclose(_train_losses(micro), _train_losses(whole), rtol=1e-5)
   with pytest.raises(ConfigError, match=r"batch_size \(32\) must be a multiple of .* "
                                         r"train.accumulation_steps \(3\)"):
-    train_and_evaluate(tiny_config(**{"train.accumulation_steps": 3}), str(tmp_path / "bad"))
+    train_and_evaluate(parse(tiny_config(**{"train.accumulation_steps": 3})), str(tmp_path / "bad"))

@@ -8,14 +8,15 @@ import gzip
 import json
 import os
 
-import ml_collections
 import numpy as np
 import pytest
 from etils import epath
 from etils.epath import testing as epath_testing
 
+from tests.conftest import make_tiny_config
 from transformer import lock, pictures, storage
 from transformer import workdir as workdir_lib
+from transformer.config import parse
 from transformer.data import text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 
@@ -47,7 +48,7 @@ def fake_bucket(root):
 
 def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path):
   run, bucket = "gs://bucket/runs/one", tmp_path / "bucket" / "runs" / "one"
-  config = ml_collections.ConfigDict({"seed": 3, "model": {"d_model": 8}})
+  config = parse(make_tiny_config(seed=3))
   sentences = [f"the {w} sat on the mat number {i}" for i, w in
                enumerate(["cat", "dog", "bird", "fish"] * 25)]
   with fake_bucket(tmp_path):
@@ -57,7 +58,7 @@ def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path
       with pytest.raises(lock.Locked):
         lock.WorkdirLock(run).acquire()
       workdir_lib.write_config(config, run)
-      assert workdir_lib.load_config(run).to_dict() == config.to_dict()
+      assert parse(workdir_lib.load_config(run)) == config
       for step in (10, 20, 30):
         workdir_lib.append_metrics(run, {"step": step, "split": "train", "loss": 1 / step})
       workdir_lib.truncate_metrics(run, 20)

@@ -6,6 +6,7 @@ import os
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from transformer.config import parse
 from transformer.summaries import SUMMARY_DIR
 from transformer.training import train_and_evaluate
 from transformer.workdir import read_metrics
@@ -23,7 +24,7 @@ def test_event_files_hold_the_logged_scalars_and_resume_replaces_retrained_steps
   config = tiny_config(**{"train.num_steps": 30, "train.eval_every": 20,
                           "train.profile_steps": 2})
   workdir = str(tmp_path / "run")
-  train_and_evaluate(config, workdir)
+  train_and_evaluate(parse(config), workdir)
   records = read_metrics(workdir)
   train = _scalars(workdir, "train")
   assert {"loss", "accuracy", "learning_rate", "grad_norm", "tokens_per_sec"} <= set(train)
@@ -38,7 +39,7 @@ def test_event_files_hold_the_logged_scalars_and_resume_replaces_retrained_steps
   # A crash after step 30 was logged but before its checkpoint: the re-run trains 21-30 again.
   checkpoints = os.path.join(workdir, "checkpoints")
   os.rename(os.path.join(checkpoints, "30"), os.path.join(checkpoints, "30.orbax-checkpoint-tmp-1"))
-  train_and_evaluate(config, workdir)
+  train_and_evaluate(parse(config), workdir)
   again = _scalars(workdir, "train")["loss"]
   assert [step for step, _ in again] == [10, 20, 30]  # step 30 once: the first run's is purged
   rerun = {r["step"]: r["loss"] for r in read_metrics(workdir) if r["split"] == "train"}

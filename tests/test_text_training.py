@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from configs import multi30k
+from transformer.config import parse
 from transformer.errors import ConfigError
-from transformer.evaluation import restore_and_evaluate
+from tests.conftest import restore_and_evaluate
 from transformer.training import train_and_evaluate
 from transformer.workdir import METRICS_FILE
 
@@ -47,14 +48,14 @@ def _config(tmp_path):
 def test_text_run_trains_evaluates_and_resumes_with_its_tokenizer(tmp_path):
   config = _config(tmp_path / "data")
   workdir = str(tmp_path / "run")
-  assert train_and_evaluate(config, workdir) == 20
+  assert train_and_evaluate(parse(config), workdir) == 20
   spm_path = os.path.join(workdir, "spm.model")
   trained_at = os.path.getmtime(spm_path)
   with open(os.path.join(workdir, METRICS_FILE)) as f:
     assert '"bleu"' in f.read()
 
   config.train.num_steps = 30  # resume: the tokenizer is reused, not retrained
-  assert train_and_evaluate(config, workdir) == 30
+  assert train_and_evaluate(parse(config), workdir) == 30
   assert os.path.getmtime(spm_path) == trained_at
 
   step, results, path = restore_and_evaluate(workdir, beam_size=2)
@@ -78,7 +79,7 @@ def test_missing_corpus_file_fails_before_writing(tmp_path):
   config = _config(tmp_path / "data")
   config.data.valid_target = "nope.de"
   with pytest.raises(ConfigError, match=r"config.data.valid_target: corpus file not found: .*nope.de"):
-    train_and_evaluate(config, str(tmp_path / "run"))
+    train_and_evaluate(parse(config), str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
 
 
@@ -86,8 +87,8 @@ def test_given_tokenizer_must_match_vocab_size(tmp_path):
   config = _config(tmp_path / "data")
   workdir = str(tmp_path / "run")
   config.train.num_steps = 2
-  train_and_evaluate(config, workdir)
+  train_and_evaluate(parse(config), workdir)
   other = _config(tmp_path / "data")
   other.data.update(tokenizer=os.path.join(workdir, "spm.model"), vocab_size=48)
   with pytest.raises(ConfigError, match="has 32 pieces but config.data.vocab_size is 48"):
-    train_and_evaluate(other, str(tmp_path / "run2"))
+    train_and_evaluate(parse(other), str(tmp_path / "run2"))

@@ -13,7 +13,8 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from configs import wmt14_base  # noqa: E402
-from transformer.data import sources  # noqa: E402
+from transformer import experiment  # noqa: E402
+from transformer.config import parse  # noqa: E402
 from transformer.errors import ConfigError  # noqa: E402
 from transformer.training import train_and_evaluate  # noqa: E402
 
@@ -61,7 +62,7 @@ def prepared(tmp_path_factory):
 
 
 def test_tfds_pairs_are_read_without_tensorflow(prepared):
-  source = sources.make_source(_config(prepared), None)
+  source = experiment.make_source(parse(_config(prepared)), None)
   pairs = source.pairs("train")
   assert len(pairs) == 60 and set(pairs) == set(zip(EN, DE))  # tfds stores them shuffled
   assert source.held_out() == ["valid", "test"]
@@ -70,7 +71,7 @@ def test_tfds_pairs_are_read_without_tensorflow(prepared):
 
 def test_tfds_run_trains_and_evaluates(prepared, tmp_path):
   workdir = str(tmp_path / "run")
-  assert train_and_evaluate(_config(prepared), workdir) == 6
+  assert train_and_evaluate(parse(_config(prepared)), workdir) == 6
   assert os.path.exists(os.path.join(workdir, "spm.model"))
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     text = f.read()
@@ -81,7 +82,7 @@ def test_a_prepared_again_dataset_rebuilds_the_encoded_cache(tmp_path, caplog, m
   """Same name, version and record count, other contents: the files tell them apart."""
   data_dir, run = str(tmp_path / "tfds"), str(tmp_path / "run")
   TinyTranslate(data_dir=data_dir, file_format="array_record").download_and_prepare()
-  source = sources.make_source(_config(data_dir), run)
+  source = experiment.make_source(parse(_config(data_dir)), run)
   source.prepare()
   assert len(source.encoded_corpus()) == 60
   shutil.rmtree(data_dir)
@@ -91,7 +92,7 @@ def test_a_prepared_again_dataset_rebuilds_the_encoded_cache(tmp_path, caplog, m
   assert files
   for name in files:
     os.utime(name, (time.time() + 60,) * 2)  # prepared later, not within the same second
-  source = sources.make_source(_config(data_dir), run)
+  source = experiment.make_source(parse(_config(data_dir)), run)
   source.prepare()
   with caplog.at_level(logging.INFO):
     assert len(source.encoded_corpus()) == 60
@@ -102,5 +103,5 @@ def test_unprepared_tfds_dataset_says_how_to_prepare_it(tmp_path):
   config = _config(str(tmp_path / "empty"))
   with pytest.raises(ConfigError, match=r"TFDS dataset 'tiny_translate' \(split 'train'\) is not "
                                         r"readable .* file_format='array_record'"):
-    train_and_evaluate(config, str(tmp_path / "run"))
+    train_and_evaluate(parse(config), str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, FRACTION, check_ranges
+from transformer.fields import AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.kernels import KERNELS, attention_weights, check_kernel
 from transformer.layers import Dense, Dropout, project
 from transformer.masks import WINDOWS, Mask
@@ -28,11 +28,12 @@ class AttentionConfig:
   window: str = "full"  # a key of WINDOWS
   window_size: int = 16  # `local`: each query sees keys within ±window_size positions
   dropout: float = 0.0  # on the attention weights
-  kernel: str = "reference"  # a key of KERNELS: how softmax(scores + bias)·V is computed
-  block_size: int = 512  # `blockwise`: queries and keys per block
+  kernel: str = execution("reference")  # a key of KERNELS: how softmax(score + bias)·V is computed
+  block_size: int = execution(512)  # `blockwise`: queries and keys per block
   # Each scorer's own knobs (`score_settings.additive.dim`, ...): every section is checked,
-  # the chosen scorer's is used.
-  score_settings: ScoreSettings = ScoreSettings()
+  # the chosen scorer's is used (and is the run's identity).
+  score_settings: ScoreSettings = dataclasses.field(default_factory=ScoreSettings,
+                                                    metadata={"chosen_by": "score"})
 
   def __post_init__(self):
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges
+from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
 from transformer.kernels import check_bias
 from transformer.layers import Dense, Dropout, LayerNorm
 from transformer.masks import WINDOWS, Mask
@@ -26,7 +26,9 @@ from transformer.vocab import PAD_ID
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  vocab_size: int
+  """config.model; vocab_size and num_classes are set from the data source."""
+
+  vocab_size: int = derived()
   d_model: int = 512
   num_heads: int = 8
   d_ff: int = 2048
@@ -37,16 +39,18 @@ class ModelConfig:
   max_len: int = 512  # longest sequence the `learned` table covers
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
   share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
-  dtype: str = "float32"  # a key of DTYPES: the computation's; parameters are always float32
-  remat: bool = False  # recompute each layer's activations in the backward pass (less memory)
-  scan_layers: bool = False  # run each stack's layers as one lax.scan: compiled once, not N times
+  # a key of DTYPES: the computation's; parameters are always float32
+  dtype: str = execution("float32")
+  remat: bool = execution(False)  # recompute each layer's activations in the backward pass
+  scan_layers: bool = execution(False)  # each stack's layers as one lax.scan: compiled once
   attention: AttentionConfig = AttentionConfig()
   # Each encoding's own knobs (`position_settings.alibi.max_bias`, ...): every section is
-  # checked, the chosen encoding's is used.
-  position_settings: PositionSettings = PositionSettings()
+  # checked, the chosen encoding's is used (and is the run's identity).
+  position_settings: PositionSettings = dataclasses.field(
+      default_factory=PositionSettings, metadata={"chosen_by": "position"})
   arch: str = "encoder_decoder"  # a key of families.ARCHS: encoder_decoder | encoder | decoder
   pooling: str = "none"  # a key of POOLINGS (encoder): none (a label per token) | cls | mean
-  num_classes: int = 0  # outputs of the encoder's head (given by the data source)
+  num_classes: int = derived(0)  # outputs of the encoder's head
 
   def __post_init__(self):
     check_ranges(self, vocab_size=AT_LEAST_1, d_model=AT_LEAST_1, num_heads=AT_LEAST_1,

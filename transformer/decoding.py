@@ -9,35 +9,28 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.blocks import default_positions, default_segments
-from transformer.families import EncoderDecoder
+from transformer.families import ModelFamily
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1.0e9
 
 
-def _start(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int, repeat: int = 1):
-  """Encodes, makes caches for `repeat` hypotheses per sentence and returns
-  (step_fn, cache) with step_fn(cache, tokens, t) -> (logits, cache)."""
-  inputs = batch["inputs"]
-  in_seg = batch.get("inputs_segmentation", default_segments(inputs))
-  in_pos = batch.get("inputs_positions", default_positions(inputs))
+def _start(model: ModelFamily, batch: dict[str, jax.Array], max_len: int, repeat: int = 1):
+  """Prepares the caches for `repeat` hypotheses per row of batch (init_decoding) and returns
+  (step_fn, cache) with step_fn(cache, tokens [b], t) -> (logits [b, vocab], cache)."""
   model = nnx.clone(model)  # the caches go on a copy, never on the caller's model
-  encoded = model.encode(inputs, in_pos, in_seg)
-  expand = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  [b, ...] -> [b*repeat, ...]
-  encoded, in_seg, in_pos = expand(encoded), expand(in_seg), expand(in_pos)
-  model.init_decoding(encoded, in_pos, max_len)
+  model.init_decoding(batch, max_len, repeat)
   graphdef, cache, rest = nnx.split(model, nnx.Cache, ...)
 
   def step_fn(cache, tokens, t):
     m = nnx.merge(graphdef, cache, rest)
-    logits = m.decode_step(tokens, t, in_seg, in_pos)
+    logits = m.decode_step(tokens[:, None], t)[:, 0]
     return logits, nnx.state(m, nnx.Cache)
 
   return step_fn, cache
 
 
-def greedy_decode(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int) -> jax.Array:
+def greedy_decode(model: ModelFamily, batch: dict[str, jax.Array], max_len: int) -> jax.Array:
   """Greedy decoding.
 
   Args:
@@ -89,7 +82,7 @@ def _gather_cache(cache, indices: jax.Array):
   return jax.tree.map(gather, cache)
 
 
-def beam_search(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int,
+def beam_search(model: ModelFamily, batch: dict[str, jax.Array], max_len: int,
                 beam_size: int = 4, alpha: float = 0.6) -> tuple[jax.Array, jax.Array]:
   """Beam search ranking finished hypotheses by log P(Y|X) / length_penalty(|Y|, α).
 
@@ -161,7 +154,7 @@ def beam_search(model: EncoderDecoder, batch: dict[str, jax.Array], max_len: int
 
 def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
              ) -> tuple[jax.Array, jax.Array]:
-  """KV-cached greedy continuation of prompts by a decoder-only model (model.DecoderOnly).
+  """KV-cached greedy continuation of prompts by a family that generates (DecoderOnly).
 
   Args:
     model: the language model (run deterministically).
@@ -175,7 +168,7 @@ def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
   """
   b = prompts.shape[0]
   model = nnx.clone(model)  # the caches go on a copy
-  model.init_decoding(b, max_len)
+  model.init_decoding({"inputs": prompts}, max_len)
   graphdef, cache, rest = nnx.split(model, nnx.Cache, ...)
   prompts = jnp.pad(prompts, ((0, 0), (0, max_len - prompts.shape[1])))
   tokens = jnp.where(jnp.arange(max_len)[None] < lengths[:, None], prompts, PAD_ID)

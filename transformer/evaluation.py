@@ -1,6 +1,6 @@
-"""Held-out evaluation: teacher-forced loss and token accuracy, decoding metrics; for data
-that is scored, not decoded (encoder labels, language modelling), each scored position's
-prediction and loss handed to the source's own metrics."""
+"""Held-out evaluation: teacher-forced loss and token accuracy of every split; decoded
+predictions (greedy or beam search) for a family that decodes, each position's most likely
+output and loss otherwise; then the data source's own metrics of those outputs."""
 
 import dataclasses
 import functools
@@ -12,24 +12,23 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from transformer import checkpoint, experiment, sharding, storage
+from transformer import checkpoint, config as config_lib, experiment, sharding, storage
 from transformer import workdir as workdir_lib
+from transformer.data.base import Split
 from transformer.decoding import beam_search, generate, greedy_decode
 from transformer.errors import ConfigError, Interrupted, RunError
-from transformer.metrics import (exact_match_by_length, exact_matches, text_scores, token_metrics,
-                                 token_nll)
+from transformer.metrics import exact_matches, token_metrics, token_nll
 
 log = logging.getLogger("transformer")
 
 
 class Evaluator:
-  """Jitted evaluation of a model given as (graphdef, params) over padded batches:
+  """Jitted evaluation of an experiment's model, given its params, over padded batches:
   teacher-forced loss and accuracy, then decoding (greedy, or beam search when
-  beam_size > 1) for exact match and, on text sources, BLEU and chrF."""
+  beam_size > 1) if the family decodes, and the source's metrics (source.split_results)."""
 
-  def __init__(self, graphdef: nnx.GraphDef, batch_size: int, beam_size: int = 1,
-               alpha: float = 0.6):
-    self.batch_size = batch_size
+  def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6):
+    self.exp, self.batch_size, graphdef = exp, exp.eval.batch_size, exp.graphdef
 
     @jax.jit
     def score(params, batch):
@@ -51,85 +50,73 @@ class Evaluator:
 
     self._score, self._predict, self._tokenwise = score, predict, tokenwise
 
-  def _batches(self, split: dict):
-    """The split's arrays (not its `references`) in padded batches of batch_size rows."""
-    arrays = {k: v for k, v in split.items() if isinstance(v, np.ndarray)}
-    for start in range(0, len(split["inputs"]), self.batch_size):
+  def _batches(self, arrays: dict[str, np.ndarray]):
+    """The arrays in padded batches of batch_size rows."""
+    for start in range(0, len(arrays["inputs"]), self.batch_size):
       yield _pad_rows({k: v[start:start + self.batch_size] for k, v in arrays.items()},
                       self.batch_size)
 
-  def predict(self, params, split: dict[str, np.ndarray], decode_len: int,
+  def predict(self, params, arrays: dict[str, np.ndarray], decode_len: int,
               should_stop=lambda: False) -> np.ndarray:
-    """Decoded tokens [n, decode_len] of every row of the split."""
+    """Decoded tokens [n, decode_len] of every row."""
     predictions = []
-    for batch in self._batches(split):
+    for batch in self._batches(arrays):
       _check_stop(should_stop)
       predictions.append(np.asarray(self._predict(params, batch, decode_len)))
-    return np.concatenate(predictions)[:len(split["inputs"])]
+    return np.concatenate(predictions)[:len(arrays["inputs"])]
 
-  def evaluate_split(self, params, split: dict[str, np.ndarray], decode_len: int,
+  def evaluate_split(self, params, arrays: dict[str, np.ndarray], decode_len: int,
                      should_stop=lambda: False):
-    """Returns (metrics, predictions [n, decode_len]) for one split; raises Interrupted
-    between batches once should_stop() is true. (A split that is scored, not decoded:
-    score_split.)"""
-    totals = self._totals(params, split, should_stop)
-    predictions = self.predict(params, split, decode_len, should_stop)
+    """Returns (metrics, predictions [n, decode_len]) of a split that is decoded; raises
+    Interrupted between batches once should_stop() is true."""
+    totals = self._totals(params, arrays, should_stop)
+    predictions = self.predict(params, arrays, decode_len, should_stop)
     metrics = {"loss": totals["nll"] / totals["tokens"],
                "accuracy": totals["correct"] / totals["tokens"],
-               "exact_match": float(np.mean(exact_matches(predictions, split["targets"]))),
-               "examples": len(split["inputs"])}
+               "exact_match": float(np.mean(exact_matches(predictions, arrays["targets"]))),
+               "examples": len(arrays["inputs"])}
     return metrics, predictions
 
-  def _totals(self, params, split, should_stop) -> dict[str, float]:
+  def _totals(self, params, arrays, should_stop) -> dict[str, float]:
     totals: dict[str, float] = {}
-    for batch in self._batches(split):
+    for batch in self._batches(arrays):
       _check_stop(should_stop)
       _add(totals, jax.device_get(self._score(params, batch)))
     return totals
 
-  def score_split(self, params, split: dict[str, np.ndarray], should_stop=lambda: False):
+  def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False):
     """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
     accuracy over the weighted targets, and outputs {"predictions", "nll"} [n, t] (the
     argmax and −log p(target) at every position), from one forward pass per batch."""
     totals: dict[str, float] = {}
     outputs = {"predictions": [], "nll": []}
-    for batch in self._batches(split):
+    for batch in self._batches(arrays):
       _check_stop(should_stop)
       sums, *values = jax.device_get(self._tokenwise(params, batch))
       _add(totals, sums)
       for key, value in zip(outputs, values):
         outputs[key].append(np.asarray(value))
-    n = len(split["inputs"])
+    n = len(arrays["inputs"])
     outputs = {k: np.concatenate(v)[:n] for k, v in outputs.items()}
     metrics = {"loss": totals["nll"] / max(totals["tokens"], 1.0),
                "accuracy": totals["correct"] / max(totals["tokens"], 1.0), "examples": n}
     return metrics, outputs
 
-  def evaluate(self, params, splits, source, should_stop=lambda: False):
-    """Metrics of every split and the detokenized hypotheses per split (None without
-    text). A source that is scored, not decoded (decode_len None: labelling, language
-    modelling), adds its metrics of the outputs (source.split_metrics). A decoded split
-    with `references` is scored by BLEU and chrF of the source's tokenizer's detokenized
-    predictions; one without, by exact match per input length. Raises Interrupted once
-    should_stop() is true."""
+  def evaluate(self, params, splits: dict[str, Split], should_stop=lambda: False):
+    """(metrics, hypotheses) by split: loss and accuracy, exact match of the decoded
+    predictions for a family that decodes, and the source's metrics of the outputs; the
+    hypotheses are the source's text predictions (None without text). Raises Interrupted
+    once should_stop() is true."""
     results, hypotheses = {}, {}
     for name, split in splits.items():
-      decode_len = source.decode_len(split)
-      if decode_len is None:  # scored, not decoded: the source's metrics of the outputs
-        metrics, outputs = self.score_split(params, split, should_stop)
-        results[name], hypotheses[name] = {**metrics, **source.split_metrics(
-            name, split, outputs)}, None
-        continue
-      metrics, predictions = self.evaluate_split(params, split, decode_len, should_stop)
-      hypotheses[name] = None
-      if "references" in split:
-        hypotheses[name] = [source.tokenizer.decode(row) for row in predictions]
-        metrics.update(text_scores(hypotheses[name], split["references"]))
+      if self.exp.family.decodes:
+        metrics, predictions = self.evaluate_split(
+            params, split.arrays, self.exp.source.decode_length(split), should_stop)
+        outputs = {"predictions": predictions}
       else:
-        lengths = (split["inputs"] != 0).sum(1) - 1  # symbols, EOS excluded
-        metrics["exact_match_by_length"] = exact_match_by_length(predictions, split["targets"],
-                                                                 lengths)
-      results[name] = metrics
+        metrics, outputs = self.score_split(params, split.arrays, should_stop)
+      extra = self.exp.source.split_results(name, split, outputs)
+      results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
     return results, hypotheses
 
 
@@ -167,8 +154,8 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
   process's devices: checkpoint `step`, by default the newest that restores; average > 1:
   the mean parameters of the last `average` checkpoints up to it. The kernel and mesh it
   was trained with need not run here (experiment.build(evaluating=True))."""
-  config = workdir_lib.load_config(workdir)
-  exp = experiment.build(config, workdir, evaluating=True)
+  cfg = config_lib.parse(workdir_lib.load_config(workdir))
+  exp = experiment.build(cfg, workdir, evaluating=True)
   abstract = jax.eval_shape(exp.init)["params"]
   shardings = sharding.state_shardings(abstract, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
@@ -176,22 +163,13 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
   return Run(workdir, exp, steps, params)
 
 
-def check_split_lengths(exp: experiment.Experiment, splits: dict) -> None:
+def check_split_lengths(exp: experiment.Experiment, splits: dict[str, Split]) -> None:
   """A ConfigError if a held-out split has sequences the positional encoding cannot encode."""
   for name, split in splits.items():
-    length = max(split["inputs"].shape[1], exp.source.decode_len(split) or 0)
-    experiment.check_length(exp.model, length, f"the {name} split")
-
-
-def restore_and_evaluate(workdir: str, step: int | None = None, output: str | None = None,
-                         beam_size: int = 1, alpha: float = 0.6, average: int = 1,
-                         files: tuple[str, str] | None = None) -> tuple[int, dict, str]:
-  """Restores the run in `workdir` (latest checkpoint by default; with `average` > 1 the
-  mean parameters of the last `average` checkpoints up to it), evaluates every held-out
-  split, or the (source, reference) text `files` instead, and writes the metrics as JSON
-  (and, for text, the detokenized predictions beside it, one file per split). Returns
-  (step, metrics, metrics path)."""
-  return evaluate_run(restore_run(workdir, step, average), output, beam_size, alpha, files)
+    length = split.arrays["inputs"].shape[1]
+    if exp.family.decodes:
+      length = max(length, exp.source.decode_length(split))
+    experiment.check_length(exp.abstract_model, length, f"the {name} split")
 
 
 def output_path(run: Run, output: str | None) -> str:
@@ -208,16 +186,19 @@ def output_path(run: Run, output: str | None) -> str:
 def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
                  files: tuple[str, str] | None = None, should_stop=lambda: False
                  ) -> tuple[int, dict, str]:
-  """restore_and_evaluate for a run already restored by restore_run(workdir, ...). A stop
-  request (`should_stop`) during the evaluation raises Interrupted; nothing is written."""
+  """Evaluates every held-out split of a run restored by restore_run, or the (source,
+  reference) text `files` instead, and writes the metrics as JSON (and, for text, the
+  detokenized predictions beside it, one file per split). Returns (step, metrics, metrics
+  path). A stop request (`should_stop`) during the evaluation raises Interrupted; nothing
+  is written then."""
   exp, step = run.experiment, run.steps[-1]
   output = output_path(run, output)
   splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
   check_split_lengths(exp, splits)
   log.info("evaluating step %d of %s: %s", step, run.workdir,
-           ", ".join(f"{name} ({len(split['inputs'])} examples)" for name, split in splits.items()))
-  evaluator = Evaluator(exp.graphdef, exp.eval.batch_size, beam_size, alpha)
-  results, hypotheses = evaluator.evaluate(run.params, splits, exp.source, should_stop)
+           ", ".join(f"{name} ({len(split)} examples)" for name, split in splits.items()))
+  evaluator = Evaluator(exp, beam_size, alpha)
+  results, hypotheses = evaluator.evaluate(run.params, splits, should_stop)
   try:
     for split, lines in hypotheses.items():
       if lines is not None:
@@ -234,22 +215,23 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
 
 
 def continue_prompts(run: Run, prompts: list[str], num_tokens: int) -> list[str]:
-  """A decoder-only run's KV-cached greedy continuation of each prompt by num_tokens tokens,
+  """A language model's KV-cached greedy continuation of each prompt by num_tokens tokens,
   as text (prompt included)."""
   exp = run.experiment
-  if exp.model.arch != "decoder":
-    raise ConfigError(f"--generate needs a language model (model.arch='decoder'); this run's "
-                      f"is {exp.model.arch!r}")
+  if not exp.family.generates:
+    raise ConfigError(f"--generate needs a language model (a family that generates); this "
+                      f"run's model.arch is {exp.model.arch!r}")
   encoded = [exp.source.encode(p) for p in prompts]
   lengths = np.array([len(e) for e in encoded], np.int32)
   padded = np.zeros((len(encoded), lengths.max()), np.int32)
   for row, e in enumerate(encoded):
     padded[row, :len(e)] = e
   max_len = int(lengths.max()) + num_tokens
-  experiment.check_length(exp.model, max_len, "--generate")
+  experiment.check_length(exp.abstract_model, max_len, "--generate")
   model = nnx.merge(exp.graphdef, run.params)
   tokens, _ = nnx.jit(generate, static_argnums=3)(model, padded, lengths, max_len)
-  return [exp.source.decode(row[:n + num_tokens]) for row, n in zip(np.asarray(tokens), lengths)]
+  return [exp.source.detokenize(row[:n + num_tokens])
+          for row, n in zip(np.asarray(tokens), lengths)]
 
 
 def format_table(results: dict[str, dict]) -> str:

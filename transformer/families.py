@@ -1,17 +1,18 @@
 """The model families, built from the same blocks (transformer/blocks.py): the encoder-decoder
 Transformer of "Attention Is All You Need" (Vaswani et al. 2017), an encoder-only
-classifier and a decoder-only language model (ARCHS).
+classifier and a decoder-only language model, registered in ARCHS (config.model.arch).
 
-Every family has the same training interface: features(batch) [b, t, d_model] and
-projection(dtype) (weights [n_out, d_model], bias or None), whose product is scored against
-batch["targets"] where batch["targets_segmentation"] > 0 (metrics.loss_head_metrics):
-  encoder_decoder  targets: the target sentence (teacher-forced, shifted right inside);
-  encoder          targets: a label per input token (pooling "none": sequence labelling),
-                   or each sequence's class at its first token (pooling "cls" | "mean");
-  decoder          targets: the next token of each input token (a causal language model).
+Every family meets ModelFamily: the same training interface, features(batch)
+[b, t, d_model] and projection(dtype) (weights [n_out, d_model], bias or None), whose
+product is scored against batch["targets"] where batch["targets_segmentation"] > 0
+(metrics.loss_head_metrics); one decoding interface (init_decoding, decode_step) for the
+families that decode or generate; and declarations of what it learns (data.Targets) and
+whether it decodes or generates, which the wiring, evaluation and pictures read instead of
+its name. tests/test_families.py runs one conformance suite over every registered family.
 """
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +21,78 @@ from flax import nnx
 from transformer.blocks import (NO_POSITION, CausalLayer, DecoderLayer, Embeddings, EncoderLayer,
                                 ModelConfig, Stack, compute_dtype, default_positions,
                                 default_segments, inputs_mask, pool_segments)
+from transformer.data import Targets
+from transformer.errors import ConfigError
+from transformer.fields import check
 from transformer.layers import Dense
 from transformer.masks import Mask
 from transformer.registry import lookup
 from transformer.vocab import BOS_ID
+
+
+class ModelFamily(nnx.Module):
+  """The interface of a model family (module docstring). Token arrays are int32
+  [batch, length]; positions restart at 0 in each segment and segment ids are 0 on padding
+  (defaults: one segment, positions 0..length-1)."""
+
+  learns: ClassVar[frozenset[Targets]]  # the data source targets it can be trained on
+  decodes: ClassVar[bool] = False  # predicts a target sequence for an input by decoding
+  generates: ClassVar[bool] = False  # continues a prompt (eval.py --generate)
+  cfg: ModelConfig
+
+  @classmethod
+  def check_targets(cls, cfg: ModelConfig, targets: Targets, source: str) -> None:
+    """A ConfigError if this config of the family cannot learn `targets` (one of `learns`)
+    of data.source `source`: for options that only some targets fit."""
+    del cfg, targets, source
+
+  def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """The outputs [b, t, d_model] before the output projection (rngs: dropout)."""
+    raise NotImplementedError
+
+  def projection(self, dtype) -> tuple[jax.Array, jax.Array | None]:
+    """(weights [n_out, d_model], bias [n_out] or None) in `dtype`: logits = features·wᵀ + b."""
+    raise NotImplementedError
+
+  def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Logits [b, t, n_out] (float32) at every position."""
+    raise NotImplementedError
+
+  def stacks(self) -> dict[str, Stack]:
+    """The model's stacks by name (pictures draw each)."""
+    raise NotImplementedError
+
+  def init_decoding(self, batch: dict[str, jax.Array], max_len: int, repeat: int = 1) -> None:
+    """Prepares decode_step for the rows of `batch` (its `inputs` and optional positions and
+    segmentation: what is decoded from, or the prompts), each repeated `repeat` times (beam
+    hypotheses): caches of max_len positions."""
+    raise NotImplementedError(f"{type(self).__name__} neither decodes nor generates")
+
+  def decode_step(self, tokens: jax.Array, index) -> jax.Array:
+    """Logits [b, t, n_out] (float32) for tokens [b, t] at positions index..index+t-1,
+    appended to the caches made by init_decoding (which hold positions 0..index-1)."""
+    raise NotImplementedError(f"{type(self).__name__} neither decodes nor generates")
+
+
+def cached_mask(batch: int, length: int, index, max_len: int) -> Mask:
+  """The causal self-attention mask of `length` new tokens at positions index.. against the
+  max_len cache slots (slot p holds position p)."""
+  positions = index + jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+  key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (batch, max_len))
+  return Mask(jnp.ones((batch, length), jnp.int32), jnp.ones((batch, max_len), jnp.int32),
+              positions, key_positions, causal=True)
+
+
+def _cache_length(stack: Stack) -> int:
+  return stack.layers[0].self_attention.cache.k.shape[1]
+
+
+class SourceContext(nnx.Module):
+  """What cross-attention needs of the source during decoding: its segment ids and
+  positions [b, s], kept as caches (beam search reorders them with the K/V)."""
+
+  def __init__(self, segments: jax.Array, positions: jax.Array):
+    self.segments, self.positions = nnx.Cache(segments), nnx.Cache(positions)
 
 
 def shift_right(targets: jax.Array, positions: jax.Array) -> jax.Array:
@@ -32,18 +101,18 @@ def shift_right(targets: jax.Array, positions: jax.Array) -> jax.Array:
   return jnp.where(positions == 0, BOS_ID, shifted)
 
 
-class EncoderDecoder(nnx.Module):
-  """Encoder-decoder Transformer.
+class EncoderDecoder(ModelFamily):
+  """The encoder-decoder Transformer: a target sequence for each input sequence."""
 
-  Token arrays are int32 [batch, length]; positions restart at 0 in each segment and
-  segment ids are 0 on padding (defaults: one segment, positions 0..length-1).
-  """
+  learns = frozenset({Targets.SEQUENCE})
+  decodes = True
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
     self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
     self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs)
+    self.source_context: SourceContext | None = nnx.data(None)  # set by init_decoding
 
   def encode(self, inputs, positions=None, segments=None, *, rngs=None):
     """inputs [b, s] -> encoded [b, s, d_model]."""
@@ -97,35 +166,49 @@ class EncoderDecoder(nnx.Module):
 
   # ------------------------------------------------------------------ incremental decoding
 
-  def init_decoding(self, encoded, inputs_positions, max_len: int) -> None:
-    """Prepares decode_step: empty self-attention caches of max_len positions and the
-    cross-attention K/V of `encoded` [b, s, d], projected once here."""
+  def init_decoding(self, batch, max_len, repeat=1):
+    """Encodes batch["inputs"] once and projects the cross-attention K/V of each row once,
+    repeated `repeat` times; empty self-attention caches of max_len positions."""
+    inputs = batch["inputs"]
+    positions = batch.get("inputs_positions", default_positions(inputs))
+    segments = batch.get("inputs_segmentation", default_segments(inputs))
+    encoded = self.encode(inputs, positions, segments)
+    expand = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  [b, ...] -> [b*repeat, ...]
+    encoded, segments, positions = expand(encoded), expand(segments), expand(positions)
     self.decoder.position.check_length(max_len)
     for layer in self.decoder.layers:
       layer.self_attention.init_self_cache(encoded.shape[0], max_len, encoded.dtype)
-      layer.cross_attention.init_cross_cache(encoded, inputs_positions, NO_POSITION)
+      layer.cross_attention.init_cross_cache(encoded, positions, NO_POSITION)
+    self.source_context = SourceContext(segments, positions)
 
-  def decode_step(self, tokens, index, inputs_segments, inputs_positions):
-    """Logits [b, vocab] for the next position given the token [b] at position `index`
-    (BOS at 0); appends to the caches made by init_decoding."""
-    b, max_len = tokens.shape[0], self.decoder.layers[0].self_attention.cache.k.shape[1]
-    positions = jnp.full((b, 1), index, jnp.int32)
-    key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
-    x = self.embeddings.target(tokens[:, None])
-    ones = jnp.ones((b, 1), jnp.int32)
-    y = self.decoder(x, Mask(ones, jnp.ones((b, max_len), jnp.int32), positions, key_positions,
-                             causal=True), None, encoded=None,
-                     cross_mask=Mask(ones, inputs_segments, positions, inputs_positions))
-    return self.embeddings.logits(y[:, 0]).astype(jnp.float32)
+  def decode_step(self, tokens, index):
+    (b, t), source = tokens.shape, self.source_context
+    mask = cached_mask(b, t, index, _cache_length(self.decoder))
+    cross_mask = Mask(mask.q_segments, source.segments[...], mask.q_positions,
+                      source.positions[...])
+    y = self.decoder(self.embeddings.target(tokens), mask, None, encoded=None,
+                     cross_mask=cross_mask)
+    return self.embeddings.logits(y).astype(jnp.float32)
 
 
-class EncoderOnly(nnx.Module):
+class EncoderOnly(ModelFamily):
   """The encoder stack with a classifier over its outputs: a label per token (pooling
   "none", sequence labelling) or per sequence, read at each segment's first token (pooling
   "cls": that token's output, e.g. a CLS token the data puts there; "mean": the mean of the
   segment's outputs)."""
 
+  learns = frozenset({Targets.TOKEN_LABELS, Targets.SEQUENCE_LABELS})
+
+  @classmethod
+  def check_targets(cls, cfg, targets, source):
+    pooled = targets is Targets.SEQUENCE_LABELS
+    if (cfg.pooling != "none") != pooled:
+      raise ConfigError(f"config.model.pooling={cfg.pooling!r} does not fit data.source "
+                        f"{source!r}: {'cls or mean' if pooled else 'none'} ({targets.value})")
+
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    check(cfg.num_classes >= 1, "num_classes", cfg.num_classes,
+          "≥ 1 for an encoder (its data source sets it)")
     self.cfg = cfg
     self.embeddings = Embeddings(dataclasses.replace(cfg, share_embeddings=True), rngs=rngs)
     self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
@@ -148,9 +231,12 @@ class EncoderOnly(nnx.Module):
     return self.head(self.features(batch, rngs=rngs)).astype(jnp.float32)
 
 
-class DecoderOnly(nnx.Module):
+class DecoderOnly(ModelFamily):
   """A causal language model: embeddings, a stack of CausalLayers and the (tied) output
   projection; logits at each position predict the next token."""
+
+  learns = frozenset({Targets.NEXT_TOKENS})
+  generates = True
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
@@ -172,28 +258,26 @@ class DecoderOnly(nnx.Module):
     """Next-token logits [b, t, vocab] (float32)."""
     return self.embeddings.logits(self.features(batch, rngs=rngs)).astype(jnp.float32)
 
-  def init_decoding(self, batch_size: int, max_len: int, dtype=jnp.float32) -> None:
-    """Prepares decode_step: empty self-attention caches of max_len positions."""
+  def init_decoding(self, batch, max_len, repeat=1):
+    """Empty self-attention caches of max_len positions for the prompts batch["inputs"]."""
     self.decoder.position.check_length(max_len)
     for layer in self.decoder.layers:
-      layer.self_attention.init_self_cache(batch_size, max_len, dtype)
+      layer.self_attention.init_self_cache(batch["inputs"].shape[0] * repeat, max_len,
+                                           compute_dtype(self.cfg))
 
-  def decode_step(self, tokens: jax.Array, index) -> jax.Array:
-    """Logits [b, t, vocab] for tokens [b, t] at positions index..index+t-1, appended to
-    the caches made by init_decoding (which hold positions 0..index-1)."""
-    (b, t), max_len = tokens.shape, self.decoder.layers[0].self_attention.cache.k.shape[1]
-    positions = index + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (b, max_len))
-    mask = Mask(jnp.ones((b, t), jnp.int32), jnp.ones((b, max_len), jnp.int32), positions,
-                key_positions, causal=True)
+  def decode_step(self, tokens, index):
+    mask = cached_mask(*tokens.shape, index, _cache_length(self.decoder))
     y = self.decoder(self.embeddings.target(tokens), mask, None)
     return self.embeddings.logits(y).astype(jnp.float32)
 
 
-ARCHS: dict[str, type[nnx.Module]] = {"encoder_decoder": EncoderDecoder, "encoder": EncoderOnly,
-                                      "decoder": DecoderOnly}
+ARCHS: dict[str, type[ModelFamily]] = {
+    "encoder_decoder": EncoderDecoder,
+    "encoder": EncoderOnly,
+    "decoder": DecoderOnly,
+}
 
 
-def make_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+def make_model(cfg: ModelConfig, *, rngs: nnx.Rngs) -> ModelFamily:
   """The model of the family cfg.arch names."""
   return lookup(ARCHS, cfg.arch, "model arch")(cfg, rngs=rngs)

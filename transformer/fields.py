@@ -1,5 +1,14 @@
-"""Typed config fields: allowed ranges, type checks, and building a frozen dataclass from a
-config section (dataclass_from), with errors that name the field and what it allows."""
+"""Typed config fields: allowed ranges, type checks, building a frozen dataclass from a config
+section (dataclass_from) with errors that name the field and what it allows, and each
+field's declared role:
+  * identity (the default): what the run's parameters mean; a workdir's run keeps them;
+  * execution: how the run computes or where its files are (kernel, dtype, paths, the
+    training schedule); may differ when a run is resumed or evaluated elsewhere;
+  * derived: not a config field; set from other parts (a model's vocabulary size from its
+    data source).
+A field may also declare where it lived in an older config layout (`moved_from`), and a
+section of per-entry settings which entry counts (`chosen_by`): checks and migrations derive
+from these declarations (identity, migrate), never from hand-kept lists of paths."""
 
 import dataclasses
 import math
@@ -84,7 +93,7 @@ def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra)
   each nested section (a field whose type is a dataclass) built the same way; a
   ConfigError names unknown fields, and a FieldError raised by cls's checks gets the
   section's name (`config.train.batch_size=0 is not allowed; ...`)."""
-  fields = {f.name: f for f in dataclasses.fields(cls)}
+  fields = {f.name: f for f in dataclasses.fields(cls) if is_config_field(f)}
   unknown = sorted(set(section) - set(fields))
   if unknown:
     raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
@@ -99,3 +108,123 @@ def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra)
     return cls(**{**section, **extra})
   except FieldError as e:
     raise ConfigError(f"config.{name}.{e}") from None
+
+
+# --------------------------------------------------------------------------- roles
+
+ROLE, EXECUTION, DERIVED = "role", "execution", "derived"
+
+
+def execution(default: Any = dataclasses.MISSING, **kwargs) -> Any:
+  """A field with the execution role (module docstring); `default` may be a dataclass
+  instance (a section)."""
+  if dataclasses.is_dataclass(default):
+    kwargs["default_factory"], default = (lambda d=default: d), dataclasses.MISSING
+  return dataclasses.field(default=default, metadata={ROLE: EXECUTION}, **kwargs)
+
+
+def derived(default: Any = dataclasses.MISSING) -> Any:
+  """A field set from other parts of the config, never given in it (module docstring)."""
+  return dataclasses.field(default=default, metadata={ROLE: DERIVED})
+
+
+def is_config_field(field: dataclasses.Field) -> bool:
+  return field.metadata.get(ROLE) != DERIVED
+
+
+def identity(obj, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of the identity fields of a typed config (or section), recursing
+  into sections; in a settings section declared `chosen_by` a sibling field, only the
+  chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  out = {}
+  for field in dataclasses.fields(obj):
+    if field.metadata.get(ROLE) in (EXECUTION, DERIVED):
+      continue
+    value, path = getattr(obj, field.name), f"{prefix}{field.name}"
+    chosen = field.metadata.get("chosen_by")
+    if chosen is not None:
+      key = getattr(obj, chosen)
+      entry = getattr(value, key, None)
+      out.update(identity(entry, f"{path}.{key}.") if entry is not None else {})
+    elif dataclasses.is_dataclass(value):
+      out.update(identity(value, f"{path}."))
+    else:
+      out[path] = value
+  return out
+
+
+def to_dict(obj) -> dict[str, Any]:
+  """A typed config (or section) as the nested dict of its config fields: what a config
+  file gives, and what dataclass_from reads back."""
+  values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if is_config_field(f)}
+  return {name: to_dict(value) if dataclasses.is_dataclass(value) else value
+          for name, value in values.items()}
+
+
+def migrate(raw: dict, cls: type, prefix: tuple[str, ...]) -> dict:
+  """`raw` (a whole config as nested dicts) with the value of every field of `cls` (the
+  section at `prefix`) and of its nested sections that declares `moved_from` (a dotted
+  path in an older layout) moved from there to its place; a value given at the old path
+  replaces one at the new. Returns a new dict; `raw` is not changed."""
+  moves = list(_moves(cls, prefix))
+  if not any(_get(raw, old) is not _ABSENT for old, _ in moves):
+    return raw
+  raw = _copy(raw)
+  for old, new in moves:
+    value = _pop(raw, old)
+    if value is not _ABSENT:
+      _put(raw, new, value)
+  return raw
+
+
+def _moves(cls: type, prefix: tuple[str, ...]):
+  hints = typing.get_type_hints(cls)
+  for field in dataclasses.fields(cls):
+    path = (*prefix, field.name)
+    if "moved_from" in field.metadata:
+      yield tuple(field.metadata["moved_from"].split(".")), path
+    if dataclasses.is_dataclass(hints[field.name]):
+      yield from _moves(hints[field.name], path)
+
+
+_ABSENT = object()
+
+
+def _copy(d):
+  return {k: _copy(v) for k, v in d.items()} if isinstance(d, Mapping) else d
+
+
+def _get(d, path):
+  for key in path:
+    if not isinstance(d, Mapping) or key not in d:
+      return _ABSENT
+    d = d[key]
+  return d
+
+
+def _pop(d, path):
+  parent = _get(d, path[:-1])
+  return parent.pop(path[-1]) if isinstance(parent, dict) and path[-1] in parent else _ABSENT
+
+
+def _put(d, path, value):
+  for key in path[:-1]:
+    d = d.setdefault(key, {})
+  d[path[-1]] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+  """A config section whose dataclass one of its fields chooses from a registry (e.g.
+  task.name picks the labelled task); parse() builds the section as that dataclass."""
+
+  registry: Mapping[str, type]
+  key: str  # the field naming the entry
+  what: str  # names the registry in the error for an unknown entry
+
+  def parse(self, section: Mapping[str, Any], name: str):
+    key = section.get(self.key)
+    if key not in self.registry:
+      raise ConfigError(f"unknown {self.what} {key!r}; choose one of: "
+                        f"{', '.join(sorted(self.registry))}")
+    return dataclass_from(self.registry[key], section, name)

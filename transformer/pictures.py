@@ -18,6 +18,7 @@ from flax import nnx
 from transformer import storage
 from transformer.attention import MultiHeadAttention
 from transformer.blocks import Stack
+from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.errors import ConfigError
 from transformer.evaluation import Evaluator, Run
@@ -49,12 +50,11 @@ def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
   epath.Path(plot_dir).mkdir(parents=True, exist_ok=True)
   model = nnx.merge(exp.graphdef, run.params)
   paths = []
-  if sentences and exp.model.arch != "encoder_decoder":  # one sequence, nothing decoded
-    paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir)
-  elif sentences:
-    evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
-    paths += draw_attention(model, exp.source, evaluator, run.params, sentences, encoded,
+  if sentences and exp.family.decodes:  # attention from what is decoded to the sentence
+    paths += draw_attention(model, exp.source, Evaluator(exp), run.params, sentences, encoded,
                             plot_dir)
+  elif sentences:  # one sequence, nothing decoded
+    paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir)
   positions = draw_positions(model, exp.model.max_len, storage.join(plot_dir, "positions.png"))
   return paths + ([positions] if positions else [])
 
@@ -97,8 +97,8 @@ def draw_attention(model, source, evaluator, params, sentences: list[str],
   """For each sentence i (token ids `encoded[i]`): decodes it greedily, then writes
   attention_{i}_{kind}.png for the three kinds of attention. Returns the paths."""
   length = max(len(e) for e in encoded)
-  split = pad_batch([(e, np.zeros_like(e)) for e in encoded], length)
-  predictions = evaluator.predict(params, split, source.decode_len(split))
+  split = Split(pad_batch([(e, np.zeros_like(e)) for e in encoded], length))
+  predictions = evaluator.predict(params, split.arrays, source.decode_length(split))
   pairs = [(e, _until_eos(p)) for e, p in zip(encoded, predictions)]
   batch = pad_batch(pairs, max(length, max(len(t) for _, t in pairs)))
   weights = attention_weights(model, batch)

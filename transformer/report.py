@@ -8,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from transformer import pictures, storage, workdir as workdir_lib
+from transformer import config as config_lib, pictures, storage, workdir as workdir_lib
 from transformer.sweep import SEED, is_finished, load, run_name, with_overrides
 
 
@@ -31,10 +31,13 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None) -> tu
   in the longest windows). Returns the table paths."""
   base, sweep = load(config_path)
   base = with_overrides(base, overrides or {})
+  cfg = config_lib.parse(base)
+  train_length = cfg.source.train_length(cfg.data, cfg.task)
   variants: dict[str, list[str]] = {}
   for run_overrides in sweep:
     workdir = storage.join(sweep_dir, run_name(run_overrides))
-    if is_finished(workdir, with_overrides(base, run_overrides).train.num_steps):
+    num_steps = config_lib.parse(with_overrides(base, run_overrides)).train.num_steps
+    if is_finished(workdir, num_steps):
       variant = run_name({k: v for k, v in run_overrides.items() if k != SEED})
       variants.setdefault(variant, []).append(workdir)
   finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in variants.items()}
@@ -65,13 +68,14 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None) -> tu
   writer = csv.writer(table)
   writer.writerow(["variant", "seeds"] + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
   for variant, runs in finals.items():
-    writer.writerow([variant, len(runs)] + [x for n in names for x in (stats[variant, n] or ("", ""))])
+    writer.writerow([variant, len(runs)]
+                    + [x for n in names for x in (stats[variant, n] or ("", ""))])
   storage.write(csv_path, table.getvalue())
-  _plot(sweep_dir, variants, finals, stats, names, base)
+  _plot(sweep_dir, variants, finals, stats, names, train_length)
   return md_path, csv_path
 
 
-def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
+def _plot(sweep_dir, variants, finals, stats, names, train_length) -> None:
   plt = pictures.pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
   for variant, workdirs in variants.items():
@@ -83,7 +87,8 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
   ax.legend(fontsize=7)
   pictures.save(fig, storage.join(sweep_dir, "curves.png"), dpi=120, bbox_inches="tight")
 
-  main = next((n for n in ("valid/bleu", "valid/exact_match", "valid/accuracy") if n in names), None)
+  main = next((n for n in ("valid/bleu", "valid/exact_match", "valid/accuracy") if n in names),
+              None)
   if main:
     fig, ax = plt.subplots(figsize=(8, 5))
     labels = list(finals)
@@ -94,7 +99,8 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
     ax.set(ylabel=f"{main} (mean ± std over seeds)", title="Final held-out metric")
     pictures.save(fig, storage.join(sweep_dir, "final.png"), dpi=120, bbox_inches="tight")
 
-  if any("exact_match_by_length" in m for runs in finals.values() for r in runs for m in r.values()):
+  if any("exact_match_by_length" in m
+         for runs in finals.values() for r in runs for m in r.values()):
     fig, ax = plt.subplots(figsize=(8, 5))
     for variant, runs in finals.items():
       by_length: dict[int, list[float]] = {}
@@ -104,8 +110,8 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
             by_length.setdefault(int(length), []).append(value)
       lengths = sorted(by_length)
       ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], marker="o", label=variant)
-    if "task" in base:
-      ax.axvline(base.task.max_len + 0.5, color="gray", linestyle="--",
+    if train_length is not None:
+      ax.axvline(train_length + 0.5, color="gray", linestyle="--",
                  label="longest training length")
     ax.set(xlabel="input length", ylabel="exact match (mean over seeds)",
            title="Length extrapolation")
@@ -113,10 +119,10 @@ def _plot(sweep_dir, variants, finals, stats, names, base) -> None:
     pictures.save(fig, storage.join(sweep_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
 
   if any("eval_length" in m for runs in finals.values() for r in runs for m in r.values()):
-    _plot_lengths(plt, sweep_dir, finals, base)
+    _plot_lengths(plt, sweep_dir, finals, train_length)
 
 
-def _plot_lengths(plt, sweep_dir, finals, base) -> None:
+def _plot_lengths(plt, sweep_dir, finals, train_length) -> None:
   """perplexity.png and position_loss.png of language-model runs (see report)."""
   fig, ax = plt.subplots(figsize=(8, 5))
   for (variant, runs), color in zip(finals.items(), itertools.cycle(plt.cm.tab10.colors)):
@@ -130,7 +136,7 @@ def _plot_lengths(plt, sweep_dir, finals, base) -> None:
       if lengths:
         ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], style, marker="o",
                 color=color, label=f"{variant}{' (sliding)' if sliding else ''}")
-  ax.axvline(base.data.max_len, color="gray", linestyle=":", label="training length")
+  ax.axvline(train_length, color="gray", linestyle=":", label="training length")
   ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (mean over seeds)",
          xscale="log", yscale="log", title="Length extrapolation")
   ax.legend(fontsize=6, ncol=2)
@@ -144,7 +150,7 @@ def _plot_lengths(plt, sweep_dir, finals, base) -> None:
     positions = sorted(set.intersection(*(set(c) for c in curves)), key=int)
     ax.plot([int(p) for p in positions], [np.mean([c[p] for c in curves]) for p in positions],
             label=variant)
-  ax.axvline(base.data.max_len, color="gray", linestyle=":", label="training length")
+  ax.axvline(train_length, color="gray", linestyle=":", label="training length")
   ax.set(xlabel="position in the window", ylabel="loss (nats, mean over seeds)",
          title="Loss by position, longest evaluation windows")
   ax.legend(fontsize=7)

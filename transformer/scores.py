@@ -124,7 +124,8 @@ class Additive(Scorer):
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
-    dim: int = 0  # hidden size a of the scorer per head; 0 = head_dim
+    # hidden size a of the scorer per head; 0 = head_dim
+    dim: int = dataclasses.field(default=0, metadata={"moved_from": "model.attention.additive_dim"})
 
     def __post_init__(self):
       check_ranges(self, dim=AT_LEAST_0)
@@ -148,8 +149,12 @@ class Gaussian(Scorer):
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
-    sigma: float = 0.0  # initial kernel width; 0 = head_dim ** 0.25 (matches √d scaling)
-    learn_sigma: bool = True  # the width learned per head, or fixed
+    # initial kernel width; 0 = head_dim ** 0.25 (matches √d scaling)
+    sigma: float = dataclasses.field(default=0.0,
+                                     metadata={"moved_from": "model.attention.gaussian_sigma"})
+    # the width learned per head, or fixed
+    learn_sigma: bool = dataclasses.field(default=True,
+                                          metadata={"moved_from": "model.attention.learn_sigma"})
 
     def __post_init__(self):
       check_ranges(self, sigma=AT_LEAST_0)

@@ -14,7 +14,7 @@ import os
 
 import ml_collections
 
-from transformer import checkpoint, experiment, lock, sharding, storage
+from transformer import checkpoint, config as config_lib, experiment, lock, sharding, storage
 from transformer import workdir as workdir_lib
 from transformer.errors import ConfigError, RunError
 from transformer.training import train_and_evaluate
@@ -79,9 +79,10 @@ def is_finished(workdir: str, num_steps: int) -> bool:
 
 
 def plan(config_path: str, sweep_dir: str, overrides: dict | None = None
-         ) -> list[tuple[str, ml_collections.ConfigDict, str]]:
-  """(name, config, workdir) of every run of the sweep, each config checked whole
-  (experiment.build): a bad value or override fails here, before anything trains.
+         ) -> list[tuple[str, config_lib.Config, str]]:
+  """(name, typed config, workdir) of every run of the sweep, each config checked whole
+  (config.parse, experiment.build): a bad value or override fails here, before anything
+  trains.
   `overrides` ({dotted field: value}, e.g. from --config.train.num_steps=100) apply to
   every run; a field the sweep itself varies cannot be overridden."""
   base, sweep = load(config_path)
@@ -96,11 +97,11 @@ def plan(config_path: str, sweep_dir: str, overrides: dict | None = None
     name = run_name(run_overrides)
     workdir = storage.join(sweep_dir, name)
     try:
-      config = with_overrides(base, run_overrides)
-      experiment.build(config, workdir)
+      cfg = config_lib.parse(with_overrides(base, run_overrides))
+      experiment.build(cfg, workdir)
     except ConfigError as e:
       raise ConfigError(f"sweep run {name}: {e}") from None
-    runs.append((name, config, workdir))
+    runs.append((name, cfg, workdir))
   return runs
 
 
@@ -117,15 +118,15 @@ def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
     raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
   runs = plan(config_path, sweep_dir, overrides)
   trained, failed = [], {}
-  for name, config, workdir in runs[worker::num_workers]:
+  for name, cfg, workdir in runs[worker::num_workers]:
     if should_stop():
       break
-    if sharding.process0_decides(is_finished(workdir, config.train.num_steps)):
+    if sharding.process0_decides(is_finished(workdir, cfg.train.num_steps)):
       log.info("sweep: %s is finished; skipped", name)
       continue
     log.info("sweep: training %s", name)
     try:
-      train_and_evaluate(config, workdir, should_stop)
+      train_and_evaluate(cfg, workdir, should_stop)
     except lock.Locked as e:
       log.info("sweep: %s skipped: %s", name, e)
       continue

@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import nnx
@@ -27,6 +26,7 @@ from jax.sharding import NamedSharding
 from transformer import checkpoint, experiment, lock, sharding, storage, summaries
 from transformer import workdir as workdir_lib
 from transformer.errors import Interrupted, RunError
+from transformer.config import Config
 from transformer.evaluation import Evaluator, check_split_lengths
 from transformer.metrics import loss_head_metrics
 
@@ -158,21 +158,21 @@ def log_eval(step: int, results: dict[str, dict]) -> list[dict]:
   return [{"step": step, "split": split, **m} for split, m in results.items()]
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+def train_and_evaluate(cfg: Config, workdir: str,
                        should_stop: Callable[[], bool] = lambda: False) -> int:
-  """Trains to config.train.num_steps, resuming from the newest checkpoint in `workdir`
-  that restores, and evaluates at the end (and every train.eval_every steps).
+  """Trains to cfg.train.num_steps, resuming from the newest checkpoint in `workdir` that
+  restores, and evaluates at the end (and every train.eval_every steps).
 
   `should_stop` is polled between steps and between evaluation batches; once it returns
   True the state is saved and training returns early. Returns the step reached. Raises
   ConfigError for a bad config or workdir (before anything is written) and RunError when
   the run cannot go on (the workdir is locked, training diverged, no checkpoint restores).
   """
-  exp = experiment.build(config, workdir)
+  exp = experiment.build(cfg, workdir)
   workdir_lib.check_usable(workdir)
-  workdir_lib.check_identity(config, workdir, checkpoint.has_checkpoints(workdir))
+  workdir_lib.check_identity(cfg, workdir, checkpoint.has_checkpoints(workdir))
   with lock.hold(workdir):
-    workdir_lib.write_config(config, workdir)
+    workdir_lib.write_config(cfg, workdir)
     exp.source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
     splits = exp.source.eval_splits(exp.train.eval_examples)
     check_split_lengths(exp, splits)
@@ -211,7 +211,7 @@ class _Loop:
     self.unchecked: list[tuple[int, dict]] = []  # steps not yet checked for non-finite sums
     self.in_a_row = 0  # non-finite steps in a row
     self.last_loss = float("inf")
-    self.evaluator = Evaluator(exp.graphdef, exp.eval.batch_size)
+    self.evaluator = Evaluator(exp)
     n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
     log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
 
@@ -329,8 +329,7 @@ class _Loop:
     self.saved = self.step
 
   def _evaluate(self) -> None:
-    results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.exp.source,
-                                         self.should_stop)
+    results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.should_stop)
     for record in log_eval(self.step, results):
       self._write(record)
 

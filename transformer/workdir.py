@@ -1,27 +1,21 @@
 """The workdir of a run: its resolved config, metrics log and (checkpoint.py) checkpoints.
 
-A workdir holds one run. Its identity is what its parameters mean: the data, task and
-model sections (with the settings of the chosen scorer and encoding only), less the
-execution choices that change how the model is computed or where the data lives
-(EXECUTION_FIELDS), which may differ when a run is resumed or evaluated elsewhere. A workdir with no checkpoint yet holds no run: a corrected config replaces its
-config.json.
+A workdir holds one run. Its identity is what its parameters mean: the identity fields of
+its typed config (config.Config, fields.identity; execution fields such as the kernel, the
+dtype or where the data lives may differ when a run is resumed or evaluated elsewhere). A
+workdir with no checkpoint yet holds no run: a corrected config replaces its config.json.
 """
 
 import json
 
 import jax
-import ml_collections
 from etils import epath
 
-from transformer import experiment, storage
+from transformer import config as config_lib, fields, storage
 from transformer.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
-IDENTITY_SECTIONS = ("data", "task", "model")
-EXECUTION_FIELDS = frozenset({
-    "model.dtype", "model.remat", "model.scan_layers", "model.attention.kernel",
-    "model.attention.block_size", "data.dir", "data.tfds_dir", "data.cache_dir"})
 
 
 def _flatten(d, prefix=""):
@@ -40,49 +34,38 @@ def check_usable(workdir: str) -> None:
     raise ConfigError(f"--workdir {workdir}: {problem}")
 
 
-def _identity(config: dict) -> dict:
-  """The config's identity sections, its model section in today's layout (older runs'
-  configs migrated) with only the chosen scorer's and encoding's settings: the knobs of
-  entries the run does not use do not change its model."""
-  model = experiment.migrate_model(config.get("model", {}))
-  attention = model.get("attention", {})
-  chosen = lambda sections, key: {k: v for k, v in sections.items() if k == key}  # noqa: E731
-  model = {**model, "position_settings": chosen(model.get("position_settings", {}),
-                                                model.get("position")),
-           "attention": {**attention, "score_settings": chosen(
-               attention.get("score_settings", {}), attention.get("score"))}}
-  return {**config, "model": model}
-
-
-def check_identity(config: ml_collections.ConfigDict, workdir: str, has_checkpoints: bool) -> None:
+def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) -> None:
   """Refuses (ConfigError) a config whose identity differs from the run in `workdir`'s.
-  Fields missing from the saved config were added to the code since the run began."""
+  Fields missing from the saved config (older layouts migrated first) were added to the
+  code since the run began: they are not compared."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not has_checkpoints or not path.exists():
     return
-  saved = _identity(json.loads(path.read_text()))
-  resolved = _identity(json.loads(config.to_json_best_effort()))
-  for section in IDENTITY_SECTIONS:
-    new, old = _flatten(resolved.get(section, {})), _flatten(saved.get(section, {}))
-    changed = sorted(k for k in old if new.get(k) != old[k]
-                     and f"{section}.{k}" not in EXECUTION_FIELDS)
-    if changed:
-      raise ConfigError(
-          f"workdir {workdir} holds a run with a different config.{section} "
-          f"(differs in: {', '.join(changed)}); use a new --workdir")
+  saved_raw = load_config(workdir)
+  saved = fields.identity(config_lib.parse(saved_raw))
+  present = set(_flatten(config_lib.migrate(saved_raw)))
+  new = fields.identity(cfg)
+  changed = [k for k in saved if k in present and new.get(k) != saved[k]]
+  if changed:
+    section = min((k.split(".")[0] for k in changed), key=config_lib.SECTIONS.index)
+    fields_changed = sorted(k.split(".", 1)[1] for k in changed if k.startswith(section + "."))
+    raise ConfigError(f"workdir {workdir} holds a run with a different config.{section} "
+                      f"(differs in: {', '.join(fields_changed)}); use a new --workdir")
 
 
-def write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+def write_config(cfg: config_lib.Config, workdir: str) -> None:
   """Writes the resolved config (process 0)."""
   if jax.process_index() == 0:
-    storage.write(storage.join(workdir, CONFIG_FILE), config.to_json_best_effort(indent=2))
+    storage.write(storage.join(workdir, CONFIG_FILE),
+                  json.dumps(config_lib.to_dict(cfg), indent=2))
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
+def load_config(workdir: str) -> dict:
+  """The saved config of the run in `workdir`, as written (config.parse makes it typed)."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     raise ConfigError(f"{workdir} has no {CONFIG_FILE}: not a training workdir")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  return json.loads(path.read_text())
 
 
 def _metric_lines(workdir: str) -> list[str]:

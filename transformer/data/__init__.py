@@ -2,15 +2,30 @@
 
   inputs, targets                          [batch, length] token ids (PAD_ID = 0 pads)
   inputs_positions, targets_positions      position within the segment, 0-based
-  inputs_segmentation, targets_segmentation segment id, 0 on padding
+  inputs_segmentation, targets_segmentation segment id, 0 on padding; a target is scored
+                                           where its targets_segmentation > 0
+
+What `targets` hold is the source's declaration (Targets), which a model family must learn.
+The interface every source meets: transformer/data/base.py; the registry: sources.py.
 """
 
 import dataclasses
+import enum
+
+
+class Targets(enum.Enum):
+  """What a source's batches ask a model to predict (data.base.DataSource.targets), and what
+  a model family learns (families.ModelFamily.learns)."""
+
+  SEQUENCE = "a target sequence for each input sequence"
+  TOKEN_LABELS = "a label per input token"
+  SEQUENCE_LABELS = "a label per input sequence, at its first token"
+  NEXT_TOKENS = "the next token after each input token"
 
 
 @dataclasses.dataclass(frozen=True)
 class SourceArgs:
-  """What every data source takes besides its own config section (sources.make_source)."""
+  """What every data source takes besides its own config sections."""
 
   seed: int  # config.seed: the data's shuffles and generated examples
   batch_size: int  # config.train.batch_size: rows per training step over all processes

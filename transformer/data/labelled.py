@@ -15,14 +15,13 @@ import dataclasses
 import zlib
 
 import grain
-import ml_collections
 import numpy as np
 
-from transformer.data import SourceArgs, pipeline
+from transformer.data import SourceArgs, Targets, pipeline
+from transformer.data.base import DataSource, Example, Split, SplitResult
 from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, Range, check, check_ranges, dataclass_from
+from transformer.fields import AT_LEAST_1, Chosen, Range, check, check_ranges
 from transformer.metrics import macro_f1
-from transformer.registry import lookup
 from transformer.vocab import BOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 _TRAIN_STREAM = 0  # evaluation splits use 1, 2, ...
@@ -163,7 +162,7 @@ def is_heldout(tokens: np.ndarray, modulus: int) -> bool:
   return zlib.crc32(tokens.astype(np.int32).tobytes()) % modulus == 0
 
 
-def example(task, seed: int, split: int, index: int, heldout: bool):
+def example_at(task, seed: int, split: int, index: int, heldout: bool):
   """(tokens, labels, weights) of example `index` of a split: a pure function of them."""
   rng = np.random.default_rng([seed, split, index])
   for _ in range(_MAX_DRAWS):
@@ -199,61 +198,54 @@ def label_batch(examples, length: int, pack: bool = False) -> dict[str, np.ndarr
   return out
 
 
-class LabelledSource:
+class LabelledSource(DataSource):
   """data.source "labelled": config.task names a task of TASKS (its fields: that task's
-  dataclass); trains an encoder (model.arch=encoder) with the pooling the task needs."""
+  dataclass) for an encoder (model.arch=encoder) with the pooling the task needs."""
 
-  section = "task"
-  tokenizer = None
-  archs = ("encoder",)
+  Task = Chosen(TASKS, "name", "labelled task")
 
-  def __init__(self, section: ml_collections.ConfigDict, args: SourceArgs):
-    section = section.to_dict()
-    self.task = dataclass_from(lookup(TASKS, section.get("name"), "labelled task"), section,
-                               "task")
+  def __init__(self, data, task, args: SourceArgs):
+    super().__init__(data, task, args)
     check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
           "≥ 1 for a synthetic task")
-    self.args = args
-    self.vocab_size, self.num_classes = self.task.vocab_size, self.task.num_classes
-    self.pooled = self.task.pooled
-    example(self.task, args.seed, _TRAIN_STREAM, 0, heldout=False)  # fails early if none
+    self.targets = Targets.SEQUENCE_LABELS if task.pooled else Targets.TOKEN_LABELS
+    example_at(task, args.seed, _TRAIN_STREAM, 0, heldout=False)  # fails early if none
+
+  @classmethod
+  def output_sizes(cls, data, task) -> tuple[int, int]:
+    return task.vocab_size, task.num_classes
+
+  @classmethod
+  def example(cls, directory: str) -> Example:
+    del directory
+    task = dict(name="listops", min_len=5, max_len=16, max_depth=3, max_args=3)
+    return Example({"data": {"source": "labelled"}, "task": task,
+                    "model": {"arch": "encoder", "pooling": "cls"}}, "[MAX 2 9 [MIN 4 7 ] 0 ]")
 
   def max_lengths(self) -> dict[str, int]:
     return {"task.max_len": self.task.max_len}
-
-  def prepare(self) -> None:
-    """Nothing to build: the data is a function of the seed."""
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches; batch `step` is a pure function of (seed, step), this process's rows."""
     task, seed = self.task, self.args.seed
     return pipeline.generated_batches(
-        self.args.batch_size, lambda i: example(task, seed, _TRAIN_STREAM, i, heldout=False),
+        self.args.batch_size, lambda i: example_at(task, seed, _TRAIN_STREAM, i, heldout=False),
         lambda exs: label_batch(exs, task.max_len)).to_iter_dataset(pipeline.READ_OPTIONS)
 
-  def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
+  def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
     """`valid`: num_examples held-out sequences (0: config.eval.num_examples)."""
     n = num_examples or self.args.eval_examples
-    examples = [example(self.task, self.args.seed, 1, i, heldout=True) for i in range(n)]
-    return {"valid": label_batch(examples, self.task.max_len)}
+    examples = [example_at(self.task, self.args.seed, 1, i, heldout=True) for i in range(n)]
+    return {"valid": Split(label_batch(examples, self.task.max_len))}
 
-  def file_split(self, source_path: str, reference_path: str):
-    raise ConfigError("evaluating a source/reference file pair needs a text data source; "
-                      "this run's is 'labelled'")
-
-  def decode_len(self, split) -> None:
-    return None  # scored, not decoded
-
-  def encode(self, sentence: str) -> np.ndarray:
-    return self.task.encode(sentence)
+  def encode(self, text: str) -> np.ndarray:
+    return self.task.encode(text)
 
   def pieces(self, ids) -> list[str]:
     return self.task.pieces(ids)
 
-  def split_metrics(self, split_name: str, split: dict[str, np.ndarray],
-                    outputs: dict[str, np.ndarray]) -> dict:
+  def split_results(self, name, split, outputs) -> SplitResult:
     """Macro-F1 over the scored labels (per token, or per sequence)."""
-    del split_name
-    weights = split["targets_segmentation"] > 0
-    return {"macro_f1": macro_f1(outputs["predictions"], split["targets"], weights,
-                                 self.num_classes)}
+    weights = split.arrays["targets_segmentation"] > 0
+    return SplitResult({"macro_f1": macro_f1(outputs["predictions"], split.arrays["targets"],
+                                             weights, self.task.num_classes)})

@@ -28,15 +28,15 @@ import sysconfig
 import zlib
 
 import grain
-import ml_collections
 import numpy as np
 from etils import epath
 
 from transformer import storage
-from transformer.data import SourceArgs, pipeline, text
+from transformer.data import SourceArgs, Targets, pipeline, text
+from transformer.data.base import DataSource, Example, Split, SplitResult
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
 from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, Range, check, check_ranges, dataclass_from
+from transformer.fields import AT_LEAST_1, Range, check, check_ranges, execution
 from transformer.metrics import language_model_metrics
 from transformer.registry import lookup
 from transformer.vocab import BOS_ID, EOS_ID, NUM_RESERVED
@@ -55,11 +55,11 @@ class LMData:
   python_version: str = ""  # stdlib: "MAJOR.MINOR" of the interpreter the files come from
   stdlib_scope: str = "top"  # stdlib: top (top-level modules) | all (with packages)
   heldout_modulus: int = 10  # stdlib: 1/heldout_modulus of the files are held out
-  dir: str = ""  # files: the directory of the globs
+  dir: str = execution("")  # files: the directory of the globs
   train_files: str = ""
   valid_files: str = ""
   tfds_name: str = ""
-  tfds_dir: str = ""
+  tfds_dir: str = execution("")
   text_key: str = "text"
   train_split: str = "train"
   valid_split: str = "validation"
@@ -156,28 +156,41 @@ def window_batch(stream: np.ndarray, starts, length: int, ends=None, scored_from
   return out
 
 
-class LanguageModelSource:
+class LanguageModelSource(DataSource):
   """data.source "lm": a causal language model (model.arch=decoder) on a corpus of long
   documents (see the module docstring)."""
 
-  section = "data"
-  archs = ("decoder",)
-  num_classes, pooled = 0, False
+  Data = LMData
+  targets = Targets.NEXT_TOKENS
 
-  def __init__(self, section: ml_collections.ConfigDict, args: SourceArgs):
-    self.args = args
-    self.data = dataclass_from(LMData, section.to_dict(), "data")
+  def __init__(self, data: LMData, task, args: SourceArgs):
+    super().__init__(data, task, args)
     check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
-          f"≥ 1 (windows of {self.data.eval_lengths[-1]} tokens evaluated)")
-    self.vocab_size = self.data.vocab_size
-    self.tokenizer_path = self.data.tokenizer or storage.join(args.workdir or ".",
-                                                             TOKENIZER_FILE)
+          f"≥ 1 (windows of {data.eval_lengths[-1]} tokens evaluated)")
+    self.tokenizer_path = data.tokenizer or storage.join(args.workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
     self.streams: dict[str, np.ndarray] = {}
-    if self.data.corpus == "stdlib":
-      train, valid = stdlib_files(self.data)
-      check(bool(train and valid), "config.data.heldout_modulus", self.data.heldout_modulus,
+    if data.corpus == "stdlib":
+      train, valid = stdlib_files(data)
+      check(bool(train and valid), "config.data.heldout_modulus", data.heldout_modulus,
             "one that leaves training and held-out files")
+
+  @classmethod
+  def output_sizes(cls, data: LMData, task) -> tuple[int, int]:
+    return data.vocab_size, 0
+
+  @classmethod
+  def train_length(cls, data: LMData, task) -> int:
+    return data.max_len  # tokens per window, as eval_length counts them
+
+  @classmethod
+  def example(cls, directory: str) -> Example:
+    for split, n in (("train", 300), ("valid", 60)):
+      (pathlib.Path(directory) / f"{split}.py").write_text("\n".join(
+          f"def f{i}(x):\n  return x * {i % 7} + {i % 5}" for i in range(n)))
+    data = dict(source="lm", corpus="files", dir=directory, train_files="train.py",
+                valid_files="valid.py", vocab_size=64, max_len=16, max_factor=2)
+    return Example({"data": data, "model": {"arch": "decoder"}}, "def f(")
 
   def max_lengths(self) -> dict[str, int]:
     return {"data.max_len": self.data.max_len,
@@ -190,14 +203,16 @@ class LanguageModelSource:
     self.tokenizer = load_or_train(
         self.tokenizer_path,
         lambda: (line for doc in documents["train"] for line in doc.split("\n")),
-        self.vocab_size, self.data.tokenizer_type, max_sentences=_TOKENIZER_LINES)
+        self.data.vocab_size, self.data.tokenizer_type, max_sentences=_TOKENIZER_LINES)
     self.streams = {split: encode_documents(self.tokenizer, docs)
                     for split, docs in documents.items()}
     need = self.args.eval_examples * self.data.eval_lengths[-1] + 1
     for split, stream in self.streams.items():
       if len(stream) <= (need if split == "valid" else self.data.max_len + 1):
+        wanted = (f"eval.num_examples windows of {self.data.eval_lengths[-1]}"
+                  if split == "valid" else "one window")
         raise ConfigError(f"the {split} documents have {len(stream)} tokens, too few for "
-                          f"{'eval.num_examples windows of ' + str(self.data.eval_lengths[-1]) if split == 'valid' else 'one window'}")
+                          f"{wanted}")
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches of random windows; batch `step` is a pure function of (seed, step)."""
@@ -208,7 +223,7 @@ class LanguageModelSource:
         self.args.batch_size, start, lambda starts: window_batch(stream, starts, length)
     ).to_iter_dataset(pipeline.READ_OPTIONS)
 
-  def eval_splits(self, num_examples: int = 0) -> dict[str, dict[str, np.ndarray]]:
+  def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
     """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored
     at each evaluation length W: `lenW` in non-overlapping windows of W tokens, and
     `lenW_sliding` in windows of up to W tokens moved by L, each scoring its last L."""
@@ -217,20 +232,13 @@ class LanguageModelSource:
     total = n * lengths[-1]
     splits = {}
     for w in lengths:
-      splits[f"len{w}"] = window_batch(stream, range(0, total, w), w)
+      splits[f"len{w}"] = Split(window_batch(stream, range(0, total, w), w))
     for w in lengths[1:] if self.data.sliding else []:
       ends = list(range(step, total + 1, step))
       starts = [max(0, e - w) for e in ends]
-      splits[f"len{w}_sliding"] = window_batch(stream, starts, w, ends,
-                                               [e - step - s for e, s in zip(ends, starts)])
+      splits[f"len{w}_sliding"] = Split(window_batch(
+          stream, starts, w, ends, [e - step - s for e, s in zip(ends, starts)]))
     return splits
-
-  def file_split(self, source_path: str, reference_path: str):
-    raise ConfigError("evaluating a source/reference file pair needs a translation source; "
-                      "this run's is 'lm'")
-
-  def decode_len(self, split) -> None:
-    return None  # scored, not decoded
 
   def encode(self, sentence: str) -> np.ndarray:
     """A prompt: its pieces, after BOS, without a final EOS."""
@@ -239,7 +247,7 @@ class LanguageModelSource:
   def pieces(self, ids) -> list[str]:
     return [self.tokenizer.sp.id_to_piece(i) for i in np.asarray(ids).tolist()]
 
-  def decode(self, ids) -> str:
+  def detokenize(self, ids) -> str:
     """Text of token ids: EOS ends a line; BOS and padding are dropped."""
     lines, line = [], []
     for i in np.asarray(ids).tolist():
@@ -250,8 +258,7 @@ class LanguageModelSource:
         line.append(i)
     return "\n".join(lines + [self.tokenizer.sp.decode(line)])
 
-  def split_metrics(self, split_name: str, split: dict[str, np.ndarray],
-                    outputs: dict[str, np.ndarray]) -> dict:
+  def split_results(self, name, split, outputs) -> SplitResult:
     """metrics.language_model_metrics of the split's per-token losses."""
-    del split_name
-    return language_model_metrics(outputs["nll"], split["targets_segmentation"] > 0)
+    return SplitResult(language_model_metrics(outputs["nll"],
+                                              split.arrays["targets_segmentation"] > 0))

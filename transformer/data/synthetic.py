@@ -15,13 +15,17 @@ import zlib
 from collections.abc import Callable
 
 import grain
+import jax
 import numpy as np
 
-from transformer.data.pipeline import generated_batches, pad_batch
+from transformer.data import SourceArgs, Targets
+from transformer.data.base import DataSource, Example, Split, SplitResult
+from transformer.data.pipeline import READ_OPTIONS, generated_batches, pad_batch
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, Range, check, check_ranges
 from transformer.registry import lookup
-from transformer.vocab import EOS_ID, NUM_RESERVED
+from transformer.metrics import exact_match_by_length
+from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 TRANSFORMS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "reverse": lambda s: s[::-1],
@@ -35,11 +39,14 @@ _MAX_DRAWS = 1000  # a string space with no string of the wanted kind is an erro
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticTask:
+  """config.task of data.source "synthetic"."""
+
   name: str  # a key of TRANSFORMS
   num_symbols: int = 16
   min_len: int = 1
   max_len: int = 16
-  heldout_modulus: int = 10
+  heldout_modulus: int = 10  # 1/heldout_modulus of string space is held out for evaluation
+  longer_max_len: int = 24  # the `longer` split: lengths max_len+1 .. this (none if ≤ max_len)
 
   def __post_init__(self):
     lookup(TRANSFORMS, self.name, "task")
@@ -82,14 +89,15 @@ def train_dataset(task: SyntheticTask, seed: int, batch_size: int, process_index
       lambda pairs: pad_batch(pairs, task.max_len + 1), process_index, process_count)
 
 
-def eval_splits(task: SyntheticTask, seed: int, num_examples: int,
-                longer_max_len: int) -> dict[str, dict[str, np.ndarray]]:
+def eval_splits(task: SyntheticTask, seed: int, num_examples: int
+                ) -> dict[str, dict[str, np.ndarray]]:
   """Held-out splits as whole padded batches.
 
   `valid`: training lengths. `longer`: lengths max_len+1 .. longer_max_len, longer than any
   training example (length extrapolation).
   """
-  ranges = {"valid": (task.min_len, task.max_len), "longer": (task.max_len + 1, longer_max_len)}
+  ranges = {"valid": (task.min_len, task.max_len),
+            "longer": (task.max_len + 1, task.longer_max_len)}
   splits = {}
   for split_id, (name, (lo, hi)) in enumerate(ranges.items(), start=1):
     if hi < lo:
@@ -97,3 +105,68 @@ def eval_splits(task: SyntheticTask, seed: int, num_examples: int,
     pairs = [task.example(seed, split_id, i, lo, hi, heldout=True) for i in range(num_examples)]
     splits[name] = pad_batch(pairs, hi + 1)
   return splits
+
+
+class SyntheticSource(DataSource):
+  """data.source "synthetic": config.task's transform of random strings, from the seed."""
+
+  Task = SyntheticTask
+  targets = Targets.SEQUENCE
+
+  def __init__(self, data, task: SyntheticTask, args: SourceArgs):
+    super().__init__(data, task, args)
+    check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
+          "≥ 1 for a synthetic task")
+    eval_splits(task, args.seed, 1)  # a string space without such strings
+    train_dataset(task, args.seed, 1)[0]  # fails here
+
+  @classmethod
+  def output_sizes(cls, data, task: SyntheticTask) -> tuple[int, int]:
+    return task.vocab_size, 0
+
+  @classmethod
+  def train_length(cls, data, task: SyntheticTask) -> int:
+    return task.max_len  # symbols, as exact_match_by_length counts them
+
+  @classmethod
+  def example(cls, directory: str) -> Example:
+    del directory
+    task = dict(name="reverse", num_symbols=6, min_len=1, max_len=5, longer_max_len=7)
+    return Example({"data": {"source": "synthetic"}, "task": task}, "3 1 4")
+
+  def max_lengths(self) -> dict[str, int]:
+    lengths = {"task.max_len": self.task.max_len + 1}  # EOS included
+    if self.task.longer_max_len > self.task.max_len:
+      lengths["task.longer_max_len"] = self.task.longer_max_len + 1
+    return lengths
+
+  def train_batches(self) -> grain.IterDataset:
+    dataset = train_dataset(self.task, self.args.seed, self.args.batch_size,
+                            jax.process_index(), jax.process_count())
+    return dataset.to_iter_dataset(READ_OPTIONS)
+
+  def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
+    """`valid` and `longer`, num_examples each (0: config.eval.num_examples)."""
+    splits = eval_splits(self.task, self.args.seed, num_examples or self.args.eval_examples)
+    return {name: Split(arrays) for name, arrays in splits.items()}
+
+  def decode_length(self, split: Split) -> int:
+    return split.arrays["targets"].shape[1]  # exact match needs the full target and its EOS
+
+  def split_results(self, name, split, outputs) -> SplitResult:
+    """Exact match per input length (length extrapolation curves)."""
+    lengths = (split.arrays["inputs"] != 0).sum(1) - 1  # symbols, EOS excluded
+    return SplitResult({"exact_match_by_length": exact_match_by_length(
+        outputs["predictions"], split.arrays["targets"], lengths)})
+
+  def encode(self, text: str) -> np.ndarray:
+    """Space-separated symbols 0..num_symbols-1 (e.g. "3 1 4") -> token ids ending in EOS."""
+    words, n = text.split(), self.task.num_symbols
+    if not words or any(not (w.isdigit() and int(w) < n) for w in words):
+      raise ConfigError(f"synthetic input {text!r}: give space-separated symbols in "
+                        f"0..{n - 1}, e.g. \"3 1 4\"")
+    return np.asarray([int(w) + NUM_RESERVED for w in words] + [EOS_ID], np.int32)
+
+  def pieces(self, ids) -> list[str]:
+    """A label per token id: its symbol, or <s>, </s>, <pad>."""
+    return [RESERVED_PIECES.get(i, str(i - NUM_RESERVED)) for i in np.asarray(ids).tolist()]
