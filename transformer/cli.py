@@ -1,6 +1,9 @@
 """What the CLIs share: distributed start, progress logging, one-line errors, stop signals."""
 
 import contextlib
+import difflib
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import re
@@ -11,6 +14,7 @@ import jax
 from absl import flags
 from absl import logging as absl_logging
 from jax.experimental import multihost_utils
+from ml_collections import config_dict
 
 from transformer.errors import ConfigError, RunError
 
@@ -134,69 +138,72 @@ class StopSignals:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing for app.run(flags_parser=...): a bad flag, config file or override
-  (`--config.model.positon=rotary`) prints one `error:` line and exits with status 2."""
+  prints one `error:` line, status 2. The line comes from redoing the config's steps here
+  (config_error), not from the wording of absl's or config_flags' errors: theirs to change."""
   try:
-    argv = flags.FLAGS(argv)
-  except Exception as e:  # noqa: BLE001 - config_flags raises Attribute/Key/Value/OS errors
-    path = _raised_in_config_file(e, argv)
-    _exit(_config_file_error(path, e) if path else _flag_error(e, argv))
-  if "config" in flags.FLAGS and not isinstance(flags.FLAGS.config, (str, type(None))):
-    try:
+    rest = flags.FLAGS(argv)
+    if "config" in flags.FLAGS and not isinstance(flags.FLAGS.config, (str, type(None))):
       flags.FLAGS.config.keys()  # config_flags defers a config file's load error to first use
-    except Exception as e:  # noqa: BLE001 - whatever the config file raised
-      _exit(_config_file_error(flags.FLAGS["config"].config_filename, e))
-  return argv
+  except Exception as e:  # noqa: BLE001 - absl, config_flags and the config file raise anything
+    _exit(("config" in flags.FLAGS and config_error(argv)) or one_line(e))
+  return rest
 
 
-def _raised_in_config_file(e: BaseException, argv: list[str]) -> str | None:
-  """The --config value if `e` was raised by the config file's own code, else None."""
-  values = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-  values += [b for a, b in zip(argv, argv[1:]) if a == "--config"]
-  for path in values:
-    file = os.path.abspath(path.split(":")[0])
-    seen = set()
-    while e is not None and id(e) not in seen:
-      seen.add(id(e))
-      if isinstance(e, SyntaxError) and e.filename and os.path.abspath(e.filename) == file:
-        return path
-      tb = e.__traceback__
-      while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename) == file:
-          return path
-        tb = tb.tb_next
-      e = e.__cause__ or e.__context__
+def config_error(argv: list[str]) -> str | None:
+  """What is wrong with argv's --config file (path[:arg]) or --config.a.b=value overrides,
+  found by loading the file here, so that its own exception is at hand; None if nothing."""
+  path = next((a.partition("=")[2] if "=" in a else b for a, b in zip(argv, [*argv[1:], ""])
+               if re.match(r"--?config(=|$)", a)), "")
+  if not path:
+    return None
+  file, *arg = path.split(":", 1)
+  if not os.path.isfile(file):
+    return f"config file not found: {file}"
+  try:
+    loader = importlib.machinery.SourceFileLoader("config_file", file)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    config = module.get_config(*arg)
+  except SyntaxError as e:
+    return f"config file {e.filename}, line {e.lineno}: {e.msg}"
+  except Exception as e:  # noqa: BLE001 - whatever the config file raises
+    return f"config file {path}: {one_line(e)}"
+  for flag, following in zip(argv, [*argv[1:], None]):
+    if match := re.match(r"--?(?:no)?config\.([^=]+)(?:=(.*))?$", flag, re.DOTALL):
+      if error := _override_error(config, *match.groups(), following):
+        return f"--config.{match[1]}: {error}"
   return None
 
 
-def _config_file_error(path: str, e: Exception) -> str:
-  file = path.split(":")[0]
-  if not os.path.isfile(file):
-    return f"config file not found: {file}"
-  cause = e.__cause__ or e
-  if isinstance(cause, SyntaxError):
-    return f"config file {file}, line {cause.lineno}: {cause.msg}"
-  text = str(cause)
-  if _WRAPPED in text:  # config_flags passes on get_config()'s error as traceback text
-    last = text.strip().splitlines()[-1]
-    return f"config file {path}: {last.removeprefix(f'{ConfigError.__module__}.ConfigError: ')}"
-  return f"config file {path}: {type(cause).__name__}: {cause}"
+_PARSERS = {int: flags.IntegerParser(), float: flags.FloatParser(), bool: flags.BooleanParser()}
 
 
-_WRAPPED = "Error whilst parsing config file"
+def _override_error(config: config_dict.ConfigDict, name: str, value: str | None,
+                    following: str | None) -> str | None:
+  """Why --config.NAME[=VALUE] fails: no such field, or a value that config_flags' parser
+  for the field's type rejects (without `=`, the following argument, unless a bool field)."""
+  node, keys = config, name.split(".")
+  for depth, key in enumerate(keys):
+    fields = node.keys() if isinstance(node, config_dict.ConfigDict) else []
+    if key not in fields:
+      close = difflib.get_close_matches(key, fields, n=1)
+      hint = f'. Did you mean "{close[0]}"?' if close else ""
+      return f"the config has no field {'.'.join(keys[:depth + 1])!r}{hint}"
+    node, kind = node[key], node.get_type(key)
+  if value is None and kind is not bool:
+    value = following
+  try:
+    if value is not None and kind in _PARSERS:  # a str takes any value; the rest are left alone
+      _PARSERS[kind].parse(value)
+  except ValueError:
+    return f"{value!r} is not a valid {kind.__name__}"
+  return None
 
 
-def _flag_error(e: Exception, argv: list[str]) -> str:
-  if _WRAPPED in str(e):
-    path = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")),
-                next((b for a, b in zip(argv, argv[1:]) if a == "--config"), "?"))
-    return _config_file_error(path, e)
-  while isinstance(e, (AttributeError, KeyError)) and e.args and isinstance(e.args[0], Exception):
-    e = e.args[0]
-  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-  message = " ".join(str(text).split())
-  key = re.match(r"'(\w+)'", message)
-  culprit = key and next((a for a in argv[1:] if a.startswith("--config.")
-                          and re.search(rf"\.{key.group(1)}\b", a.split("=")[0])), None)
-  if culprit and message == f"'{key.group(1)}'":  # a KeyError with no hint
-    message = f"the config has no field {culprit[2:].split('=')[0][len('config.'):]!r}"
-  return f"in {culprit}: {message}" if culprit else message
+def one_line(e: BaseException) -> str:
+  """The message alone where it is written for the user (absl's flag errors, ConfigError),
+  else the exception's type and its message's first line."""
+  if isinstance(e, (flags.Error, ConfigError)):
+    return str(e)
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"
