@@ -85,7 +85,7 @@ def _nan_loss_at(monkeypatch, config, steps):
 def test_a_non_finite_step_is_not_applied(tiny_config):
   config = tiny_config()
   optimizer = experiment.make_optimizer(config)
-  graphdef, init = experiment.make_init(config, 9, optimizer)
+  graphdef, init, _ = experiment.make_init(config, 9, optimizer)
   step = jax.jit(make_train_step(graphdef, optimizer, experiment.make_schedule(config),
                                  label_smoothing=0.0, seed=0))
   state = init()

@@ -96,9 +96,9 @@ def test_checkpoint_average_is_the_mean_of_the_last_checkpoints(tmp_path, tiny_c
   config = tiny_config()
   workdir = str(tmp_path / "run")
   train_and_evaluate(config, workdir)  # checkpoints at 10, 20, 30, 40
-  _, init = experiment.make_init(config, 9, experiment.make_optimizer(config))
+  _, init, specs = experiment.make_init(config, 9, experiment.make_optimizer(config))
   abstract = jax.eval_shape(init)["params"]
-  shardings = sharding.state_shardings(abstract, sharding.make_mesh())
+  shardings = sharding.param_shardings(abstract, specs, sharding.make_mesh())
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, 30, 3)
   assert steps == [10, 20, 30]
   expected = jax.tree.map(lambda *p: (p[0] + p[1] + p[2]) / 3, *(_params(workdir, s) for s in steps))

@@ -170,7 +170,7 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
   config = workdir_lib.load_config(workdir)
   exp = experiment.build(config, workdir, evaluating=True)
   abstract = jax.eval_shape(exp.init)["params"]
-  shardings = sharding.state_shardings(abstract, exp.mesh)
+  shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
   exp.source.prepare()
   return Run(workdir, exp, steps, params)

@@ -130,10 +130,11 @@ def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransform
 
 def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer,
               num_classes: int = 0):
-  """Returns (graphdef, init) where init() builds the train state: a dict of
-  `step`, `params` (a pure dict) and `opt_state`."""
-  graphdef = nnx.graphdef(nnx.eval_shape(
-      lambda: build_model(config, vocab_size, config.seed, num_classes)))
+  """Returns (graphdef, init, specs) where init() builds the train state: a dict of
+  `step`, `params` (a pure dict) and `opt_state`; specs: the parameters' declared
+  PartitionSpecs (sharding.param_specs)."""
+  abstract = nnx.eval_shape(lambda: build_model(config, vocab_size, config.seed, num_classes))
+  graphdef, specs = nnx.graphdef(abstract), sharding.param_specs(abstract)
 
   def init():
     params = nnx.to_pure_dict(nnx.state(
@@ -141,7 +142,7 @@ def make_init(config: ml_collections.ConfigDict, vocab_size: int, optimizer,
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": optimizer.init(params)}
 
-  return graphdef, init
+  return graphdef, init, specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +159,7 @@ class Experiment:
   schedule: optax.Schedule
   graphdef: nnx.GraphDef
   init: Callable[[], dict]  # builds the train state
+  param_specs: dict  # the parameters' declared PartitionSpecs (sharding.param_specs)
 
 
 def runnable_kernel(config: ml_collections.ConfigDict, substitute: bool) -> ml_collections.ConfigDict:
@@ -204,14 +206,14 @@ def build(config: ml_collections.ConfigDict, workdir: str | None = None, *,
         f"({'a label per sequence' if source.pooled else 'a label per token'})")
   optimizer = make_optimizer(config)
   # runs the constructors' checks
-  graphdef, init = make_init(config, source.vocab_size, optimizer, source.num_classes)
+  graphdef, init, specs = make_init(config, source.vocab_size, optimizer, source.num_classes)
   mesh = sharding.make_mesh(None if evaluating else config.mesh.to_dict())
   if not evaluating:
     sharding.check_batch_size(train.batch_size, mesh, train.accumulation_steps)
   for what, length in source.max_lengths().items():
     check_length(model, length, what)
   return Experiment(config, train, evaluation, model, source, mesh, optimizer,
-                    make_schedule(config), graphdef, init)
+                    make_schedule(config), graphdef, init, specs)
 
 
 def check_length(model: ModelConfig, length: int, what: str) -> None:
