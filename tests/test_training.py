@@ -101,8 +101,9 @@ def test_checkpoint_average_is_the_mean_of_the_last_checkpoints(tmp_path, tiny_c
   config = tiny_config()
   workdir = str(tmp_path / "run")
   train_and_evaluate(parse(config), workdir)  # checkpoints at 10, 20, 30, 40
-  abstract = jax.eval_shape(experiment.build(parse(config)).init)["params"]
-  shardings = sharding.state_shardings(abstract, sharding.make_mesh())
+  exp = experiment.build(parse(config))
+  abstract = jax.eval_shape(exp.init)["params"]
+  shardings = sharding.param_shardings(abstract, exp.param_specs, sharding.make_mesh())
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, 30, 3)
   assert steps == [10, 20, 30]
   expected = jax.tree.map(lambda *p: (p[0] + p[1] + p[2]) / 3, *(_params(workdir, s) for s in steps))

@@ -51,8 +51,13 @@ class MultiHeadAttention(nnx.Module):
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     self.num_heads, self.head_dim = num_heads, d_model // num_heads
-    dense = lambda: Dense(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs)  # noqa: E731
-    self.query, self.key, self.value, self.out = dense(), dense(), dense(), dense()
+    # Heads split over the mesh's tensor axis: Q, K, V kernels [d_model, heads·head_dim] by
+    # their columns, the output kernel [heads·head_dim, d_model] by its rows.
+    dense = lambda axes: Dense(d_model, d_model, use_bias=False, kernel_axes=axes,  # noqa: E731
+                               dtype=dtype, rngs=rngs)
+    heads_in, heads_out = ("fsdp", "tensor"), ("tensor", "fsdp")
+    self.query, self.key, self.value = dense(heads_in), dense(heads_in), dense(heads_in)
+    self.out = dense(heads_out)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
     self.kernel = check_kernel(cfg.kernel, score_name=cfg.score, score=self.score,
                                dropout=cfg.dropout, block_size=cfg.block_size)

@@ -16,7 +16,7 @@ from flax import nnx
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
 from transformer.kernels import check_bias
-from transformer.layers import Dense, Dropout, LayerNorm
+from transformer.layers import Dense, Dropout, LayerNorm, mesh_axes
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import (POSITIONS, PositionalEncoding, PositionSettings,
                                    make_positional_encoding)
@@ -108,8 +108,10 @@ class FeedForward(nnx.Module):
   """max(0, x W_1 + b_1) W_2 + b_2."""
 
   def __init__(self, d_model: int, d_ff: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    self.wi = Dense(d_model, d_ff, dtype=dtype, rngs=rngs)
-    self.wo = Dense(d_ff, d_model, dtype=dtype, rngs=rngs)
+    # The hidden units split over the mesh's tensor axis (wo's bias stays replicated).
+    self.wi = Dense(d_model, d_ff, kernel_axes=("fsdp", "tensor"), bias_axes=("tensor",),
+                    dtype=dtype, rngs=rngs)
+    self.wo = Dense(d_ff, d_model, kernel_axes=("tensor", "fsdp"), dtype=dtype, rngs=rngs)
 
   def __call__(self, x):
     return self.wo(jax.nn.relu(self.wi(x)))
@@ -221,15 +223,18 @@ class Embeddings(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     init = nnx.initializers.normal(cfg.d_model ** -0.5)  # unit variance after the √d scale
     dtype = compute_dtype(cfg)
+    # The vocabulary split over the mesh's tensor axis: tables [vocab, d_model] by rows, the
+    # output kernel [d_model, vocab] by columns.
     embed = lambda: nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=init, dtype=dtype,  # noqa: E731
-                              rngs=rngs)
+                              embedding_metadata=mesh_axes("tensor", "fsdp"), rngs=rngs)
     self.scale = math.sqrt(cfg.d_model)
     self.source_table = embed()
     if cfg.share_embeddings:
       self.target_table, self.output = None, None
     else:
       self.target_table = embed()
-      self.output = Dense(cfg.d_model, cfg.vocab_size, dtype=dtype, rngs=rngs)
+      self.output = Dense(cfg.d_model, cfg.vocab_size, kernel_axes=("fsdp", "tensor"),
+                          bias_axes=("tensor",), dtype=dtype, rngs=rngs)
 
   def source(self, tokens):
     return self.source_table(tokens) * self.scale

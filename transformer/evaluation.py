@@ -157,7 +157,7 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
   cfg = config_lib.parse(workdir_lib.load_config(workdir))
   exp = experiment.build(cfg, workdir, evaluating=True)
   abstract = jax.eval_shape(exp.init)["params"]
-  shardings = sharding.state_shardings(abstract, exp.mesh)
+  shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
   exp.source.prepare()
   return Run(workdir, exp, steps, params)

@@ -37,6 +37,7 @@ class Experiment:
   family: type[ModelFamily]
   abstract_model: ModelFamily  # the model's structure and shapes (nnx.eval_shape), no values
   graphdef: nnx.GraphDef
+  param_specs: dict  # the parameters' declared PartitionSpecs (sharding.param_specs)
   mesh: Mesh
   optimizer: optax.GradientTransformation
   schedule: optax.Schedule
@@ -86,8 +87,8 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
     sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
   for what, length in source.max_lengths().items():
     check_length(abstract_model, length, what)
-  return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model), mesh,
-                    optimizer, schedule, init)
+  return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),
+                    sharding.param_specs(abstract_model), mesh, optimizer, schedule, init)
 
 
 def make_source(cfg: Config, workdir: str | None = None) -> DataSource:

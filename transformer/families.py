@@ -212,6 +212,8 @@ class EncoderOnly(ModelFamily):
     self.cfg = cfg
     self.embeddings = Embeddings(dataclasses.replace(cfg, share_embeddings=True), rngs=rngs)
     self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
+    # Replicated (no mesh axes declared): with a few classes the head [d_model, classes] is a
+    # few thousand parameters (5120 at base dims and 10 classes), not worth a collective.
     self.head = Dense(cfg.d_model, cfg.num_classes, dtype=compute_dtype(cfg), rngs=rngs)
 
   def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:

@@ -2,17 +2,20 @@
 
 The mesh has three axes: `data` (batch split, parameters replicated), `fsdp` (batch split
 and parameters/optimizer state split: ZeRO-3 style) and `tensor` (Megatron-style splits of
-the attention heads, the FFN hidden units and the vocabulary). Parameters are mapped to
-the mesh by PARTITION_RULES over their paths in the state, so the model code carries no
-sharding annotations; XLA's SPMD partitioner inserts the collectives. The train step is one
-jax.jit with these explicit NamedShardings on 1 CPU, N devices or several hosts alike.
+the attention heads, the FFN hidden units and the vocabulary). Each layer declares the mesh
+axes of its parameters where it makes them (NNX `out_sharding` metadata, layers.mesh_axes);
+undeclared parameters are replicated. The optimizer state follows its parameters through
+optax's own structure (optax.tree_map_params). XLA's SPMD partitioner inserts the
+collectives. The train step is one jax.jit with these explicit NamedShardings on 1 CPU, N
+devices or several hosts alike.
 """
 
 import math
-import re
 
 import jax
 import numpy as np
+import optax
+from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -21,21 +24,6 @@ from transformer.errors import ConfigError
 
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
-
-# (regex searched in a leaf's path, mesh axis per array dimension); the first match wins,
-# unmatched leaves are replicated. Optimizer moments match through their parameter's path.
-# The classifier head/kernel [d_model, classes] stays replicated: with a few classes it is
-# a few thousand parameters (5120 at base dims and 10 classes), not worth a collective.
-PARTITION_RULES = (
-    (r"(query|key|value)/kernel$", ("fsdp", "tensor")),  # [d_model, heads·head_dim]
-    (r"out/kernel$", ("tensor", "fsdp")),
-    (r"wi/kernel$", ("fsdp", "tensor")),  # [d_model, d_ff]
-    (r"wi/bias$", ("tensor",)),
-    (r"wo/kernel$", ("tensor", "fsdp")),
-    (r"embedding$", ("tensor", "fsdp")),  # [vocab, d_model]
-    (r"output/kernel$", ("fsdp", "tensor")),
-    (r"output/bias$", ("tensor",)),
-)
 
 
 def make_mesh(shape: dict | None = None, devices=None) -> Mesh:
@@ -67,32 +55,51 @@ def process0_decides(value: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def _path(key_path) -> str:
-  return "/".join(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-                  for k in key_path)
+def param_specs(abstract_model: nnx.Module) -> dict:
+  """The PartitionSpec its layers declared for each of the model's parameters (P() where
+  none), as a pure dict shaped like nnx.to_pure_dict(nnx.state(model)). The model may be
+  abstract (nnx.eval_shape)."""
+  return nnx.to_pure_dict(nnx.get_partition_spec(nnx.state(abstract_model)))
 
 
-def partition_spec(path: str, shape: tuple[int, ...], mesh: Mesh) -> P:
-  """The rule's spec for a leaf, with any axis that does not divide its dimension dropped."""
-  for pattern, axes in PARTITION_RULES:
-    if re.search(pattern, path) and len(axes) == len(shape):
-      return P(*(a if dim % mesh.shape[a] == 0 else None for a, dim in zip(axes, shape)))
-  return P()
+def fit_spec(spec: P, shape: tuple[int, ...], mesh) -> P:
+  """`spec` for an array of `shape` on `mesh`, with any axis that does not divide its
+  dimension dropped (that dimension is then not split)."""
+  if len(spec) > len(shape):
+    raise ValueError(f"{spec} names more dimensions than the array {shape} has")
+
+  def divides(axes, dim):
+    names = axes if isinstance(axes, tuple) else (axes,)
+    return dim % math.prod(mesh.shape[a] for a in names) == 0
+
+  return P(*(axes if axes is None or divides(axes, dim) else None
+             for axes, dim in zip(spec, shape)))
 
 
-def state_shardings(abstract_state, mesh: Mesh):
-  """NamedShardings for every leaf of a (params, optimizer state, ...) pytree."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: NamedSharding(mesh, partition_spec(_path(path), leaf.shape, mesh)),
-      abstract_state)
+def param_shardings(abstract_params, specs: dict, mesh) -> dict:
+  """A NamedSharding per parameter (abstract_params: a pure dict of arrays or
+  ShapeDtypeStructs; specs: param_specs of its model): for restoring parameters alone."""
+  return jax.tree.map(lambda leaf, spec: NamedSharding(mesh, fit_spec(spec, leaf.shape, mesh)),
+                      abstract_params, specs)
+
+
+def state_shardings(abstract_state: dict, specs: dict,
+                    optimizer: optax.GradientTransformation, mesh) -> dict:
+  """A NamedSharding per leaf of the train state {"step", "params", "opt_state"}: the
+  parameters' from `specs` (param_specs), each optimizer-state copy of the parameters
+  (Adam's moments) as its parameter, found through the optimizer's own structure, and the
+  rest (step, counts) replicated."""
+  params = param_shardings(abstract_state["params"], specs, mesh)
+  replicated = lambda _: NamedSharding(mesh, P())  # noqa: E731
+  opt_state = optax.tree_map_params(
+      optimizer, lambda _, sharding: sharding, abstract_state["opt_state"], params,
+      transform_non_params=lambda tree: jax.tree.map(replicated, tree))
+  return {"step": replicated(abstract_state["step"]), "params": params,
+          "opt_state": opt_state}
 
 
 def check_batch_size(batch_size: int, mesh: Mesh, accumulation_steps: int = 1) -> None:

@@ -112,7 +112,8 @@ def compile_step(exp: experiment.Experiment) -> CompiledStep:
   """The one place the train state's sharding and the jitted step are built from an
   experiment's config (train.label_smoothing, accumulation_steps, loss_chunks, seed)."""
   cfg = exp.train
-  state_sharding = sharding.state_shardings(jax.eval_shape(exp.init), exp.mesh)
+  state_sharding = sharding.state_shardings(jax.eval_shape(exp.init), exp.param_specs,
+                                            exp.optimizer, exp.mesh)
   batch_sharding = sharding.batch_sharding(exp.mesh)
   step = make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
                          label_smoothing=cfg.label_smoothing, seed=exp.config.seed,
