@@ -18,7 +18,11 @@ from transformer.config import parse
 from transformer.data import labelled, lm
 from transformer.decoding import generate
 from transformer.errors import ConfigError
-from transformer.families import make_model
+from transformer.blocks import Stack
+from transformer.data import Targets
+from transformer.decoding import greedy_decode
+from transformer.families import ARCHS, ModelFamily, make_model
+from transformer.vocab import EOS_ID
 from transformer.metrics import macro_f1
 from transformer.positions import POSITIONS
 from transformer.scores import SCORES
@@ -37,6 +41,45 @@ def _model(arch, position="sinusoidal", pooling="none", score="scaled_dot", **kw
 
 def _examples(task, n=3, seed=0):
   return [labelled.example_at(task, seed, 1, i, heldout=True) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- every family
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_every_family_meets_the_interface(arch):
+  """features · projectionᵀ is the forward pass, the stacks are named, and a family that
+  decodes or generates does so with its cache: each decoded token is the argmax of a full
+  forward pass over what was decoded (greedy, EOS and padding aside)."""
+  family = ARCHS[arch]
+  assert issubclass(family, ModelFamily) and family.learns and family.learns <= set(Targets)
+  model = _model(arch)
+  batch = _batch(arch)
+  y = np.asarray(nnx.jit(lambda m, b: m.features(b))(model, batch))
+  w, bias = model.projection(jnp.float32)
+  logits = np.asarray(forward(model, batch))
+  assert y.shape == (2, 8, TINY["d_model"]) and logits.shape == (2, 8, w.shape[0])
+  np.testing.assert_allclose(logits, y @ np.asarray(w).T + (0 if bias is None else bias),
+                             atol=1e-5)
+  assert model.stacks() and all(isinstance(s, Stack) for s in model.stacks().values())
+  if family.decodes:
+    tokens = np.asarray(nnx.jit(greedy_decode, static_argnums=2)(model, batch, 6))
+    full = np.asarray(forward(model, {**batch, "targets": tokens,
+                                      "targets_segmentation": np.ones_like(tokens)}))
+    for row, out in zip(tokens, full):
+      n = list(row).index(EOS_ID) + 1 if EOS_ID in row else len(row)
+      np.testing.assert_array_equal(row[:n], out[:n].argmax(-1))
+  if family.generates:
+    prompts, lengths = batch["inputs"][:, :3], np.array([1, 3])
+    tokens, _ = nnx.jit(generate, static_argnums=3)(model, prompts, lengths, 10)
+    tokens = np.asarray(tokens)
+    full = np.asarray(forward(model, {"inputs": tokens, "inputs_segmentation": np.ones_like(
+        tokens)}))
+    for row, out, n in zip(tokens, full, lengths):
+      np.testing.assert_array_equal(row[n:], out[n - 1:-1, 1:].argmax(-1) + 1)  # never PAD
+  if not (family.decodes or family.generates):
+    with pytest.raises(NotImplementedError):
+      model.init_decoding(batch, 4)
 
 
 # --------------------------------------------------------------------------- encoder

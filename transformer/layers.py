@@ -20,8 +20,7 @@ def mesh_axes(*axes: str | None) -> dict:
 class Dense(nnx.Linear):
   """nnx.Linear over the last axis, computed as one 2-D matmul of the flattened leading
   axes. Same parameters (`kernel`, `bias`) and result; XLA:CPU runs [b·t, d] matmuls and
-  their weight-gradient dots without the copies it inserts for [b, t, d] (an FFN forward +
-  backward at the small benchmark dims: 37 → 25 ms).
+  their weight-gradient dots without the copies it inserts for [b, t, d] (README, Benchmarks).
 
   kernel_axes, bias_axes: the mesh axes of the kernel [in, out] and bias [out] (mesh_axes);
   None: replicated."""
@@ -41,10 +40,10 @@ class Dense(nnx.Linear):
 def project(x: jax.Array, *layers: Dense, groups: int = 1) -> list[jax.Array]:
   """[layer(x) for layer in layers] for bias-free Dense layers of one shape and dtype, as a
   single matmul against their kernels side by side: Q, K and V as one [b·t, d] × [d, 3e]
-  product, which XLA:CPU runs faster than three narrow ones (about 10 ms of the small
-  benchmark's train step). The parameters stay separate. The columns are interleaved in
-  `groups` blocks (the attention heads: head 0 of Q, K, V, then head 1, ...), so a kernel
-  split over its output features (tensor parallelism) stays aligned with its devices."""
+  product, which XLA:CPU runs faster than three narrow ones (README, Benchmarks). The
+  parameters stay separate. The columns are interleaved in `groups` blocks (the attention
+  heads: head 0 of Q, K, V, then head 1, ...), so a kernel split over its output features
+  (tensor parallelism) stays aligned with its devices."""
   if len(layers) == 1:
     return [layers[0](x)]
   d, e = layers[0].in_features, layers[0].out_features
@@ -80,7 +79,7 @@ class Dropout(nnx.Dropout):
   call (counter = the index of a group of four elements) gives 64 bits, the bits of four
   elements, where jax.random.bernoulli spends one call per element; and the backward pass
   reuses the boolean mask instead of recomputing it from saved random words (nnx.Dropout
-  in its place costs the small benchmark's train step about 47 ms more)."""
+  is slower: README, Benchmarks)."""
 
   def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None):
     if deterministic or self.rate == 0.0:
@@ -101,8 +100,7 @@ class LayerNorm(nnx.LayerNorm):
   """nnx.LayerNorm (same `scale` and `bias` parameters, statistics in float32) with a
   hand-written backward pass whose row sums Σ_j dy_j·γ_j and Σ_j dy_j·γ_j·x̂_j are
   matrix-vector products with γ, where XLA:CPU would otherwise materialise γ broadcast to
-  the activations' shape for every reduction (LayerNorm forward + backward at the small
-  benchmark dims: 1.23 → 0.75 ms)."""
+  the activations' shape for every reduction (README, Benchmarks)."""
 
   def __call__(self, x: jax.Array) -> jax.Array:
     y = _layer_norm(x.astype(jnp.float32), self.scale[...].astype(jnp.float32),

@@ -1,0 +1,143 @@
+"""Conformance of every registered data source (sources.SOURCES) to data.base.DataSource, on
+the tiny instance each source gives of itself (DataSource.example): declarations, batches in
+the batch layout, determinism, checkpointable iteration, held-out splits, text in and out,
+and a run that trains, restores and evaluates. A new source is tested here the moment it
+is registered; so is a new labelled task (labelled.TASKS)."""
+
+import dataclasses
+import math
+
+import grain
+import numpy as np
+import pytest
+
+from tests.conftest import make_tiny_config, restore_and_evaluate
+from transformer import config as config_lib, experiment
+from transformer.config import parse
+from transformer.data import Targets
+from transformer.data.base import DataSource, Split
+from transformer.data.labelled import TASKS
+from transformer.data.sources import SOURCES
+from transformer.families import ARCHS
+from transformer.fields import Chosen
+from transformer.training import train_and_evaluate
+
+BATCH_KEYS = ("inputs", "targets", "inputs_positions", "inputs_segmentation",
+              "targets_segmentation")
+
+
+def _config(sections: dict, **overrides):
+  """The tiny test config with a source's example sections in place of its data/task."""
+  raw = make_tiny_config(**{"train.num_steps": 4, "train.log_every": 2,
+                            "train.checkpoint_every": 2, "eval.num_examples": 8,
+                            "eval.batch_size": 8, "train.batch_size": 8, **overrides}).to_dict()
+  raw["data"] = sections["data"]
+  raw["task"] = sections.get("task", {})
+  raw["model"].update(sections.get("model", {}))
+  return raw
+
+
+@pytest.fixture(params=sorted(SOURCES))
+def example(request, tmp_path):
+  """(name, Example, typed config) of a registered source."""
+  directory = tmp_path / "data"
+  directory.mkdir()
+  try:
+    example = SOURCES[request.param].example(str(directory))
+  except ImportError as e:  # an optional dependency (tfds) that this install lacks
+    pytest.skip(f"data.source {request.param!r} needs a package not installed here: {e}")
+  return request.param, example, parse(_config(example.sections))
+
+
+def test_the_declarations(example):
+  name, _, cfg = example
+  source = SOURCES[name]
+  assert issubclass(source, DataSource)
+  assert dataclasses.is_dataclass(source.Data) and "source" in {
+      f.name for f in dataclasses.fields(source.Data)}
+  assert source.Task is None or dataclasses.is_dataclass(source.Task) or isinstance(
+      source.Task, Chosen)
+  assert cfg.data.source == name and (cfg.task is None) == (source.Task is None)
+  assert parse(config_lib.to_dict(cfg)) == cfg  # a run's config.json reads back the same
+  vocab_size, num_classes = source.output_sizes(cfg.data, cfg.task)
+  assert (cfg.model.vocab_size, cfg.model.num_classes) == (vocab_size, num_classes)
+
+
+def test_batches_splits_and_text(example, tmp_path):
+  name, ex, cfg = example
+  exp = experiment.build(cfg, str(tmp_path / "run"))
+  source = exp.source
+  assert isinstance(source.targets, Targets) and source.targets in exp.family.learns
+  assert any(source.targets in family.learns for family in ARCHS.values())
+  assert source.max_lengths() and all(n >= 1 for n in source.max_lengths().values())
+  source.prepare()
+  n_out = cfg.model.num_classes or cfg.model.vocab_size
+
+  def check(arrays, rows=None):
+    assert set(BATCH_KEYS) <= set(arrays), sorted(arrays)
+    shapes = {arrays[k].shape for k in BATCH_KEYS if not k.startswith("targets")}
+    assert len(shapes) == 1 and all(arrays[k].dtype == np.int32 for k in BATCH_KEYS)
+    assert rows is None or arrays["inputs"].shape[0] == rows
+    assert (arrays["targets_segmentation"] > 0).any()
+    assert 0 <= arrays["inputs"].min() and arrays["inputs"].max() < cfg.model.vocab_size
+    scored = arrays["targets"][arrays["targets_segmentation"] > 0]
+    assert 0 <= scored.min() and scored.max() < n_out
+    real = arrays["inputs_segmentation"] > 0
+    assert (arrays["inputs"][real] != 0).all() and (arrays["inputs"][~real] == 0).all()
+
+  batches = source.train_batches()
+  assert isinstance(batches, grain.IterDataset)
+  first, again = iter(batches), iter(source.train_batches())
+  a = next(first)
+  check(a, cfg.train.batch_size)
+  np.testing.assert_equal(next(again), a)  # a pure function of the seed
+  state = first.get_state()
+  b = next(first)
+  resumed = iter(source.train_batches())
+  resumed.set_state(state)
+  np.testing.assert_equal(next(resumed), b)  # checkpointable
+
+  splits = source.eval_splits()
+  assert splits and all(isinstance(s, Split) for s in splits.values())
+  for split in splits.values():
+    check(split.arrays)
+    assert len(split) >= 1
+    assert split.references is None or len(split.references) == len(split)
+    if exp.family.decodes:
+      assert source.decode_length(split) >= 1
+
+  ids = source.encode(ex.sentence)
+  assert ids.dtype == np.int32 and ids.ndim == 1 and len(ids) >= 1
+  assert ids.min() >= 0 and ids.max() < cfg.model.vocab_size
+  assert len(source.pieces(ids)) == len(ids) and isinstance(source.detokenize(ids), str)
+
+
+def test_a_run_trains_restores_and_evaluates(example, tmp_path):
+  _, _, cfg = example
+  workdir = str(tmp_path / "run")
+  assert train_and_evaluate(cfg, workdir) == cfg.train.num_steps
+  step, results, _ = restore_and_evaluate(workdir)
+  assert step == cfg.train.num_steps and results
+  for metrics in results.values():
+    assert math.isfinite(metrics["loss"]) and metrics["examples"] >= 1
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_labelled_task(name, tmp_path):
+  """Each task with its default settings, through the labelled source: labels in range,
+  scored where declared, held-out sequences never in training, one training step."""
+  task = TASKS[name]()
+  raw = _config({"data": {"source": "labelled"}, "task": {"name": name},
+                 "model": {"arch": "encoder", "pooling": "cls" if task.pooled else "none",
+                           "max_len": task.max_len}}, **{"train.num_steps": 1})
+  cfg = parse(raw)
+  source = experiment.build(cfg).source
+  assert source.targets is (Targets.SEQUENCE_LABELS if task.pooled else Targets.TOKEN_LABELS)
+  batch = next(iter(source.train_batches()))
+  valid = source.eval_splits()["valid"].arrays
+  lengths = batch["inputs_segmentation"].sum(1)
+  assert task.min_len <= lengths.min() and lengths.max() <= task.max_len
+  assert batch["targets"].max() < task.num_classes
+  train_rows = {tuple(r[r > 0]) for r in batch["inputs"]}
+  assert not train_rows & {tuple(r[r > 0]) for r in valid["inputs"]}
+  assert train_and_evaluate(cfg, str(tmp_path / "run")) == 1
