@@ -3,7 +3,8 @@
 The layer's parts come from their registries, chosen once here: the scorer
 (transformer/scores.py), the kernel computing softmax(score + bias)·V
 (transformer/kernels.py); masks (transformer/masks.py) and the positional encoding are
-handed to each call.
+handed to each call, and the layer hands the encoding on to the kernel, which calls its
+logit seams.
 """
 
 import dataclasses
@@ -91,9 +92,9 @@ class MultiHeadAttention(nnx.Module):
     k, v = kv
     q = encoding.rotate_queries(self._heads(q), mask.q_positions)
     if self.record_weights:
-      weights = attention_weights(q, k, mask, encoding.bias, self.score)
+      weights = attention_weights(q, k, mask, encoding, self.score)
       self.sow(nnx.Intermediate, "weights", weights)
-    out = self.kernel(q, k, v, mask, encoding.bias, self.score, self.dropout, rngs)
+    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 
   def self_attend(self, x, mask: Mask, encoding, rngs=None):

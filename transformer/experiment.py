@@ -28,7 +28,7 @@ from transformer.families import ARCHS, make_model
 from transformer.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check_ranges,
                                 dataclass_from)
 from transformer.kernels import KERNELS
-from transformer.positions import make_positional_encoding
+from transformer.positions import POSITIONS, make_positional_encoding
 from transformer.registry import lookup
 
 log = logging.getLogger("transformer")
@@ -217,7 +217,8 @@ def build(config: ml_collections.ConfigDict, workdir: str | None = None, *,
 def check_length(model: ModelConfig, length: int, what: str) -> None:
   """A ConfigError if `what` (a config field or a data split) gives sequences of `length`
   tokens that the model's positional encoding cannot encode (a learned table)."""
-  for causal in (False, True):
+  causal_only = lookup(POSITIONS, model.position, "position").causal_only
+  for causal in (True,) if causal_only else (False, True):  # the stacks it may serve
     encoding = nnx.eval_shape(lambda c=causal: make_positional_encoding(
         model.position, model.d_model, model.num_heads, model.max_len, causal=c,
         settings=model.position_settings, rngs=nnx.Rngs(0)))

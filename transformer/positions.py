@@ -1,16 +1,23 @@
 """Positional encodings, keyed by config string.
 
-An encoding acts at up to three seams, and the layers call all of them on every encoding:
+An encoding acts at up to four seams, and the layers call all of them on every encoding:
   * `embed(x, positions)`: added to the scaled token embeddings (sinusoidal, learned);
   * `rotate_queries(x, positions)` and `rotate_keys(x, positions)`: applied to the queries
     and to the keys of every self-attention layer (rotary; xPos, which scales queries up and
     keys down);
   * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets,
-    KERPLE, FIRE); an encoding that adds one declares `biases = True`.
+    KERPLE, FIRE); an encoding that adds one declares `biases = True`;
+  * `content_bias(q, logits)`: added to the attention logits too, but a function of the
+    queries and of the logits before it (CoPE, whose positions count the keys the query
+    attends to); an encoding that adds one declares `content_biases = True`, and only the
+    kernels declaring `content_bias` (transformer/kernels.py) can add it, since it needs
+    each query's whole row of logits.
 The base class is the identity at each seam; built without arguments it is the identity
 encoding. Every registry entry has one constructor, `(d_model, num_heads, max_len, *, causal,
 settings, rngs)` (causal: it serves a decoder, whose keys never follow the query), and its
-knobs in its own `Settings` (config.model.position_settings.<name>).
+knobs in its own `Settings` (config.model.position_settings.<name>). An encoding defined
+only where keys never follow the query declares `causal_only = True`, and
+make_positional_encoding refuses it for a bidirectional (encoder) stack.
 
 Positions are explicit int arrays [batch, length] (0-based within each packed segment),
 never inferred from array indices, so packing and cached decoding see the right positions.
@@ -36,6 +43,8 @@ class PositionalEncoding(nnx.Module):
 
   Settings = NoSettings
   biases = False  # bias() is not zero: the attention kernel must add it
+  content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
+  causal_only = False  # defined only for causal self-attention: no encoder stack may use it
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
@@ -58,6 +67,18 @@ class PositionalEncoding(nnx.Module):
   def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """-> a logit bias broadcastable to [b, h, tq, tk]."""
     del q_positions, k_positions
+    return jnp.zeros((), jnp.float32)
+
+  def content_bias(self, q: jax.Array, logits: jax.Array) -> jax.Array:
+    """A logit bias that depends on content, added after bias().
+
+    Args:
+      q: the per-head queries as the scorer saw them (rotated), [b, tq, h, d].
+      logits: the scorer's logits plus bias(), float32 [b, h, tq, tk], −inf at masked keys.
+    Returns:
+      a logit bias broadcastable to [b, h, tq, tk].
+    """
+    del q, logits
     return jnp.zeros((), jnp.float32)
 
 
@@ -396,7 +417,14 @@ PositionSettings = settings_sections(POSITIONS, "PositionSettings")
 def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
                              causal: bool = False, settings=None,
                              rngs: nnx.Rngs | None) -> PositionalEncoding:
-  """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults)."""
+  """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults),
+  for a causal (decoder) or bidirectional (encoder) stack: a ConfigError if the encoding is
+  defined for causal self-attention only and the stack is bidirectional."""
   cls = lookup(POSITIONS, name, "position")
+  if cls.causal_only and not causal:
+    raise ConfigError(
+        f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
+        "never after the query), and this model has a bidirectional (encoder) stack: use "
+        "model.arch=decoder or another position")
   return cls(d_model, num_heads, max_len, causal=causal,
              settings=settings_of(settings, POSITIONS, name), rngs=rngs)
