@@ -11,8 +11,8 @@ from flax import nnx
 
 from transformer.errors import ConfigError
 from transformer.fields import FieldError
-from transformer.positions import (POSITIONS, ALiBi, Fire, Kerple, PositionSettings, Rotary, T5Bias,
-                                   XPos, alibi_slopes, make_positional_encoding,
+from transformer.positions import (POSITIONS, ALiBi, CoPE, Fire, Kerple, PositionSettings, Rotary,
+                                   T5Bias, XPos, alibi_slopes, make_positional_encoding,
                                    relative_position_bucket, rotate_half_pairs, sinusoid)
 
 CAUSAL_ONLY = sorted(name for name, cls in POSITIONS.items() if cls.causal_only)
@@ -240,7 +240,7 @@ def test_settings_change_what_the_encodings_compute():
     (ALiBi, "max_bias", 0.0, "> 0"), (T5Bias, "num_buckets", 2, "≥ 4"),
     (T5Bias, "max_distance", 16, "> num_buckets // 2 (16)"), (Rotary, "base", 1.0, "> 1"),
     (XPos, "scale_base", -1.0, "> 0"), (Kerple, "max_init_r2", 0.0, "> 0.01"),
-    (Fire, "width", 0, "≥ 1")])
+    (Fire, "width", 0, "≥ 1"), (CoPE, "max_positions", 1, "≥ 2")])
 def test_settings_reject_values_outside_their_range(cls, field, value, allowed):
   with pytest.raises(FieldError, match=re.escape(f"{field}={value!r} is not allowed; "
                                                  f"it must be {allowed}")):
