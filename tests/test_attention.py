@@ -1,7 +1,7 @@
 """Scorers against their formulas, attention against a direct computation, masks, kernels
 against the reference formula and their declared capabilities."""
 
-import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -12,10 +12,10 @@ from flax import nnx
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.blocks import ModelConfig
 from transformer.errors import ConfigError
-from transformer.families import EncoderDecoder
-from transformer.kernels import KERNELS, reference_kernel
+from transformer.families import make_model
+from transformer.kernels import KERNELS, attention_weights, reference_kernel
 from transformer.masks import WINDOWS, Mask, causal_mask, local_window, masked_softmax, segment_mask
-from transformer.positions import PositionalEncoding, make_positional_encoding
+from transformer.positions import POSITIONS, ALiBi, PositionalEncoding, make_positional_encoding
 from transformer.scores import SCORES, ScaledDot, make_score, unit
 
 B, TQ, TK, H, D = 2, 3, 4, 2, 4
@@ -94,8 +94,9 @@ def test_cosine_formula_with_a_temperature_per_head():
 
 
 def test_unknown_score_lists_choices():
-  with pytest.raises(ConfigError, match="unknown attention score 'cosin'; choose one of: "
-                                        "additive, cosine, dot, gaussian, scaled_dot"):
+  choices = ", ".join(sorted(SCORES))
+  with pytest.raises(ConfigError, match=re.escape(f"unknown attention score 'cosin'; choose one "
+                                                  f"of: {choices}")):
     MultiHeadAttention(8, 2, AttentionConfig(score="cosin"), rngs=nnx.Rngs(0))
 
 
@@ -214,12 +215,13 @@ def _encoding(name, causal=False):
 
 
 DOT_SCORES = sorted(name for name in SCORES if _make_score(name).dot_product is not None)
-BIASED = ["alibi", "t5", "kerple", "fire"]
+BIASED = sorted(name for name, cls in POSITIONS.items() if cls.biases)
+CONTENT_BIASED = sorted(name for name, cls in POSITIONS.items() if cls.content_biases)
 
 
 def test_dot_product_declarations():
-  """The scorers declaring a dot product, and each one's declaration is its formula."""
-  assert DOT_SCORES == ["cosine", "dot", "scaled_dot"]
+  """The paper's scorer declares its dot product, and each declaration is its formula."""
+  assert "scaled_dot" in DOT_SCORES
   q, k = _qk()
   for name in DOT_SCORES:
     product = _make_score(name).dot_product
@@ -239,10 +241,10 @@ def test_fused_kernel_equals_reference(score, position):
   seg = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
   pos = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
   mask = Mask(seg, seg, pos, pos, causal=True)
-  logit_bias = _encoding(position, causal=True).bias
+  encoding = _encoding(position, causal=True)
   scorer, dropout = _make_score(score), nnx.Dropout(0.0)
-  ref = reference_kernel(q, k, v, mask, logit_bias, scorer, dropout, None)
-  out = KERNELS["xla"].make(block_size=512)(q, k, v, mask, logit_bias, scorer, dropout, None)
+  ref = reference_kernel(q, k, v, mask, encoding, scorer, dropout, None)
+  out = KERNELS["xla"].make(block_size=512)(q, k, v, mask, encoding, scorer, dropout, None)
   seen = np.asarray(seg) > 0
   np.testing.assert_allclose(np.asarray(out)[seen], np.asarray(ref)[seen], rtol=1e-5, atol=1e-5)
 
@@ -270,7 +272,7 @@ def test_a_subclass_of_a_dot_scorer_is_never_miscomputed():
   v = jnp.asarray(rng.normal(size=(B, TK, H, D)), jnp.float32)
   q4 = jnp.asarray(rng.normal(size=(B, TK, H, D)) * 5, jnp.float32)
   mask = _mask(B, TK, TK)
-  args = (q4, jnp.asarray(k), v, mask, NONE.bias, scorer, nnx.Dropout(0.0), None)
+  args = (q4, jnp.asarray(k), v, mask, NONE, scorer, nnx.Dropout(0.0), None)
   np.testing.assert_allclose(KERNELS["xla"].make(block_size=512)(*args), reference_kernel(*args),
                              rtol=1e-5, atol=1e-5)
   with pytest.raises(TypeError, match="Renormalised overrides __call__ of a dot-product scorer"):
@@ -291,15 +293,67 @@ def test_kernels_refuse_what_they_cannot_compute():
     _attention_with(score=score, kernel="xla")
 
 
-def test_a_kernel_without_bias_refuses_a_biasing_encoding(monkeypatch):
-  monkeypatch.setitem(KERNELS, "nobias", dataclasses.replace(KERNELS["reference"], bias=False))
-  cfg = dict(vocab_size=8, d_model=8, num_heads=2, d_ff=8, num_encoder_layers=1,
-             num_decoder_layers=1, attention=AttentionConfig(kernel="nobias"))
-  EncoderDecoder(ModelConfig(**cfg, position="rotary"), rngs=nnx.Rngs(0))
-  for position in BIASED:
-    with pytest.raises(ConfigError, match=f"kernel 'nobias' adds no logit bias, and position "
-                                          f"'{position}' is one"):
-      EncoderDecoder(ModelConfig(**cfg, position=position), rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("position", CONTENT_BIASED)
+def test_only_kernels_declaring_content_bias_take_a_content_biasing_encoding(position):
+  """A content bias needs each query's whole row of logits: the kernels that do not declare
+  content_bias refuse an encoding declaring one, with one ConfigError naming both and what
+  to use instead, when the model is built; the others build it."""
+  able = " or ".join(repr(name) for name, kernel in KERNELS.items() if kernel.content_bias)
+  for name, kernel in KERNELS.items():
+    cfg = ModelConfig(vocab_size=8, d_model=8, num_heads=2, d_ff=8, arch="decoder",
+                      position=position, attention=AttentionConfig(kernel=name))
+    build = lambda cfg=cfg: nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))  # noqa: E731
+    if kernel.content_bias:
+      build()
+      continue
+    with pytest.raises(ConfigError, match=re.escape(
+        f"attention.kernel '{name}' cannot add the content-dependent logit bias of position "
+        f"'{position}' (it needs each query's whole row of logits); use kernel {able} or "
+        "another position")):
+      build()
+
+
+class CountingProbe(ALiBi):
+  """ALiBi plus a content bias c · q_sum · tanh(logits), which records the logits it is
+  handed: a positional bias and a content bias of known formulas."""
+
+  content_biases = True
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.seen = []
+
+  def content_bias(self, q, logits):
+    self.seen.append(logits)
+    return 0.3 * jnp.transpose(q.sum(-1), (0, 2, 1))[..., None] * jnp.tanh(logits)
+
+
+def test_reference_adds_the_content_bias_of_the_biased_masked_logits():
+  """The reference kernel and attention_weights give softmax(s + b + c(q, s + b)) over the
+  visible keys, with c handed s + b in float32 and −inf exactly at the masked keys."""
+  rng = np.random.default_rng(7)
+  q, k, v = (jnp.asarray(rng.normal(size=(2, 6, H, D)), jnp.float32) for _ in range(3))
+  seg = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  pos = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  probe, scorer = CountingProbe(8, H, 16), _make_score("scaled_dot")
+  weights = np.asarray(attention_weights(q, k, mask, probe, scorer))
+  out = reference_kernel(q, k, v, mask, probe, scorer, nnx.Dropout(0.0), None)
+  visible = np.asarray(mask.dense())
+  logits = np.asarray(scorer(q, k)) + np.asarray(probe.bias(pos, pos))
+  assert len(probe.seen) == 2
+  for seen in probe.seen:
+    assert seen.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(seen)[np.broadcast_to(visible, seen.shape)],
+                               logits[np.broadcast_to(visible, logits.shape)], rtol=1e-6)
+    assert np.all(np.asarray(seen)[~np.broadcast_to(visible, seen.shape)] == -np.inf)
+  q_sum = np.transpose(np.asarray(q).sum(-1), (0, 2, 1))[..., None]
+  total = np.where(visible, logits + 0.3 * q_sum * np.tanh(logits), -np.inf)
+  top = np.max(np.where(visible, total, -1e30), -1, keepdims=True)
+  want = np.where(visible, np.exp(total - top), 0.0)
+  want /= np.maximum(want.sum(-1, keepdims=True), 1e-30)
+  np.testing.assert_allclose(weights, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", want, v), rtol=1e-5, atol=1e-5)
 
 
 def _attention_with(**cfg):
@@ -326,7 +380,7 @@ def test_blockwise_kernel_equals_reference(score, causal, window, position):
   blockwise = KERNELS["blockwise"].make(block_size=4)
 
   def run(kernel, q, k, v):
-    return kernel(q, k, v, mask, encoding.bias, scorer, dropout, None)
+    return kernel(q, k, v, mask, encoding, scorer, dropout, None)
 
   ref, out = run(reference_kernel, q, k, v), run(blockwise, q, k, v)
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

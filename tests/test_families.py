@@ -30,6 +30,11 @@ from transformer.scores import SCORES
 TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
             num_decoder_layers=2, dropout=0.0, max_len=64)
 forward = nnx.jit(lambda model, batch: model(batch))
+# The encodings each family may use: an encoder stack is bidirectional, so no encoding
+# declaring causal_only; the decoder-only family's stack is causal, so every one.
+FAMILY_POSITIONS = {
+    "encoder": sorted(name for name, cls in POSITIONS.items() if not cls.causal_only),
+    "decoder": sorted(POSITIONS)}
 
 
 def _model(arch, position="sinusoidal", pooling="none", score="scaled_dot", **kw):
@@ -37,6 +42,20 @@ def _model(arch, position="sinusoidal", pooling="none", score="scaled_dot", **kw
                     num_classes=5 if arch == "encoder" else 0,
                     attention=AttentionConfig(score=score, **kw))
   return make_model(cfg, rngs=nnx.Rngs(0))
+
+
+def _without_zeros(model, seed=0):
+  """model with every parameter that starts at zero (biases; CoPE's position table, which
+  would make it the identity) drawn at random, so that every encoding acts in the
+  equivalences below."""
+  state = nnx.state(model, nnx.Param)
+  pure = nnx.to_pure_dict(state)
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(pure))))
+  nnx.replace_by_pure_dict(state, jax.tree.map(
+      lambda x, key: jnp.where(jnp.any(x != 0), x, 0.5 * jax.random.normal(key, x.shape)),
+      pure, jax.tree.unflatten(jax.tree.structure(pure), list(keys))))
+  nnx.update(model, state)
+  return model
 
 
 def _examples(task, n=3, seed=0):
@@ -86,7 +105,7 @@ def test_every_family_meets_the_interface(arch):
 
 
 @pytest.mark.parametrize("position,pooling", [
-    (p, ("cls", "mean")[i % 2]) for i, p in enumerate(sorted(POSITIONS))])
+    (p, ("cls", "mean")[i % 2]) for i, p in enumerate(FAMILY_POSITIONS["encoder"])])
 def test_classification_is_invariant_to_padding_and_packing(position, pooling):
   model = _model("encoder", position, pooling)
   examples = _examples(labelled.ListOps(min_len=6, max_len=20, max_depth=3))
@@ -160,9 +179,9 @@ def test_macro_f1_against_hand_computed_values():
 # --------------------------------------------------------------------------- decoder
 
 
-@pytest.mark.parametrize("position", sorted(POSITIONS))
+@pytest.mark.parametrize("position", FAMILY_POSITIONS["decoder"])
 def test_cached_generation_equals_full_recomputation_and_prefixes_ignore_the_future(position):
-  model = _model("decoder", position)
+  model = _without_zeros(_model("decoder", position))
   prompts = jnp.asarray(np.random.default_rng(0).integers(3, 19, (3, 5)), jnp.int32)
   lengths = jnp.array([1, 3, 5])
   tokens, cached = nnx.jit(lambda m, p, n: generate(m, p, n, 12))(model, prompts, lengths)
@@ -180,6 +199,28 @@ def test_cached_generation_equals_full_recomputation_and_prefixes_ignore_the_fut
   np.testing.assert_allclose(np.asarray(forward(model, {"inputs": changed,
                                                        "inputs_segmentation": ones}))[:, :7],
                              full[:, :7], atol=1e-5)
+
+
+@pytest.mark.parametrize("position", FAMILY_POSITIONS["decoder"])
+def test_lm_packed_row_equals_each_sequence_alone(position):
+  """Three sequences packed into one row (segment ids, positions restarting, padding at the
+  end) give each the logits it has alone: nothing crosses segments, whatever the encoding
+  (CoPE's gates count only the keys the query sees)."""
+  model = _without_zeros(_model("decoder", position))
+  lengths = (5, 3, 6)
+  alone = np.random.default_rng(1).integers(3, 19, (3, 6)).astype(np.int32)
+  alone[np.arange(6)[None] >= np.array(lengths)[:, None]] = 0  # PAD: segment 0
+  row = lambda per_sequence, pad: np.concatenate(  # noqa: E731
+      [per_sequence(i, n) for i, n in enumerate(lengths)] + [np.full(2, pad)])[None]
+  packed = {"inputs": row(lambda i, n: alone[i, :n], 0).astype(np.int32),
+            "inputs_segmentation": row(lambda i, n: np.full(n, i + 1), 0).astype(np.int32),
+            "inputs_positions": row(lambda i, n: np.arange(n), 0).astype(np.int32)}
+  by_sequence = np.asarray(forward(model, {"inputs": alone}))
+  by_packed = np.asarray(forward(model, packed))[0]
+  starts = np.cumsum((0,) + lengths)
+  for i, n in enumerate(lengths):
+    np.testing.assert_allclose(by_packed[starts[i]:starts[i] + n], by_sequence[i, :n],
+                               atol=2e-5, rtol=1e-5)
 
 
 def test_lm_windows_score_the_same_tokens_at_every_length(tmp_path):
@@ -236,11 +277,13 @@ def _step(model):
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
 def test_every_family_encoding_and_scorer_traces(arch):
-  for position, score in itertools.product(sorted(POSITIONS), sorted(SCORES)):
+  positions = FAMILY_POSITIONS[arch]
+  for position, score in itertools.product(positions, sorted(SCORES)):
     model = nnx.eval_shape(lambda p=position, s=score: _model(arch, p, score=s))
     out = jax.eval_shape(lambda m, b: m(b), model, _batch(arch))
     assert out.shape == (2, 8, 5 if arch == "encoder" else 19)
-  for position, score in [*((p, "scaled_dot") for p in POSITIONS), *(("rotary", s) for s in SCORES)]:
+  for position, score in [*((p, "scaled_dot") for p in positions),
+                          *(("rotary", s) for s in SCORES)]:
     step, state = _step(nnx.eval_shape(lambda p=position, s=score: _model(arch, p, score=s)))
     _, sums = jax.eval_shape(step, state, _batch(arch))
     assert sums["loss"].shape == ()

@@ -29,12 +29,12 @@ def test_cudnn_attention_matches_reference_in_bfloat16():
   pos = jnp.concatenate([jnp.arange(40), jnp.arange(16), jnp.zeros(8, jnp.int32)])[None]
   pos = jnp.broadcast_to(pos, (b, t))
   mask = Mask(seg, seg, pos, pos, causal=True)
-  no_bias = PositionalEncoding().bias
+  no_position = PositionalEncoding()
   score = ScaledDot(h, d)
   dropout = nnx.Dropout(0.0)
 
   def loss(kernel, q, k, v):
-    out = kernel(q, k, v, mask, no_bias, score, dropout, None)
+    out = kernel(q, k, v, mask, no_position, score, dropout, None)
     return jnp.sum(jnp.where((seg > 0)[:, :, None, None], out, 0).astype(jnp.float32) * g), out
 
   def f32_reference(q, k, v):

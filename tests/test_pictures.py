@@ -16,10 +16,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 forward = nnx.jit(lambda model, batch: model(batch))
 
 
-def _model(position="sinusoidal", kernel="reference"):
+def _model(position="sinusoidal", kernel="reference", **kw):
   cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
                     num_decoder_layers=2, dropout=0.0, position=position, max_len=16,
-                    attention=AttentionConfig(kernel=kernel, block_size=4))
+                    attention=AttentionConfig(kernel=kernel, block_size=4), **kw)
   return EncoderDecoder(cfg, rngs=nnx.Rngs(0))
 
 
@@ -33,6 +33,8 @@ def _batch():
 def test_recorded_weights_are_the_attention_distributions(kernel):
   model, batch = _model(kernel=kernel), _batch()
   expected_logits = forward(model, batch)
+  layers = [m for _, m in nnx.iter_modules(model) if isinstance(m, MultiHeadAttention)]
+  kernels = [layer.kernel for layer in layers]
   weights = pictures.attention_weights(model, batch)
   assert {k: len(v) for k, v in weights.items()} == {"encoder": 2, "decoder": 2, "cross": 2}
   src_real, tgt_real = batch["inputs"] != 0, batch["targets"] != 0
@@ -47,10 +49,21 @@ def test_recorded_weights_are_the_attention_distributions(kernel):
       assert np.all(w[padded_keys] == 0.0), kind  # exactly zero, not merely small
   for w in weights["decoder"]:
     assert np.all(np.triu(w, k=1) == 0.0)  # causal: no weight on later positions
-  assert not nnx.state(model, nnx.Intermediate)  # popped: nothing left on the model
-  assert not any(m.record_weights for _, m in nnx.iter_modules(model)
-                 if isinstance(m, MultiHeadAttention))
+  assert not nnx.state(model, nnx.Intermediate)  # recorded on a copy: nothing left on the model
+  assert [layer.kernel for layer in layers] == kernels  # the run's kernels, not recording ones
   np.testing.assert_allclose(forward(model, batch), expected_logits, rtol=1e-6, atol=1e-6)
+
+
+def test_scanned_and_rematerialised_layers_record_the_same_weights():
+  """Layers run as one scan, or rematerialised, are recorded one by one all the same, and
+  the model keeps its options."""
+  batch = _batch()
+  plain = pictures.attention_weights(_model(), batch)
+  model = _model(scan_layers=True, remat=True)
+  for kind, maps in pictures.attention_weights(model, batch).items():
+    for got, want in zip(maps, plain[kind], strict=True):
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert model.encoder.scan_layers and model.decoder.remat
 
 
 def test_position_panels_are_the_formulas():
@@ -91,13 +104,16 @@ def test_position_panels_are_the_formulas():
 
 @pytest.mark.parametrize("name", sorted(set(POSITIONS) - {"none"}))
 def test_every_encoding_has_position_panels(name):
-  """What each encoding does is drawn: panels of its seams, as many as it has."""
+  """What each encoding does from positions alone is drawn: panels of those seams, as many
+  as it has. An encoding acting on content (content_biases, CoPE) may have none, and then
+  gets no panel: a bias of content is no function of positions."""
   length, d, heads = 6, 16, 2
-  for causal in (False, True):
+  for causal in (True,) if POSITIONS[name].causal_only else (False, True):
     enc = make_positional_encoding(name, d, heads, length, causal=causal, rngs=nnx.Rngs(0))
     panels = pictures.position_panels(enc, length, d, heads)
-    assert panels and all(np.all(np.isfinite(values)) for _, values in panels)
-    assert len(panels) == (heads if enc.biases else 2)
+    assert panels or enc.content_biases
+    assert all(np.all(np.isfinite(values)) for _, values in panels)
+    assert len(panels) in ((heads,) if enc.biases else (0, 2) if enc.content_biases else (2,))
 
 
 def test_draw_positions_writes_a_png_or_nothing(tmp_path):

@@ -11,9 +11,29 @@ from flax import nnx
 
 from transformer.errors import ConfigError
 from transformer.fields import FieldError
-from transformer.positions import (POSITIONS, ALiBi, Fire, Kerple, PositionSettings, Rotary, T5Bias,
-                                   XPos, alibi_slopes, make_positional_encoding,
+from transformer.positions import (POSITIONS, ALiBi, CoPE, Fire, Kerple, PositionSettings, Rotary,
+                                   T5Bias, XPos, alibi_slopes, make_positional_encoding,
                                    relative_position_bucket, rotate_half_pairs, sinusoid)
+
+CAUSAL_ONLY = sorted(name for name, cls in POSITIONS.items() if cls.causal_only)
+
+
+def stacks(name):
+  """causal for each kind of stack the encoding `name` may serve: decoder (True) and,
+  unless it declares causal_only, encoder (False)."""
+  return (True,) if POSITIONS[name].causal_only else (False, True)
+
+
+def randomised(enc, seed=0):
+  """enc with every parameter drawn at random, so that a seam whose parameters start at
+  zero (CoPE's table) acts."""
+  state = nnx.state(enc, nnx.Param)
+  leaves = jax.tree.leaves(nnx.to_pure_dict(state))
+  keys = iter(jax.random.split(jax.random.key(seed), max(len(leaves), 1)))
+  nnx.replace_by_pure_dict(state, jax.tree.map(
+      lambda x: jax.random.normal(next(keys), x.shape, x.dtype), nnx.to_pure_dict(state)))
+  nnx.update(enc, state)
+  return enc
 
 
 def test_sinusoid_worked_example_d4():
@@ -74,29 +94,66 @@ def test_learned_rejects_sequences_longer_than_its_table():
     enc.embed(jnp.zeros((1, 6, 8)), jnp.arange(6)[None])
 
 
+def _logits(b=2, t=5, h=2, seed=0):
+  """Causal logits [b, h, t, t] as a kernel hands them to content_bias: −inf where masked."""
+  logits = jax.random.normal(jax.random.key(seed), (b, h, t, t))
+  return jnp.where(jnp.tril(jnp.ones((t, t), bool)), logits, -jnp.inf)
+
+
 @pytest.mark.parametrize("name", sorted(POSITIONS))
 def test_every_encoding_keeps_shapes(name):
-  enc = make_positional_encoding(name, 8, 2, 16, rngs=nnx.Rngs(0))
-  x, pos = jnp.ones((2, 5, 8)), jnp.broadcast_to(jnp.arange(5), (2, 5))
-  assert enc.embed(x, pos).shape == x.shape
-  q = jnp.ones((2, 5, 2, 4))
-  assert enc.rotate_queries(q, pos).shape == q.shape
-  assert enc.rotate_keys(q, pos).shape == q.shape
-  assert jnp.broadcast_shapes(enc.bias(pos, pos).shape, (2, 2, 5, 5)) == (2, 2, 5, 5)
+  for causal in stacks(name):
+    enc = make_positional_encoding(name, 8, 2, 16, causal=causal, rngs=nnx.Rngs(0))
+    x, pos = jnp.ones((2, 5, 8)), jnp.broadcast_to(jnp.arange(5), (2, 5))
+    assert enc.embed(x, pos).shape == x.shape
+    q = jnp.ones((2, 5, 2, 4))
+    assert enc.rotate_queries(q, pos).shape == q.shape
+    assert enc.rotate_keys(q, pos).shape == q.shape
+    assert jnp.broadcast_shapes(enc.bias(pos, pos).shape, (2, 2, 5, 5)) == (2, 2, 5, 5)
+    assert jnp.broadcast_shapes(enc.content_bias(q, _logits()).shape, (2, 2, 5, 5)) == (
+        2, 2, 5, 5)
 
 
 @pytest.mark.parametrize("name", sorted(POSITIONS))
 def test_every_encoding_declares_whether_it_biases(name):
-  """`biases` (which kernels check) is true exactly when bias() is not zero."""
-  for causal in (False, True):
-    enc = make_positional_encoding(name, 8, 2, 16, causal=causal, rngs=nnx.Rngs(0))
+  """`biases` and `content_biases` (which kernels check) are true exactly when bias() and
+  content_bias() are not zero, whatever the parameters (drawn at random: CoPE's table
+  starts at zero)."""
+  for causal in stacks(name):
+    enc = randomised(make_positional_encoding(name, 8, 2, 16, causal=causal, rngs=nnx.Rngs(0)))
     pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
     assert enc.biases == bool(np.any(np.asarray(enc.bias(pos, pos)) != 0))
+    q = jax.random.normal(jax.random.key(1), (2, 5, 2, 4))
+    assert enc.content_biases == bool(np.any(np.asarray(enc.content_bias(q, _logits())) != 0))
+
+
+@pytest.mark.parametrize("name", CAUSAL_ONLY)
+def test_causal_only_encodings_are_refused_in_a_bidirectional_stack(name):
+  """An encoding declaring causal_only serves decoder stacks and is refused, with one
+  ConfigError saying what to use, for an encoder's, in every family that has one."""
+  from transformer.blocks import ModelConfig  # noqa: PLC0415
+  from transformer.families import ARCHS, make_model  # noqa: PLC0415
+  message = (f"position '{name}' is defined for causal self-attention only (decoder stacks; "
+             "keys never after the query), and this model has a bidirectional (encoder) stack: "
+             "use model.arch=decoder or another position")
+  make_positional_encoding(name, 8, 2, 16, causal=True, rngs=nnx.Rngs(0))
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    make_positional_encoding(name, 8, 2, 16, causal=False, rngs=nnx.Rngs(0))
+  tiny = dict(vocab_size=8, d_model=8, num_heads=2, d_ff=8, position=name, num_classes=2)
+  for arch in ARCHS:
+    build = lambda a=arch: nnx.eval_shape(  # noqa: E731
+        lambda: make_model(ModelConfig(**tiny, arch=a), rngs=nnx.Rngs(0)))
+    if arch == "decoder":
+      build()
+    else:
+      with pytest.raises(ConfigError, match=re.escape(message)):
+        build()
 
 
 def test_unknown_position_lists_choices():
-  with pytest.raises(ConfigError, match=r"unknown position .sinusodal.; choose one of: alibi, "
-                                        r"fire, kerple, learned, none"):
+  choices = ", ".join(sorted(POSITIONS))
+  with pytest.raises(ConfigError, match=re.escape(f"unknown position 'sinusodal'; choose one "
+                                                  f"of: {choices}")):
     make_positional_encoding("sinusodal", 8, 2, 16, rngs=nnx.Rngs(0))
 
 
@@ -183,7 +240,7 @@ def test_settings_change_what_the_encodings_compute():
     (ALiBi, "max_bias", 0.0, "> 0"), (T5Bias, "num_buckets", 2, "≥ 4"),
     (T5Bias, "max_distance", 16, "> num_buckets // 2 (16)"), (Rotary, "base", 1.0, "> 1"),
     (XPos, "scale_base", -1.0, "> 0"), (Kerple, "max_init_r2", 0.0, "> 0.01"),
-    (Fire, "width", 0, "≥ 1")])
+    (Fire, "width", 0, "≥ 1"), (CoPE, "max_positions", 1, "≥ 2")])
 def test_settings_reject_values_outside_their_range(cls, field, value, allowed):
   with pytest.raises(FieldError, match=re.escape(f"{field}={value!r} is not allowed; "
                                                  f"it must be {allowed}")):
@@ -192,8 +249,9 @@ def test_settings_reject_values_outside_their_range(cls, field, value, allowed):
 
 def test_position_settings_has_a_section_per_encoding_with_knobs():
   sections = PositionSettings()
-  assert sorted(f.name for f in dataclasses.fields(sections)) == [
-      "alibi", "fire", "kerple", "rotary", "t5", "xpos"]
+  assert sorted(f.name for f in dataclasses.fields(sections)) == sorted(
+      name for name, cls in POSITIONS.items() if dataclasses.fields(cls.Settings))
+  assert {f.name: f.type for f in dataclasses.fields(sections)}["t5"] is T5Bias.Settings
   assert sections.xpos == XPos.Settings(base=10000.0, scale_base=512.0, gamma=0.4)
   custom = dataclasses.replace(sections, t5=T5Bias.Settings(num_buckets=16))
   enc = make_positional_encoding("t5", 8, 2, 0, settings=custom, rngs=nnx.Rngs(0))

@@ -3,7 +3,8 @@
 The layer's parts come from their registries, chosen once here: the scorer
 (transformer/scores.py), the kernel computing softmax(score + bias)·V
 (transformer/kernels.py); masks (transformer/masks.py) and the positional encoding are
-handed to each call.
+handed to each call, and the layer hands the encoding on to the kernel, which calls its
+logit seams.
 """
 
 import dataclasses
@@ -14,7 +15,7 @@ from flax import nnx
 
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, FRACTION, check_ranges, execution
-from transformer.kernels import KERNELS, attention_weights, check_kernel
+from transformer.kernels import KERNELS, check_kernel
 from transformer.layers import Dense, Dropout, project
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import PositionalEncoding
@@ -63,9 +64,6 @@ class MultiHeadAttention(nnx.Module):
                                dropout=cfg.dropout, block_size=cfg.block_size)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
-    # True: every call also sows its attention weights (by the formula, whatever the kernel)
-    # as nnx.Intermediate `weights`, for pictures (transformer/pictures.py).
-    self.record_weights = False
 
   def _heads(self, x: jax.Array) -> jax.Array:
     return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
@@ -96,10 +94,7 @@ class MultiHeadAttention(nnx.Module):
     """__call__ with the queries projected: q [b, tq, d_model]."""
     k, v = kv
     q = encoding.rotate_queries(self._heads(q), mask.q_positions)
-    if self.record_weights:
-      weights = attention_weights(q, k, mask, encoding.bias, self.score)
-      self.sow(nnx.Intermediate, "weights", weights)
-    out = self.kernel(q, k, v, mask, encoding.bias, self.score, self.dropout, rngs)
+    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 
   def self_attend(self, x, mask: Mask, encoding, rngs=None):

@@ -15,7 +15,7 @@ from flax import nnx
 
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
-from transformer.kernels import check_bias
+from transformer.kernels import check_content_bias
 from transformer.layers import Dense, Dropout, LayerNorm, mesh_axes
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import (POSITIONS, PositionalEncoding, PositionSettings,
@@ -165,7 +165,8 @@ class Stack(nnx.Module):
     self.position = make_positional_encoding(
         cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len, causal=layer.causal,
         settings=cfg.position_settings, rngs=rngs)
-    check_bias(cfg.attention.kernel, position=cfg.position, biases=self.position.biases)
+    check_content_bias(cfg.attention.kernel, position=cfg.position,
+                       content_biases=self.position.content_biases)
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
     self.window_size = cfg.attention.window_size
     self.dropout = Dropout(cfg.dropout)

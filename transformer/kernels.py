@@ -1,9 +1,12 @@
 """Attention kernels: ways to compute softmax(score(q, k) + bias)·V, and what each supports.
 
 A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], a Mask, the
-logit bias as a function of (query positions, key positions) -> broadcastable to
-[b, h, tq, tk], and the layer's scorer and dropout. KERNELS maps a name to a Kernel: how to
-make the function, and its declared capabilities, which check_kernel compares once, at
+positional encoding, and the layer's scorer and dropout:
+`kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
+seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)`; a kernel that
+declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
+query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
+its declared capabilities, which check_kernel and check_content_bias compare once, at
 construction, with what the scorer, the dropout and the positional encoding declare.
 """
 
@@ -21,15 +24,19 @@ from transformer.registry import lookup
 from transformer.scores import Scorer
 
 
-def attention_weights(q, k, mask: Mask, bias, score) -> jax.Array:
-  """softmax(score(q, k) + bias) over the unmasked keys: [b, h, tq, tk] float32."""
-  logits = score(q, k) + bias(mask.q_positions, mask.k_positions)
-  return masked_softmax(logits, mask.dense())
+def attention_weights(q, k, mask: Mask, encoding, score) -> jax.Array:
+  """softmax(score(q, k) + bias + content bias) over the unmasked keys: [b, h, tq, tk]
+  float32. The content bias sees the logits before it, −inf at the masked keys."""
+  visible = mask.dense()
+  logits = score(q, k) + encoding.bias(mask.q_positions, mask.k_positions)
+  logits = jnp.where(visible, logits.astype(jnp.float32), -jnp.inf)
+  return masked_softmax(logits + encoding.content_bias(q, logits), visible)
 
 
-def reference_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs):
-  """The formula, any scorer: softmax(score(q, k) + bias) over unmasked keys, dropout, ·V."""
-  weights = attention_weights(q, k, mask, bias, score).astype(v.dtype)
+def reference_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs):
+  """The formula, any scorer and every seam: softmax(score(q, k) + bias + content bias) over
+  unmasked keys, dropout, ·V."""
+  weights = attention_weights(q, k, mask, encoding, score).astype(v.dtype)
   weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
   return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
 
@@ -37,16 +44,17 @@ def reference_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs):
 def fused_kernel(implementation: str):
   """jax.nn.dot_product_attention (XLA's fused attention, or cuDNN's flash attention on
   NVIDIA GPUs) for the scorers declaring a dot product, whose transforms and scale it
-  applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V; no dropout on the weights. A
-  query row with no visible key (padding) attends to every key instead of none, so it
-  stays finite (no NaN to leak into later layers); the loss never reads it."""
+  applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V, the bias computed beforehand
+  from positions alone; no dropout on the weights, no content bias. A query row with no
+  visible key (padding) attends to every key instead of none, so it stays finite (no NaN
+  to leak into later layers); the loss never reads it."""
 
-  def kernel(q, k, v, mask, bias, score, dropout, rngs):
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
     product = score.dot_product
     dense = mask.dense()
     dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
-    bias = bias(mask.q_positions, mask.k_positions)
+    bias = encoding.bias(mask.q_positions, mask.k_positions)
     bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
     impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
     return jax.nn.dot_product_attention(product.queries(q), product.keys(k), v, bias=bias,
@@ -59,18 +67,19 @@ def _pad_time(x, before: int, after: int):
   return jnp.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2))
 
 
-def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: int):
+def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, block: int):
   """Memory-bounded attention, any scorer: queries in blocks of `block`, each block's softmax
   accumulated online over key blocks (flash-attention style, in plain JAX), and each query
   block rematerialised in the backward pass, so no [tq, tk] array exists, only
   [block, block] ones. With a local window a query block reads only the keys within the
   window of it: O(L·(block + 2w)) work and memory instead of O(L²). Fully masked rows give
-  0, as the reference does; no attention dropout."""
+  0, as the reference does; no attention dropout, and no content bias (no block sees a
+  query's whole row of logits)."""
   del dropout, rngs
   b, tq, h, d = q.shape
   tk = k.shape[1]
   if tq == 1 or (tq <= block and tk <= block):
-    return reference_kernel(q, k, v, mask, bias, score, Dropout(0.0), None)
+    return reference_kernel(q, k, v, mask, encoding, score, Dropout(0.0), None)
   local = mask.window is not None and tq == tk  # self-attention: keys at the queries' indices
   q_pad = -tq % block
   span = block + 2 * mask.window if local else block
@@ -90,7 +99,8 @@ def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: 
     k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, span, axis=1)
     v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, span, axis=1)
     visible = m.dense()
-    logits = (score(q_blk, k_blk) + bias(m.q_positions, m.k_positions)).astype(jnp.float32)
+    bias = encoding.bias(m.q_positions, m.k_positions)
+    logits = (score(q_blk, k_blk) + bias).astype(jnp.float32)
     logits = jnp.where(visible, logits, -jnp.inf)
     new_top = jnp.maximum(top, logits.max(-1))
     safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
@@ -120,18 +130,21 @@ def blockwise_kernel(q, k, v, mask: Mask, bias, score, dropout, rngs, *, block: 
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-  """A way to compute softmax(score + bias)·V, and what it supports."""
+  """A way to compute softmax(score + bias)·V, and what it supports. Every kernel adds an
+  encoding's positional bias (its `bias` seam)."""
 
   make: Callable[..., Callable]  # make(block_size=...) -> the kernel function
   any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
   dropout: bool  # dropout on the attention weights
-  bias: bool = True  # adds a positional encoding's logit bias
+  # adds an encoding's content_bias, a function of each query's whole row of logits
+  content_bias: bool = False
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   stand_in: str | None = None  # a kernel computing the same function on any backend
 
 
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(lambda block_size: reference_kernel, any_score=True, dropout=True),
+    "reference": Kernel(lambda block_size: reference_kernel, any_score=True, dropout=True,
+                        content_bias=True),
     "xla": Kernel(lambda block_size: fused_kernel("xla"), any_score=False, dropout=False),
     "cudnn": Kernel(lambda block_size: fused_kernel("cudnn"), any_score=False, dropout=False,
                     backends=("gpu",), stand_in="xla"),
@@ -155,9 +168,11 @@ def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
   return kernel.make(block_size=block_size)
 
 
-def check_bias(name: str, *, position: str, biases: bool) -> None:
-  """A ConfigError if kernel `name` cannot add the logit bias of a positional encoding
+def check_content_bias(name: str, *, position: str, content_biases: bool) -> None:
+  """A ConfigError if kernel `name` cannot add the content bias of a positional encoding
   (named `position`) that declares one."""
-  if biases and not lookup(KERNELS, name, "attention kernel").bias:
-    raise ConfigError(f"attention.kernel '{name}' adds no logit bias, and position "
-                      f"'{position}' is one; use kernel 'reference' or another position")
+  if content_biases and not lookup(KERNELS, name, "attention kernel").content_bias:
+    able = " or ".join(repr(key) for key, kernel in KERNELS.items() if kernel.content_bias)
+    raise ConfigError(f"attention.kernel '{name}' cannot add the content-dependent logit bias of "
+                      f"position '{position}' (it needs each query's whole row of logits); use "
+                      f"kernel {able} or another position")

@@ -2,14 +2,17 @@
 heatmaps, as PNG files (eval.py --sentence ... --plot_dir DIR).
 
 Attention maps come from a teacher-forced pass over (sentence, the model's greedy
-translation of it): every attention layer sows its weights, computed by the formula
-whatever the run's kernel, and each kind (encoder self, decoder self, cross) is drawn as a
-grid of layers × heads with the tokens on the axes.
+translation of it) in which every attention layer's kernel is replaced by one that records
+the weights, computed by the formula whatever the run's kernel, and each kind (encoder self,
+decoder self, cross) is drawn as a grid of layers × heads with the tokens on the axes. The
+attention layers themselves know nothing of pictures.
 """
 
+import functools
 import io
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
@@ -22,6 +25,7 @@ from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.errors import ConfigError
 from transformer.evaluation import Evaluator, Run
+from transformer.kernels import attention_weights as formula_weights
 from transformer.positions import PositionalEncoding
 from transformer.vocab import BOS_ID, EOS_ID
 
@@ -59,24 +63,40 @@ def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
   return paths + ([positions] if positions else [])
 
 
-@nnx.jit
-def _capture(model, batch):
-  return nnx.capture(model, nnx.Intermediate)(batch)
+def recording_kernel(layer: MultiHeadAttention):
+  """A kernel for `layer` that computes the attention weights by the formula
+  (kernels.attention_weights: every seam of the encoding, whatever the run's kernel), sows
+  them on the layer as nnx.Intermediate `weights` [b, h, tq, tk] and returns their output,
+  the reference kernel's without dropout (pictures are deterministic)."""
+
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
+    del dropout, rngs
+    weights = formula_weights(q, k, mask, encoding, score)
+    layer.sow(nnx.Intermediate, "weights", weights)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+
+  return kernel
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _capture(graphdef, state, batch):
+  """The nnx.Intermediate state sown by a pass over `batch` of a copy of the model whose
+  attention layers record their weights; the caller's model is never changed."""
+  model = nnx.merge(graphdef, state)
+  # A recording kernel sows on its layer, which a scan or a remat would run as a copy (what
+  # is sown there stays there): the copy runs its layers one by one, as they are.
+  model.set_attributes(Stack, scan_layers=False, remat=False)
+  for _, module in nnx.iter_modules(model):
+    if isinstance(module, MultiHeadAttention):
+      module.kernel = recording_kernel(module)
+  return nnx.capture(model, nnx.Intermediate)(batch)[1]
 
 
 def attention_weights(model, batch: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
   """Teacher-forced pass recording every attention layer's weights:
   {"encoder" | "decoder" | "cross": [per layer, [b, h, tq, tk]]}."""
-  stacks = list(model.stacks().values())
-  scanned = [stack.scan_layers for stack in stacks]
-  model.set_attributes(MultiHeadAttention, record_weights=True)
-  model.set_attributes(Stack, scan_layers=False)  # what is sown inside a scan stays there
-  try:
-    _, sown = _capture(model, {k: jnp.asarray(v) for k, v in batch.items()})
-  finally:
-    model.set_attributes(MultiHeadAttention, record_weights=False)
-    for stack, scan in zip(stacks, scanned):
-      stack.scan_layers = scan
+  graphdef, state = nnx.split(model)
+  sown = _capture(graphdef, state, {k: jnp.asarray(v) for k, v in batch.items()})
   layers = lambda stack, name: [np.asarray(layer[name]["weights"].get_value()[0])  # noqa: E731
                                 for _, layer in sorted(sown[stack]["layers"].items())
                                 if name in layer]

@@ -1,16 +1,23 @@
 """Positional encodings, keyed by config string.
 
-An encoding acts at up to three seams, and the layers call all of them on every encoding:
+An encoding acts at up to four seams, and the layers call all of them on every encoding:
   * `embed(x, positions)`: added to the scaled token embeddings (sinusoidal, learned);
   * `rotate_queries(x, positions)` and `rotate_keys(x, positions)`: applied to the queries
     and to the keys of every self-attention layer (rotary; xPos, which scales queries up and
     keys down);
   * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets,
-    KERPLE, FIRE); an encoding that adds one declares `biases = True`.
+    KERPLE, FIRE); an encoding that adds one declares `biases = True`;
+  * `content_bias(q, logits)`: added to the attention logits too, but a function of the
+    queries and of the logits before it (CoPE, whose positions count the keys the query
+    attends to); an encoding that adds one declares `content_biases = True`, and only the
+    kernels declaring `content_bias` (transformer/kernels.py) can add it, since it needs
+    each query's whole row of logits.
 The base class is the identity at each seam; built without arguments it is the identity
 encoding. Every registry entry has one constructor, `(d_model, num_heads, max_len, *, causal,
 settings, rngs)` (causal: it serves a decoder, whose keys never follow the query), and its
-knobs in its own `Settings` (config.model.position_settings.<name>).
+knobs in its own `Settings` (config.model.position_settings.<name>). An encoding defined
+only where keys never follow the query declares `causal_only = True`, and
+make_positional_encoding refuses it for a bidirectional (encoder) stack.
 
 Positions are explicit int arrays [batch, length] (0-based within each packed segment),
 never inferred from array indices, so packing and cached decoding see the right positions.
@@ -36,6 +43,8 @@ class PositionalEncoding(nnx.Module):
 
   Settings = NoSettings
   biases = False  # bias() is not zero: the attention kernel must add it
+  content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
+  causal_only = False  # defined only for causal self-attention: no encoder stack may use it
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
@@ -58,6 +67,18 @@ class PositionalEncoding(nnx.Module):
   def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """-> a logit bias broadcastable to [b, h, tq, tk]."""
     del q_positions, k_positions
+    return jnp.zeros((), jnp.float32)
+
+  def content_bias(self, q: jax.Array, logits: jax.Array) -> jax.Array:
+    """A logit bias that depends on content, added after bias().
+
+    Args:
+      q: the per-head queries as the scorer saw them (rotated), [b, tq, h, d].
+      logits: the scorer's logits plus bias(), float32 [b, h, tq, tk], −inf at masked keys.
+    Returns:
+      a logit bias broadcastable to [b, h, tq, tk].
+    """
+    del q, logits
     return jnp.zeros((), jnp.float32)
 
 
@@ -377,6 +398,63 @@ class Fire(PositionalEncoding):
     return jnp.moveaxis(per_head, -1, 1)  # [b, h, q, k]
 
 
+class CoPE(PositionalEncoding):
+  """CoPE (Golovneva et al. 2024, "Contextual Position Encoding: Learning to Count What's
+  Important"): positions that count what the query attends to, not tokens. Query i gates
+  each key t by g_it = σ(logit_it), its attention logit (0 at masked keys, whose logit is
+  −inf), and measures the position of key j as the gates from j to i,
+  p_ij = Σ_{t=j..i} g_it, capped at max_positions − 1. The logit of (i, j) gains q_i·e[p_ij],
+  with e learned for the integer positions 0..max_positions−1 and interpolated linearly
+  between e[⌊p⌋] and e[⌈p⌉]; as in the paper, q_i·e[n] is computed once per integer n and
+  the interpolation mixes those dot products (the same value, far less work).
+
+  Per head, from one table E [head_dim, max_positions] that the heads share, as in the
+  paper, and that the layers of the stack share, as those of T5, KERPLE and FIRE do (the
+  paper has a table per layer: the seams do not say which layer calls them). E starts at
+  zero, the paper's initialisation, so a new model attends as with no positions and learns
+  what to count. The gates use the layer's scorer's logits (q·k/√d for scaled_dot), and
+  q·e is added unscaled, as in the paper's listing (the authors' released code scales the
+  sum q·k + q·e by 1/√d instead).
+
+  Causal only: the paper defines p_ij for keys at or before the query (a decoder's); a
+  bidirectional stack's keys after the query would get no position. The bias needs each
+  query's whole row of logits, which only the kernels declaring content_bias have.
+  Positions are capped, so no sequence is too long for it."""
+
+  content_biases = True
+  causal_only = True
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    # Positions told apart: counts 0..63 of whatever the gates count (tokens, words,
+    # sentences), beyond which all share E's last row. Small, as the paper's cap is in its
+    # experiments: a query rarely needs to count far, and the cap bounds the product q·E
+    # [b, h, t, max_positions] every layer computes.
+    max_positions: int = 64
+
+    def __post_init__(self):
+      check_ranges(self, max_positions=Range(2))
+
+  def __init__(self, d_model, num_heads, max_len, *, causal=True, settings=None, rngs=None):
+    del max_len, causal, rngs  # make_positional_encoding refuses causal=False (causal_only)
+    self.max_positions = (settings or self.Settings()).max_positions
+    self.table = nnx.Param(jnp.zeros((d_model // num_heads, self.max_positions), jnp.float32))
+
+  def positions(self, logits: jax.Array) -> jax.Array:
+    """p_ij = min(Σ_{t ≥ j} σ(logit_it), max_positions − 1): [b, h, tq, tk] float32. The
+    sum runs over every key from j on; those after the query are masked (gate 0)."""
+    gates = jax.nn.sigmoid(logits)
+    return jnp.minimum(jax.lax.cumsum(gates, axis=3, reverse=True), self.max_positions - 1)
+
+  def content_bias(self, q, logits):
+    p = self.positions(logits)
+    per_position = jnp.einsum("bqhd,dn->bhqn", q.astype(jnp.float32), self.table[...])
+    at = lambda n: jnp.take_along_axis(per_position, n.astype(jnp.int32), axis=3)  # noqa: E731
+    below = jnp.floor(p)
+    above_weight = p - below  # the gradient reaches p (and the gates) through this weight
+    return above_weight * at(jnp.ceil(p)) + (1.0 - above_weight) * at(below)
+
+
 POSITIONS: dict[str, type[PositionalEncoding]] = {
     "none": NoPosition,
     "sinusoidal": Sinusoidal,
@@ -387,6 +465,7 @@ POSITIONS: dict[str, type[PositionalEncoding]] = {
     "xpos": XPos,
     "kerple": Kerple,
     "fire": Fire,
+    "cope": CoPE,
 }
 
 # config.model.position_settings: a section per encoding with settings.
@@ -396,7 +475,14 @@ PositionSettings = settings_sections(POSITIONS, "PositionSettings")
 def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
                              causal: bool = False, settings=None,
                              rngs: nnx.Rngs | None) -> PositionalEncoding:
-  """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults)."""
+  """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults),
+  for a causal (decoder) or bidirectional (encoder) stack: a ConfigError if the encoding is
+  defined for causal self-attention only and the stack is bidirectional."""
   cls = lookup(POSITIONS, name, "position")
+  if cls.causal_only and not causal:
+    raise ConfigError(
+        f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
+        "never after the query), and this model has a bidirectional (encoder) stack: use "
+        "model.arch=decoder or another position")
   return cls(d_model, num_heads, max_len, causal=causal,
              settings=settings_of(settings, POSITIONS, name), rngs=rngs)
