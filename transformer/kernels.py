@@ -29,8 +29,10 @@ def attention_weights(q, k, mask: Mask, encoding, score) -> jax.Array:
   float32. The content bias sees the logits before it, −inf at the masked keys."""
   visible = mask.dense()
   logits = score(q, k) + encoding.bias(mask.q_positions, mask.k_positions)
-  logits = jnp.where(visible, logits.astype(jnp.float32), -jnp.inf)
-  return masked_softmax(logits + encoding.content_bias(q, logits), visible)
+  if encoding.content_biases:  # otherwise no pass over the logits for a zero
+    logits = jnp.where(visible, logits.astype(jnp.float32), -jnp.inf)
+    logits = logits + encoding.content_bias(q, logits)
+  return masked_softmax(logits, visible)
 
 
 def reference_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs):

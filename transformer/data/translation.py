@@ -302,9 +302,9 @@ def _example_builder():
                                    features=tfds.features.Translation(languages=("en", "de")))
 
     def _split_generators(self, dl_manager):
-      return {"train": self._generate(10), "validation": self._generate(1)}
+      return {"train": self._generate_examples(10), "validation": self._generate_examples(1)}
 
-    def _generate(self, repeats):
+    def _generate_examples(self, repeats):
       for i in range(repeats * len(pairs)):
         yield i, dict(zip(("en", "de"), pairs[i % len(pairs)]))
 
