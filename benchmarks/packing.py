@@ -14,7 +14,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import experiment, training
+from transformer import experiment
+from transformer import step as step_lib
 from transformer.config import parse
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
@@ -31,7 +32,7 @@ def main(argv):
     config.data.pack = pack
     exp = experiment.build(parse(config), flags.FLAGS.workdir)
     exp.source.prepare()
-    compiled = training.compile_step(exp)  # the train step exactly as train.py runs it
+    compiled = step_lib.compile_step(exp)  # the train step exactly as train.py runs it
     state, step_fn = compiled.init(), compiled.step
     batches = iter(exp.source.train_batches())
     for _ in range(2):

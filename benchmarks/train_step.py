@@ -32,7 +32,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import experiment, training
+from transformer import experiment
+from transformer import step as step_lib
 from transformer.config import parse
 from transformer.vocab import NUM_RESERVED
 
@@ -128,7 +129,7 @@ def main(argv):
   config.train.batch_size = b
   config.task.update(num_symbols=v - NUM_RESERVED, max_len=t - 1, longer_max_len=t - 1)
   exp = experiment.build(parse(config))
-  step = training.compile_step(exp)  # the train step exactly as train.py runs it
+  step = step_lib.compile_step(exp)  # the train step exactly as train.py runs it
   state = step.init()
   n_params = sum(x.size for x in jax.tree.leaves(state["params"]))
   rng = np.random.default_rng(0)

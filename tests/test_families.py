@@ -12,6 +12,7 @@ from flax import nnx
 
 from tests.conftest import make_tiny_config
 from transformer import experiment, training
+from transformer import step as step_lib
 from transformer.attention import AttentionConfig
 from transformer.blocks import ModelConfig
 from transformer.config import parse
@@ -269,7 +270,7 @@ def _step(model):
   params = nnx.to_pure_dict(params)
   import optax  # noqa: PLC0415
   optimizer = optax.adam(1e-3)
-  step = training.make_train_step(graphdef, optimizer, lambda s: 1e-3, label_smoothing=0.1,
+  step = step_lib.make_train_step(graphdef, optimizer, lambda s: 1e-3, label_smoothing=0.1,
                                   seed=0)
   return step, {"step": jnp.zeros((), jnp.int32), "params": params,
                 "opt_state": optimizer.init(params)}

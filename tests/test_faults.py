@@ -21,11 +21,13 @@ from orbax.checkpoint._src.handlers import standard_checkpoint_handler
 
 from tests.clirun import ROOT, TINY, CliRunner
 from tests.conftest import make_tiny_config
-from transformer import checkpoint, evaluation, experiment, lock, training
+from transformer import checkpoint, evaluation, experiment, lock
+from transformer import step as step_lib
 from transformer.config import parse
 from transformer.errors import RunError
 from tests.conftest import restore_and_evaluate
-from transformer.training import make_train_step, train_and_evaluate
+from transformer.step import make_train_step
+from transformer.training import train_and_evaluate
 from transformer.workdir import CONFIG_FILE, read_metrics
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
@@ -69,14 +71,14 @@ def _nan_loss_at(monkeypatch, config, steps):
   sums = [int(checksum(next(batches)["targets"])) for _ in range(config.train.num_steps)]
   marks = [sums[s - 1] for s in steps]
   assert all(sums.count(m) == 1 for m in marks)
-  real = training.loss_head_metrics
+  real = step_lib.loss_head_metrics
 
   def poisoned(y, w_out, bias, targets, *args):
     sums = real(y, w_out, bias, targets, *args)
     bad = jnp.isin(checksum(targets), jnp.asarray(marks))
     return {**sums, "loss": jnp.where(bad, jnp.nan, sums["loss"])}
 
-  monkeypatch.setattr(training, "loss_head_metrics", poisoned)
+  monkeypatch.setattr(step_lib, "loss_head_metrics", poisoned)
 
 
 # --------------------------------------------------------------------------- non-finite steps
