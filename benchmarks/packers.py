@@ -5,14 +5,10 @@
 Why the project packs with its own code (transformer/data/pipeline.py) and not grain's
 FirstFitPackIterDataset / BestFitPackIterDataset: this script measures both on the same
 encoded Multi30k pairs, the same rows (config.data.max_len tokens per side) and the same
-batch size, data loading excluded. It trains the config's tokenizer into --workdir on
-first use. Prints figures; asserts nothing.
-
-Measured (2-core CPU shared with other jobs, 128 rows x 64 tokens, grain 0.2.18): the
-project's packer 198 batches/s at 92.9% target fill; grain's FirstFit and BestFit 2
-batches/s at 94.4%. grain packs one example at a time in Python; the project places a
-window's lengths (data.window pairs) in one pass and writes the rows with vectorised numpy
-(fill_rows).
+batch size. The project's packer runs as training runs it, reading the encoded corpus
+(data.source's train_batches); grain's get the pairs in memory, read from that corpus
+beforehand. It trains the config's tokenizer and encodes the corpus into --workdir on first
+use. Prints figures; asserts nothing. The figures: README, "Data".
 """
 
 import time
@@ -24,7 +20,6 @@ from ml_collections import config_flags
 
 from transformer import experiment
 from transformer.config import parse
-from transformer.data import pipeline
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
@@ -57,14 +52,13 @@ def main(argv):
   config, count = flags.FLAGS.config, flags.FLAGS.batches
   exp = experiment.build(parse(config), flags.FLAGS.workdir)
   exp.source.prepare()
-  examples = [ex for ex in exp.source._encode(exp.source.pairs("train"))  # noqa: SLF001
-              if len(ex[0]) <= config.data.max_len and len(ex[1]) <= config.data.max_len]
+  corpus = exp.source.encoded_corpus()
+  tokens, starts, lengths = corpus.read(np.arange(len(corpus)))
   size, length, seed = config.train.batch_size, config.data.max_len, config.seed
+  examples = [(tokens[a:a + n], tokens[b:b + m]) for (a, b), (n, m) in zip(starts, lengths)
+              if n <= length and m <= length]
   print(f"{len(examples):,} pairs; batches of {size} rows x {length} tokens per side")
-  measure("project (first fit, 8 open rows)",
-          iter(pipeline.train_batches(examples, seed=seed, batch_size=size, max_len=length,
-                                      window=config.data.window)),
-          count)
+  measure("project (first fit, 8 open rows)", iter(exp.source.train_batches()), count)
   for packer in (grain.experimental.FirstFitPackIterDataset,
                  grain.experimental.BestFitPackIterDataset):
     measure(f"grain {packer.__name__.removesuffix('IterDataset')}",

@@ -8,6 +8,12 @@ import pytest
 
 from tests import clirun
 from tests.clirun import ROOT, CliRunner
+from transformer.data.sources import SOURCES
+from transformer.data.synthetic import TRANSFORMS
+from transformer.kernels import KERNELS
+from transformer.masks import WINDOWS
+from transformer.positions import POSITIONS
+from transformer.scores import SCORES
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 TINY = [*clirun.TINY, "--config.train.num_steps=10", "--config.train.checkpoint_every=5"]
@@ -26,6 +32,11 @@ def get_config():
 def get_sweep():
   return {sweep}
 """
+
+def choices(registry) -> str:
+  """How an unknown name's error lists a registry's entries (registry.lookup)."""
+  return ", ".join(sorted(registry))
+
 
 # (id, script, arguments, fragments of the error line). In the arguments, {new} is a
 # workdir that does not exist yet, {run} a finished run's workdir, {files} a folder of
@@ -87,13 +98,15 @@ CASES = [
      ["--config.model.attention.score_settings.cosine.init_temperature=0"],
      ["config.model.attention.score_settings.cosine.init_temperature=0.0", "> 0"]),
     ("unknown score", *TRAIN, ["--config.model.attention.score=cosin"],
-     ["unknown attention score 'cosin'", "scaled_dot"]),
+     ["unknown attention score 'cosin'", choices(SCORES)]),
     ("unknown position", *TRAIN, ["--config.model.position=absolute"],
-     ["unknown position 'absolute'", "learned, none, rotary, sinusoidal"]),
+     ["unknown position 'absolute'", choices(POSITIONS)]),
+    ("causal-only position in an encoder", *TRAIN, ["--config.model.position=cope"],
+     ["position 'cope' is defined for causal self-attention only", "model.arch=decoder"]),
     ("unknown window", *TRAIN, ["--config.model.attention.window=sliding"],
-     ["unknown attention window 'sliding'", "full, local"]),
+     ["unknown attention window 'sliding'", choices(WINDOWS)]),
     ("unknown kernel", *TRAIN, ["--config.model.attention.kernel=flash"],
-     ["unknown attention kernel 'flash'", "blockwise"]),
+     ["unknown attention kernel 'flash'", choices(KERNELS)]),
     # train
     ("batch_size 0", *TRAIN, ["--config.train.batch_size=0"], ["train.batch_size=0"]),
     ("batch vs accumulation", *TRAIN, ["--config.train.accumulation_steps=3"],
@@ -133,12 +146,12 @@ CASES = [
      ["task.heldout_modulus=1", "≥ 2"]),
     ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
      ["task: no", "string of lengths 1..1 over 1 symbols"]),
-    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", "copy, reverse, sort"]),
+    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(TRANSFORMS)]),
     ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
     ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
     ("unknown data source", *TRAIN, ["--config.data.source=csv"],
-     ["unknown data source 'csv'", "synthetic, text, tfds"]),
+     ["unknown data source 'csv'", choices(SOURCES)]),
     # text data
     ("text corpus missing", *TEXT, ["--config.data.train_source=nope.en"],
      ["config.data.train_source: corpus file not found", "nope.en"]),

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from transformer.data.pipeline import train_batches
+from transformer.data.pipeline import PackedStream
 from transformer.data.text import read_parallel
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 from transformer.errors import ConfigError
@@ -15,6 +15,29 @@ from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 SENTENCES = [f"the {a} {n} sees {b} {m}" for a in ("red", "small", "old", "happy")
              for n in ("dog", "cat", "man", "bird") for b in ("a", "the") for m in ("tree", "car")]
+
+
+class Pairs:
+  """In-memory (source ids, target ids) examples with the random-access `read` of
+  encoded.EncodedCorpus, which PackedStream packs."""
+
+  def __init__(self, examples):
+    lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)
+    self.lengths = lengths
+    self.starts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(-1, 2)
+    self.tokens = np.concatenate([np.asarray(x, np.int32) for ex in examples for x in ex])
+
+  def __len__(self) -> int:
+    return len(self.lengths)
+
+  def read(self, indices: np.ndarray):
+    return self.tokens, self.starts[indices], self.lengths[indices]
+
+
+def train_batches(examples, *, seed, batch_size, max_len, pack=True, window=8192):
+  """Endless packed (or padded) batches of in-memory examples, as a one-process run reads."""
+  return PackedStream(Pairs(examples), seed=seed, batch_size=batch_size, max_len=max_len,
+                      pack=pack, window=window, process_index=0, process_count=1)
 
 
 def _write(path, lines, gz=False, raw=None):

@@ -4,7 +4,7 @@ Batches are dicts of int32 arrays [batch, length] (see transformer/data/__init__
 """
 
 import concurrent.futures
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import grain
 import jax
@@ -98,24 +98,6 @@ def permute(positions: np.ndarray, n: int, seed: int, epoch: int, rounds: int = 
   return out.astype(np.int64)
 
 
-class Pairs:
-  """In-memory (source ids, target ids) examples with the random-access `read` of
-  encoded.EncodedCorpus."""
-
-  def __init__(self, examples: Sequence):
-    lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)
-    self.lengths = lengths
-    self.starts = (np.cumsum(lengths.reshape(-1)) - lengths.reshape(-1)).reshape(-1, 2)
-    self.tokens = np.concatenate([np.asarray(x, np.int32) for ex in examples for x in ex]
-                                 or [np.zeros(0, np.int32)])
-
-  def __len__(self) -> int:
-    return len(self.lengths)
-
-  def read(self, indices: np.ndarray):
-    return self.tokens, self.starts[indices], self.lengths[indices]
-
-
 class PackedStream(grain.IterDataset):
   """Endless batches of rows from a random-access corpus, for one process of several.
 
@@ -207,21 +189,6 @@ class _PackedStreamIterator(grain.DatasetIterator):
     if len(pieces) == 1:
       return pieces[0]
     return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
-
-
-def train_batches(examples: Sequence, *, seed: int, batch_size: int, max_len: int,
-                  pack: bool = True, window: int = 8192) -> grain.IterDataset:
-  """Endless training batches from in-memory (source ids, target ids) examples that end in
-  EOS, for this JAX process (see PackedStream).
-
-  Examples longer than `max_len` on either side are dropped; each process reads its own
-  1/process_count of the examples; every epoch is reshuffled from `seed`. With `pack`,
-  several pairs share a row, each with its own segment id and positions restarting at 0;
-  otherwise one pair per row, padded. `batch_size` is this process's rows per batch.
-  """
-  return PackedStream(Pairs(examples), seed=seed, batch_size=batch_size, max_len=max_len,
-                      pack=pack, window=window, process_index=jax.process_index(),
-                      process_count=jax.process_count())
 
 
 READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)  # generated batches
