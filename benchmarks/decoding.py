@@ -7,12 +7,14 @@ Restores the latest checkpoint, decodes the split once to compile, then times a 
 including EOS. Prints figures; asserts nothing.
 """
 
+import dataclasses
 import time
 
 import jax
 import numpy as np
 from absl import app, flags
 
+from transformer import config
 from transformer.evaluation import Evaluator, restore_run
 from transformer.vocab import PAD_ID
 
@@ -28,14 +30,16 @@ def main(argv):
   run = restore_run(FLAGS.workdir)
   exp, params = run.experiment, run.params
   split = exp.source.eval_splits()[FLAGS.split]
-  n, batch_size = len(split["inputs"]), FLAGS.batch_size or exp.eval.batch_size
+  n, batch_size = len(split), FLAGS.batch_size or exp.eval.batch_size
+  exp = dataclasses.replace(exp, config=config.replace(exp.config, "eval.batch_size", batch_size))
   print(f"device  {jax.devices()[0].device_kind}; step {run.steps[-1]}; {n} sentences of split "
         f"'{FLAGS.split}', batch {batch_size}, dtype {exp.model.dtype}")
   for beam in map(int, FLAGS.beam_sizes):
-    evaluator = Evaluator(exp.graphdef, batch_size, beam_size=beam)
-    evaluator.predict(params, split, exp.source.decode_len(split))  # compiles
+    evaluator = Evaluator(exp, beam_size=beam)
+    decode_len = exp.source.decode_length(split)
+    evaluator.predict(params, split.arrays, decode_len)  # compiles
     start = time.perf_counter()
-    predictions = evaluator.predict(params, split, exp.source.decode_len(split))
+    predictions = evaluator.predict(params, split.arrays, decode_len)
     seconds = time.perf_counter() - start
     tokens = int(np.sum(np.cumsum(predictions == PAD_ID, axis=1) == 0))  # up to EOS, inclusive
     name = "greedy" if beam == 1 else f"beam {beam}"

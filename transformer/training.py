@@ -235,12 +235,12 @@ class _Loop:
 
   def _evaluate(self) -> None:
     results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.should_stop)
-    for record in log_eval(self.step, results):
-      self._write(record)
+    self._write(*log_eval(self.step, results))
 
-  def _write(self, record: dict) -> None:
-    workdir_lib.append_metrics(self.workdir, record)
-    self.tensorboard.scalars(record["split"], record["step"], record)
+  def _write(self, *records: dict) -> None:
+    workdir_lib.append_metrics(self.workdir, *records)
+    for record in records:
+      self.tensorboard.scalars(record["split"], record["step"], record)
 
   def _evaluate_if_missing(self) -> None:
     done = any(r["step"] == self.step and r["split"] != "train"

@@ -84,9 +84,13 @@ def read_metrics(workdir: str) -> list[dict]:
   return records
 
 
-def append_metrics(workdir: str, record: dict) -> None:
+def append_metrics(workdir: str, *records: dict) -> None:
+  """Appends the records in one write (process 0): the records of one evaluation, a split
+  each, are there together or not at all, so a run killed in between is not taken for
+  one whose final evaluation is recorded."""
   if jax.process_index() == 0:
-    storage.append(storage.join(workdir, METRICS_FILE), json.dumps(record) + "\n")
+    storage.append(storage.join(workdir, METRICS_FILE),
+                   "".join(json.dumps(record) + "\n" for record in records))
 
 
 def truncate_metrics(workdir: str, step: int) -> None:
