@@ -16,6 +16,7 @@ from transformer import config as config_lib, experiment
 from transformer.config import parse
 from transformer.data import Targets
 from transformer.data.base import DataSource, Split
+from transformer.data import labelled
 from transformer.data.labelled import TASKS
 from transformer.data.sources import SOURCES
 from transformer.families import ARCHS
@@ -124,20 +125,26 @@ def test_a_run_trains_restores_and_evaluates(example, tmp_path):
 
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_every_labelled_task(name, tmp_path):
-  """Each task with its default settings, through the labelled source: labels in range,
-  scored where declared, held-out sequences never in training, one training step."""
+  """Each task with its default settings: examples a pure function of their index, lengths
+  in range, labels below num_classes, scored where `pooled` says (the first token only, or
+  any), held-out sequences never among training ones; then one training step of the
+  labelled source."""
   task = TASKS[name]()
+  train = [labelled.example_at(task, 0, 0, i, heldout=False) for i in range(300)]
+  heldout = [labelled.example_at(task, 0, 1, i, heldout=True) for i in range(100)]
+  again = labelled.example_at(task, 0, 0, 7, heldout=False)
+  assert all(np.array_equal(a, b) for a, b in zip(again, train[7]))
+  for tokens, labels, weights in train + heldout:
+    assert task.min_len <= len(tokens) <= task.max_len
+    assert tokens.min() >= 0 and tokens.max() < task.vocab_size
+    assert len(labels) == len(weights) == len(tokens) and set(weights.tolist()) <= {0, 1}
+    assert 0 <= labels.min() and labels[weights > 0].max() < task.num_classes
+    assert (weights.tolist() == [1] + [0] * (len(tokens) - 1)) if task.pooled else weights.any()
+  assert not {t.tobytes() for t, _, _ in train} & {t.tobytes() for t, _, _ in heldout}
   raw = _config({"data": {"source": "labelled"}, "task": {"name": name},
                  "model": {"arch": "encoder", "pooling": "cls" if task.pooled else "none",
                            "max_len": task.max_len}}, **{"train.num_steps": 1})
   cfg = parse(raw)
-  source = experiment.build(cfg).source
-  assert source.targets is (Targets.SEQUENCE_LABELS if task.pooled else Targets.TOKEN_LABELS)
-  batch = next(iter(source.train_batches()))
-  valid = source.eval_splits()["valid"].arrays
-  lengths = batch["inputs_segmentation"].sum(1)
-  assert task.min_len <= lengths.min() and lengths.max() <= task.max_len
-  assert batch["targets"].max() < task.num_classes
-  train_rows = {tuple(r[r > 0]) for r in batch["inputs"]}
-  assert not train_rows & {tuple(r[r > 0]) for r in valid["inputs"]}
+  assert experiment.build(cfg).source.targets is (
+      Targets.SEQUENCE_LABELS if task.pooled else Targets.TOKEN_LABELS)
   assert train_and_evaluate(cfg, str(tmp_path / "run")) == 1
