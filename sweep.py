@@ -3,8 +3,12 @@
 Checks every run's config, then trains every run of the config's get_sweep() into
 DIR/<overrides>, skipping finished runs (and runs another process is training) and resuming
 interrupted ones, then writes DIR/report.md and DIR/report.csv (mean ± std over seeds).
-`--config.FIELD=VALUE` applies to every run (e.g. a smoke sweep with fewer steps). SIGINT or
-SIGTERM saves the current run and exits with 128 + signal; a second signal exits at once.
+`--config.FIELD=VALUE` applies to every run (e.g. a smoke sweep with fewer steps);
+`--only FIELD=V1,V2` trains and reports the runs with those values of a swept field only
+(repeatable: fields combine, e.g. --only model.position=rotary,alibi --only seed=0). A run
+that fails (it diverges, its data cannot be prepared) is recorded in its workdir and shown
+in the report; the sweep goes on and exits with status 1 naming it. SIGINT or SIGTERM
+saves the current run and exits with 128 + signal; a second signal exits at once.
 
 Sharing a sweep:
   * workers: --num_workers N --worker I runs every N-th run (--print_commands prints the N
@@ -33,7 +37,9 @@ flags.DEFINE_integer("worker", 0, "This worker's index (default: SLURM_ARRAY_TAS
 flags.DEFINE_integer("num_workers", 1, "Number of workers sharing the sweep (default: "
                      "SLURM_ARRAY_TASK_COUNT, else 1).")
 flags.DEFINE_bool("print_commands", False, "Print one command per worker and exit.")
-flags.DEFINE_bool("report_only", False, "Only write the report of the finished runs.")
+flags.DEFINE_bool("report_only", False, "Only write the report of the runs.")
+flags.DEFINE_multi_string("only", [], "FIELD=VALUE[,VALUE...]: only the runs with one of "
+                          "these values of a swept field (repeatable), for training and report.")
 cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "sweep_dir"])
 
@@ -54,6 +60,7 @@ def main(argv):
   worker, num_workers = workers()
   if f.print_commands:
     extra = [f"--config.{field}={value}" for field, value in overrides.items()]
+    extra += [f"--only={spec}" for spec in f.only]
     for i in range(num_workers):
       print(shlex.join([sys.executable, "sweep.py", "--config", path, "--sweep_dir",
                         f.sweep_dir, *extra, f"--num_workers={num_workers}", f"--worker={i}"]))
@@ -63,15 +70,16 @@ def main(argv):
   failed = {}
   with cli.StopSignals() as stop, cli.one_line_errors():
     if not f.report_only:
-      _, failed = sweep.run(path, f.sweep_dir, worker, num_workers, stop, overrides)
+      _, failed = sweep.run(path, f.sweep_dir, worker, num_workers, stop, overrides, f.only)
     if stop.exit_status:
       sys.exit(stop.exit_status)
     if jax.process_index() == 0:
-      md_path, csv_path = report.write(path, f.sweep_dir, overrides)
+      md_path, csv_path = report.write(path, f.sweep_dir, overrides, f.only)
       print(storage.read_text(md_path))
       print(f"report written to {md_path} and {csv_path}")
   if failed:
-    print("error: runs failed: " + "; ".join(f"{name}: {e}" for name, e in failed.items()),
+    print(f"error: {len(failed)} run(s) failed (recorded in their workdirs, shown in the "
+          "report): " + "; ".join(f"{name}: {' '.join(e.split())}" for name, e in failed.items()),
           file=sys.stderr)
     sys.exit(1)
 

@@ -231,6 +231,40 @@ CASES = [
       "--num_workers", "2"], [], ["--worker must be in 0..1, got 3"]),
     ("sweep file without get_sweep", "sweep.py", ["--config", CONFIG, "--sweep_dir", "{new}"], [],
      ["defines no get_sweep()"]),
+    ("sweep get_sweep raises", "sweep.py",
+     ["--config", "{files}/sweep_raises.py", "--sweep_dir", "{new}"], [],
+     ["sweep_raises.py", "get_sweep() raised NameError", "undefined_grid"]),
+    ("sweep get_sweep empty", "sweep.py",
+     ["--config", "{files}/sweep_empty.py", "--sweep_dir", "{new}"], [],
+     ["sweep_empty.py: get_sweep() must return a non-empty list of override dicts",
+      "returned an empty list"]),
+    ("sweep get_sweep a dict", "sweep.py",
+     ["--config", "{files}/sweep_dict.py", "--sweep_dir", "{new}"], [],
+     ["sweep_dict.py: get_sweep() must return a non-empty list", "returned a dict"]),
+    ("sweep get_sweep items not dicts", "sweep.py",
+     ["--config", "{files}/sweep_items.py", "--sweep_dir", "{new}"], [],
+     ["sweep_items.py: get_sweep() must return", "item 0 is a str"]),
+    ("sweep get_sweep takes no argument", "sweep.py",
+     ["--config", "{files}/sweep_arg.py:small", "--sweep_dir", "{new}"], [],
+     ["sweep_arg.py:small", "get_sweep() raised TypeError", "0 positional arguments"]),
+    ("sweep lists a run twice", "sweep.py",
+     ["--config", "{files}/sweep_twice.py", "--sweep_dir", "{new}"], [],
+     ["sweep_twice.py: get_sweep() lists the same run twice",
+      "item 0 {'model.position': 'rotary', 'seed': 0}",
+      "item 2 {'seed': 0, 'model.position': 'rotary'}"]),
+    ("sweep --only unknown field", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--only", "model.positon=rotary"],
+     [], ["--only model.positon=rotary", "does not vary 'model.positon'",
+          "model.position (sinusoidal, rotary)"]),
+    ("sweep --only unknown value", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--only", "model.position=alibi"],
+     [], ["the sweep has no model.position=alibi", "its values: sinusoidal, rotary"]),
+    ("sweep --only without a value", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--only", "model.position"],
+     [], ["--only model.position", "FIELD=VALUE"]),
+    ("sweep report of a missing sweep dir", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--report_only"], [],
+     ["does not exist"]),
 ]
 
 
@@ -248,8 +282,19 @@ def files(tmp_path_factory):
   for name, runs in (("sweep_field", 'axis("model.positon", ["rotary"])'),
                      ("sweep_type", 'axis("model.d_model", ["big"])'),
                      ("sweep_setting", 'axis("model.position_settings.xpos.decay", [2.0])'),
-                     ("sweep_late", 'axis("model.dropout", [0.0, 0.1, 1.5])')):
+                     ("sweep_late", 'axis("model.dropout", [0.0, 0.1, 1.5])'),
+                     ("sweep_ok", 'axis("model.position", ["sinusoidal", "rotary"])'),
+                     ("sweep_raises", "undefined_grid()"),
+                     ("sweep_empty", "[]"),
+                     ("sweep_dict", '{"model.position": ["rotary", "alibi"]}'),
+                     ("sweep_items", '["rotary", "alibi"]'),
+                     ("sweep_twice", 'product(axis("model.position", ["rotary"]), '
+                                     'axis("seed", [0, 1])) + '
+                                     '[{"seed": 0, "model.position": "rotary"}]')):
     (files / f"{name}.py").write_text(SWEEP.format(sweep=runs))
+  (files / "sweep_arg.py").write_text(  # get_config takes the :argument, get_sweep does not
+      SWEEP.format(sweep='axis("seed", [0])').replace("def get_config():",
+                                                      "def get_config(size=''):"))
   (files / "corpus").mkdir()
   for lang in ("en", "de"):
     (files / "corpus" / f"train.{lang}").write_text("a b c\nd e f\n" * 20)

@@ -1,15 +1,30 @@
 """The report of a sweep (transformer/sweep.py): a table of each variant's final held-out
-metrics over its seeds, and plots of the training curves, the main metric and length
-extrapolation."""
+metrics over its seeds, the state of every run without results (failed, with the reason;
+stopped part-way; not trained yet), and plots of the training curves, the main metric and
+length extrapolation."""
 
 import csv
 import io
 import itertools
+import os
+import re
+import subprocess
+from collections.abc import Sequence
 
 import numpy as np
+from etils import epath
 
-from transformer import config as config_lib, pictures, storage, workdir as workdir_lib
-from transformer.sweep import SEED, is_finished, load, run_name, with_overrides
+from transformer import checkpoint, pictures, storage, workdir as workdir_lib
+from transformer.errors import ConfigError
+from transformer.sweep import Run, is_finished, read_failure, runs as sweep_runs
+
+# The main metric, the first found: the column after the run counts and the bar chart.
+MAIN_METRICS = ("valid/bleu", "valid/exact_match", "valid/accuracy")
+# The order of the metrics of a split in the table; others follow by name.
+KEYS = ("bleu", "chrf", "exact_match", "accuracy", "macro_f1", "perplexity", "bits_per_token",
+        "loss")
+LOWER_IS_BETTER = ("perplexity", "bits_per_token", "loss")
+SPLITS = ("valid", "test", "longer")
 
 
 def final_metrics(workdir: str) -> dict[str, dict]:
@@ -21,82 +36,207 @@ def _train_curve(workdir: str) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir) if r["split"] == "train"}
 
 
-def write(config_path: str, sweep_dir: str, overrides: dict | None = None) -> tuple[str, str]:
-  """Writes under sweep_dir: report.md and report.csv, one row per variant (the overrides
-  other than the seed) with each final held-out metric as mean ± std over its finished
-  seeds; and PNG plots: curves.png (training loss), final.png (the main held-out metric)
-  and, when runs report exact match per length, extrapolation.png; for language models
-  (perplexity per evaluation length), perplexity.png (perplexity against the evaluation
-  length, non-overlapping and sliding windows) and position_loss.png (the loss by position
-  in the longest windows). Returns the table paths."""
-  base, sweep = load(config_path)
-  base = with_overrides(base, overrides or {})
-  cfg = config_lib.parse(base)
-  train_length = cfg.source.train_length(cfg.data, cfg.task)
-  variants: dict[str, list[str]] = {}
-  for run_overrides in sweep:
-    workdir = storage.join(sweep_dir, run_name(run_overrides))
-    num_steps = config_lib.parse(with_overrides(base, run_overrides)).train.num_steps
-    if is_finished(workdir, num_steps):
-      variant = run_name({k: v for k, v in run_overrides.items() if k != SEED})
-      variants.setdefault(variant, []).append(workdir)
-  finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in variants.items()}
-  names = sorted({f"{split}/{key}" for runs in finals.values() for r in runs
-                  for split, m in r.items() for key, value in m.items()
-                  if isinstance(value, float) and key not in ("step", "eval_length")})
-  stats, counts = {}, {}
+def run_state(run: Run) -> tuple[str, str]:
+  """("finished" | "failed" | "unfinished", what to say of a run without results)."""
+  num_steps = run.config.train.num_steps
+  if is_finished(run.workdir, num_steps):
+    return "finished", ""
+  failure = read_failure(run.workdir)
+  if failure:
+    return "failed", f"failed: {failure['error']}"
+  steps = checkpoint.steps(run.workdir)
+  if steps:
+    return "unfinished", (f"checkpoint at step {steps[-1]} of {num_steps}: training, or "
+                          "stopped (the sweep resumes it)")
+  return "unfinished", "not trained yet"
+
+
+def _split_rank(split: str) -> tuple:
+  if split in SPLITS:
+    return (SPLITS.index(split), 0, "")
+  if match := re.fullmatch(r"len(\d+)(_sliding)?", split):  # language models: by length
+    return (len(SPLITS), int(match[1]), match[2] or "")
+  return (len(SPLITS) + 1, 0, split)
+
+
+def order_metrics(names: set[str], train_length: int | None) -> tuple[list[str], str | None]:
+  """(the `split/key` names in the table's order, the main metric): the main metric first
+  (valid BLEU, exact match or accuracy; a language model's perplexity at its training
+  length), then split by split (valid, test, longer, then by evaluation length), each
+  split's metrics in KEYS' order."""
+  main = next((n for n in MAIN_METRICS if n in names), None)
+  if main is None:
+    perplexities = sorted((n for n in names if n.endswith("/perplexity")),
+                          key=lambda n: _split_rank(n.split("/")[0]))
+    main = (f"len{train_length}/perplexity" if f"len{train_length}/perplexity" in names
+            else next(iter(perplexities), None))
+
+  def rank(name):
+    split, key = name.split("/", 1)
+    return (name != main, _split_rank(split), KEYS.index(key) if key in KEYS else len(KEYS), key)
+
+  return sorted(names, key=rank), main
+
+
+def _commit() -> str | None:
+  """The git commit of the code writing the report (its checkout), if it is one."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True, timeout=30)
+    if head.returncode:
+      return None
+    dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=30).stdout.strip()
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
+
+
+def _cell(text: str) -> str:
+  return " ".join(str(text).split()).replace("|", "\\|")
+
+
+STATES = ("finished", "failed", "unfinished")
+
+
+def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
+          only: Sequence[str] = ()) -> tuple[str, str]:
+  """Writes under sweep_dir report.md and report.csv over the sweep's runs (those `only`
+  selects, see sweep.select): a title naming the sweep file, its training steps, the
+  overrides and selection and the code's commit; a row per variant (the overrides other
+  than the seed) with its finished, failed and unfinished runs and each final held-out
+  metric as mean ± std over its finished seeds, the main metric first (order_metrics);
+  then every run without results and why (run_state). And PNG plots of the finished runs:
+  curves.png (training loss), final.png (the main metric) and, when runs report exact
+  match per length, extrapolation.png; for language models (perplexity per evaluation
+  length), perplexity.png (perplexity against the evaluation length, non-overlapping and
+  sliding windows) and position_loss.png (the loss by position in the longest windows).
+  Returns the table paths."""
+  all_runs = sweep_runs(config_path, sweep_dir, overrides, only)
+  if not epath.Path(sweep_dir).is_dir():
+    raise ConfigError(f"--sweep_dir {sweep_dir} does not exist: no run of this sweep has "
+                      "started there")
+  states = {run.name: run_state(run) for run in all_runs}
+  variants: dict[str, list[Run]] = {}
+  for run in all_runs:
+    variants.setdefault(run.variant, []).append(run)
+  counts = {v: {s: sum(states[r.name][0] == s for r in rs) for s in STATES}
+            for v, rs in variants.items()}
+  finished = {v: [r.workdir for r in rs if states[r.name][0] == "finished"]
+              for v, rs in variants.items()}
+  finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in finished.items()}
+  first = all_runs[0].config
+  train_length = first.source.train_length(first.data, first.task)
+  names, main = order_metrics({f"{split}/{key}" for runs in finals.values() for r in runs
+                               for split, m in r.items() for key, value in m.items()
+                               if isinstance(value, float) and key not in ("step", "eval_length")},
+                              train_length)
+  stats = _stats(finals, names)
+  md_path, csv_path = storage.join(sweep_dir, "report.md"), storage.join(sweep_dir, "report.csv")
+  columns = ["variant", "seeds", "failed", "unfinished"]
+  lines = _header(config_path, all_runs, counts, main, overrides, only)
+  lines += ["| " + " | ".join(columns + names) + " |", "|---" * (len(columns) + len(names)) + "|"]
+  for variant in variants:
+    cells = [str(counts[variant][s]) for s in STATES] + [_format(stats[variant, n]) for n in names]
+    lines.append(f"| {_cell(variant)} | " + " | ".join(cells) + " |")
+  without = [run for run in all_runs if states[run.name][0] != "finished"]
+  if without:
+    lines += ["", "## Runs without results", "", "| run | state |", "|---|---|"]
+    lines += [f"| {_cell(run.name)} | {_cell(states[run.name][1])} |" for run in without]
+  storage.write(md_path, "\n".join(lines) + "\n")
+  table = io.StringIO()
+  writer = csv.writer(table)
+  writer.writerow(columns + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
+  for variant in variants:
+    writer.writerow([variant, *(counts[variant][s] for s in STATES)]
+                    + [x for n in names for x in (stats[variant, n] or ("", "", 0))[:2]])
+  storage.write(csv_path, table.getvalue())
+  with_results = {v: workdirs for v, workdirs in finished.items() if workdirs}
+  if with_results:
+    _plot(sweep_dir, with_results, {v: finals[v] for v in with_results}, stats, main,
+          train_length)
+  return md_path, csv_path
+
+
+def _stats(finals: dict[str, list[dict]], names: list[str]) -> dict:
+  """{(variant, name): (mean, std, seeds) of the metric over the variant's finished runs, or
+  None}."""
+  stats = {}
   for variant, runs in finals.items():
     for name in names:
       split, key = name.split("/")
       values = [r[split][key] for r in runs if key in r.get(split, {})]
-      stats[variant, name] = (float(np.mean(values)), float(np.std(values))) if values else None
-      counts[variant, name] = len(values)
-
-  def cell(variant, name):  # one seed has no spread to show
-    if not stats[variant, name]:
-      return ""
-    mean, std = stats[variant, name]
-    return f"{mean:.4f} ± {std:.4f}" if counts[variant, name] > 1 else f"{mean:.4f}"
-
-  md_path, csv_path = storage.join(sweep_dir, "report.md"), storage.join(sweep_dir, "report.csv")
-  lines = ["| variant | seeds | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
-  for variant, runs in finals.items():
-    cells = [cell(variant, n) for n in names]
-    lines.append(f"| {variant} | {len(runs)} | " + " | ".join(cells) + " |")
-  storage.write(md_path, "\n".join(lines) + "\n")
-  table = io.StringIO()
-  writer = csv.writer(table)
-  writer.writerow(["variant", "seeds"] + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
-  for variant, runs in finals.items():
-    writer.writerow([variant, len(runs)]
-                    + [x for n in names for x in (stats[variant, n] or ("", ""))])
-  storage.write(csv_path, table.getvalue())
-  _plot(sweep_dir, variants, finals, stats, names, train_length)
-  return md_path, csv_path
+      stats[variant, name] = ((float(np.mean(values)), float(np.std(values)), len(values))
+                              if values else None)
+  return stats
 
 
-def _plot(sweep_dir, variants, finals, stats, names, train_length) -> None:
+def _format(stat) -> str:
+  if not stat:
+    return ""
+  mean, std, seeds = stat
+  return f"{mean:.4f} ± {std:.4f}" if seeds > 1 else f"{mean:.4f}"  # one seed: no spread
+
+
+def _header(config_path, all_runs, counts, main, overrides, only) -> list[str]:
+  """The title and the facts that the table's numbers depend on."""
+  total = {s: sum(c[s] for c in counts.values()) for s in STATES}
+  steps = sorted({run.config.train.num_steps for run in all_runs})
+  lines = [f"# Sweep {config_path}", "",
+           f"- runs: {len(all_runs)} in {len(counts)} variant(s): "
+           + ", ".join(f"{total[s]} {s}" for s in STATES),
+           f"- training steps: {steps[0]}" if len(steps) == 1 else
+           f"- training steps: {steps[0]} to {steps[-1]} (see the variants)"]
+  if main:
+    better = "lower" if main.split("/")[1] in LOWER_IS_BETTER else "higher"
+    lines.append(f"- main metric: {main} ({better} is better); metrics are the final held-out "
+                 "evaluation, mean ± std over the finished seeds")
+  if overrides:
+    lines.append("- every run: " + " ".join(f"--config.{k}={v}" for k, v in overrides.items()))
+  if only:
+    lines.append("- selected: " + " ".join(f"--only {o}" for o in only))
+  if commit := _commit():
+    lines.append(f"- written by the code at git commit {commit}")
+  return lines + [""]
+
+
+def curve_style(curves: list[list[float]]) -> tuple[str, str | None]:
+  """(y scale, marker) for training-loss curves: a log axis only when the losses span a
+  decade or more (else a linear one, on which a short run's few points are readable),
+  markers when a curve has few points."""
+  values = [v for c in curves for v in c if np.isfinite(v)]
+  spans_a_decade = bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
+  few = max((len(c) for c in curves), default=0) <= 20
+  return ("log" if spans_a_decade else "linear"), ("o" if few else None)
+
+
+def _plot(sweep_dir, variants, finals, stats, main, train_length) -> None:
   plt = pictures.pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
+  means = {}
   for variant, workdirs in variants.items():
     curves = [_train_curve(w) for w in workdirs]
     steps = sorted(set.intersection(*(set(c) for c in curves)))
-    ax.plot(steps, [np.mean([c[s] for c in curves]) for s in steps], label=variant)
-  ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale="log",
+    means[variant] = (steps, [float(np.mean([c[s] for c in curves])) for s in steps])
+  yscale, marker = curve_style([loss for _, loss in means.values()])
+  for variant, (steps, loss) in means.items():
+    ax.plot(steps, loss, marker=marker, markersize=4, label=variant)
+  ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale=yscale,
          title="Learning curves")
+  ax.xaxis.get_major_locator().set_params(integer=True)  # steps, not 3.5
   ax.legend(fontsize=7)
   pictures.save(fig, storage.join(sweep_dir, "curves.png"), dpi=120, bbox_inches="tight")
 
-  main = next((n for n in ("valid/bleu", "valid/exact_match", "valid/accuracy") if n in names),
-              None)
   if main:
     fig, ax = plt.subplots(figsize=(8, 5))
-    labels = list(finals)
-    means = [stats[v, main][0] if stats[v, main] else 0.0 for v in labels]
-    stds = [stats[v, main][1] if stats[v, main] else 0.0 for v in labels]
-    ax.bar(range(len(labels)), means, yerr=stds, capsize=4)
+    labels = [v for v in finals if stats[v, main]]
+    ax.bar(range(len(labels)), [stats[v, main][0] for v in labels],
+           yerr=[stats[v, main][1] for v in labels], capsize=4)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
-    ax.set(ylabel=f"{main} (mean ± std over seeds)", title="Final held-out metric")
+    better = "lower" if main.split("/")[1] in LOWER_IS_BETTER else "higher"
+    ax.set(ylabel=f"{main} (mean ± std over seeds; {better} is better)",
+           title="Final held-out metric")
     pictures.save(fig, storage.join(sweep_dir, "final.png"), dpi=120, bbox_inches="tight")
 
   if any("exact_match_by_length" in m
