@@ -4,16 +4,19 @@
 Restores the config saved in DIR and its checkpoint (the latest by default), reports loss,
 token accuracy, exact match and (text) sacreBLEU/chrF on every held-out split, and writes
 them as JSON, with the detokenized predictions beside it. --beam_size 4 --alpha 0.6 decodes
-as the paper does, and --average 5 averages the last 5 checkpoints' parameters as it does.
---source_file/--reference_file evaluate any parallel text (e.g. a new test set) with the
-run's vocabulary.
+as the paper does (a run that decodes: model.arch=encoder_decoder), and --average 5
+averages the last 5 checkpoints' parameters as it does. --source_file/--reference_file
+evaluate any parallel text (e.g. a new test set) with the run's vocabulary.
 
 Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
-self, decoder self, cross) of S and its greedy translation, and positions.png the
-positional encoding, into --plot_dir (default DIR/plots), from the same parameters as the
-metrics (--step, --average); --nometrics skips the evaluation.
+self, decoder self, cross) of S and its greedy translation, or for a run that does not
+decode prints the predicted label(s) (a language model: the next token) and draws its
+self-attention; and positions.png the positional encoding, into --plot_dir (default
+DIR/plots; the pictures of an earlier draw there are replaced), from the same parameters
+as the metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
+  python eval.py --workdir DIR --sentence "[MAX 2 9 [MIN 4 7 ] 0 ]" --nometrics  # ListOps
   python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics  # an LM
 """
 
@@ -23,9 +26,10 @@ import sys
 from absl import app, flags
 
 from transformer import cli, pictures
-from transformer.errors import Interrupted
-from transformer.evaluation import (continue_prompts, evaluate_run, format_table, output_path,
-                                    restore_run)
+from transformer.errors import ConfigError, Interrupted
+from transformer.evaluation import (check_decoding, check_prompts, continue_prompts,
+                                    evaluate_run, format_table, output_path, restore_run,
+                                    sentence_predictions)
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the latest).")
@@ -48,9 +52,22 @@ flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
 flags.register_validator("beam_size", lambda n: n >= 1, "--beam_size must be at least 1")
 flags.register_validator("alpha", lambda a: a >= 0, "--alpha must be at least 0")
+flags.register_validator("generate", lambda n: n >= 0, "--generate must be at least 0")
+flags.register_multi_flags_validator(
+    ["generate", "sentence"], lambda f: not f["generate"] or f["sentence"],
+    "--generate N continues each --sentence: give at least one")
 flags.register_multi_flags_validator(
     ["source_file", "reference_file"], lambda f: (f["source_file"] is None) == (
         f["reference_file"] is None), "--source_file and --reference_file go together")
+
+
+def check_metrics_flags() -> None:
+  """A ConfigError for a flag that only the metrics use, given with --nometrics."""
+  f = flags.FLAGS
+  given = [f"--{name}" for name in ("output", "beam_size", "alpha", "source_file")
+           if f[name].present]
+  if given and not f.metrics:
+    raise ConfigError(f"{given[0]} applies to the metrics, which --nometrics skips")
 
 
 def main(argv):
@@ -59,10 +76,16 @@ def main(argv):
   f = flags.FLAGS
   files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.StopSignals() as stop, cli.one_line_errors():
+    check_metrics_flags()
     run = restore_run(f.workdir, f.step, f.average)  # one restore serves metrics and pictures
+    exp = run.experiment
     plot_dir = f.plot_dir or os.path.join(f.workdir, "plots")
+    # Everything the flags ask is checked before the work: nothing fails after it.
     if f.metrics:
+      check_decoding(exp, f.beam_size)
       output_path(run, f.output)  # a path that cannot be written fails before the work
+    if f.generate:
+      check_prompts(exp, f.sentence, f.generate)
     if f.sentence or f.plot_dir:
       pictures.check_writable(run, f.sentence, plot_dir)
     try:
@@ -71,10 +94,15 @@ def main(argv):
         print(f"step {step}")
         print(format_table(results))
         print(f"metrics written to {path}")
+      captions = None
+      if f.sentence and not exp.family.decodes:
+        captions = sentence_predictions(run, f.sentence)
+        for sentence, caption in zip(f.sentence, captions):
+          print(f"--- {sentence!r}: {caption}")
       for text in continue_prompts(run, f.sentence, f.generate) if f.generate else []:
         print(f"--- generated:\n{text}")
       if f.sentence or f.plot_dir:
-        paths = pictures.draw(run, f.sentence, plot_dir)
+        paths = pictures.draw(run, f.sentence, plot_dir, captions)
         print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
     except Interrupted:
       print("stopped by a signal; the metrics were not written", file=sys.stderr)

@@ -16,17 +16,35 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import cli, config
+from transformer import cli, config, config_help
 from transformer.training import train_and_evaluate
 
-config_flags.DEFINE_config_file("config", None, "Path to a config file.", lock_config=True)
+config_flags.DEFINE_config_file("config", None, "A config file (e.g. configs/default.py; "
+                                "FILE:ARG calls its get_config(ARG)); set its fields with "
+                                "--config.SECTION.FIELD=VALUE.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, config and metrics.")
+flags.DEFINE_bool("show_config", False, "Print every field of --config (overrides applied): "
+                  "its value and what it allows; then exit.")
 cli.define_distributed_flags()
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["config"])
+flags.register_multi_flags_validator(
+    ["workdir", "show_config"], lambda f: f["workdir"] is not None or f["show_config"],
+    "--workdir is required (unless --show_config)")
+
+
+def show_config() -> None:
+  flag = flags.FLAGS["config"]
+  fields = config_help.describe(flag.value)  # a bad config: its error line, nothing else
+  print(f"{flag.config_filename} (with the overrides given); set a field with "
+        f"--config.FIELD=VALUE\n{config_help.render(fields)}")
 
 
 def main(argv):
   cli.no_arguments(argv)
+  if flags.FLAGS.show_config:
+    with cli.one_line_errors():
+      show_config()
+    return
   cli.start_distributed()
   cli.setup_logging()
   with cli.StopSignals() as stop, cli.one_line_errors():

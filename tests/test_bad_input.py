@@ -3,6 +3,7 @@ non-zero with one `error:` line naming the bad value (and what is allowed), prin
 traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
 
 import os
+import shutil
 
 import pytest
 
@@ -40,7 +41,8 @@ def choices(registry) -> str:
 
 # (id, script, arguments, fragments of the error line). In the arguments, {new} is a
 # workdir that does not exist yet, {run} a finished run's workdir, {files} a folder of
-# inputs (a file, bad config and sweep files, a small corpus).
+# inputs (a file, bad config and sweep files, a small corpus); the others are named in
+# the `others` fixture.
 TRAIN = "train.py", ["--config", CONFIG, "--workdir", "{new}", *TINY]
 CASES = [
     # model
@@ -215,6 +217,55 @@ CASES = [
     ("eval bad sentence", "eval.py", ["--workdir", "{run}", "--sentence", "0 9", "--nometrics",
                                       "--plot_dir", "{new}"], [], ["'0 9'", "0..5"]),
     ("eval unknown flag", "eval.py", ["--workdir", "{run}", "--beam", "4"], [], ["beam"]),
+    ("eval generate negative", "eval.py",
+     ["--workdir", "{lm}", "--sentence", "def f", "--generate", "-5"], [],
+     ["--generate=-5", "--generate must be at least 0"]),
+    ("eval generate without sentence", "eval.py", ["--workdir", "{lm}", "--generate", "5"], [],
+     ["--generate N continues each --sentence: give at least one"]),
+    ("eval generate on a translation run", "eval.py",
+     ["--workdir", "{run}", "--sentence", "1 2", "--generate", "5"], [],
+     ["--generate needs a language model", "'encoder_decoder'"]),
+    ("eval beam on a language model", "eval.py", ["--workdir", "{lm}", "--beam_size", "4"], [],
+     ["--beam_size 4", "model.arch 'decoder' does not decode", "--generate is greedy",
+      "model.arch encoder_decoder"]),
+    ("eval beam on a classifier", "eval.py", ["--workdir", "{listops}", "--beam_size", "2"], [],
+     ["--beam_size 2", "model.arch 'encoder' does not decode"]),
+    ("eval beam without metrics", "eval.py",
+     ["--workdir", "{run}", "--beam_size", "4", "--nometrics", "--plot_dir", "{new}"], [],
+     ["--beam_size applies to the metrics, which --nometrics skips"]),
+    ("eval output without metrics", "eval.py",
+     ["--workdir", "{run}", "--output", "{new}/m.json", "--nometrics"], [],
+     ["--output applies to the metrics"]),
+    ("eval listops unclosed", "eval.py",
+     ["--workdir", "{listops}", "--sentence", "[MAX 1 2", "--nometrics", "--plot_dir", "{new}"],
+     [], ["ListOps input '[MAX 1 2' is not an expression", "[MAX (piece 1) is not closed"]),
+    ("eval listops operator without arguments", "eval.py",
+     ["--workdir", "{listops}", "--sentence", "[MIN 3 [MAX ] ]", "--plot_dir", "{new}"], [],
+     ["[MAX (piece 3) has no arguments"]),
+    ("eval listops bracket closing nothing", "eval.py",
+     ["--workdir", "{listops}", "--sentence", "[SM 1 ] ]", "--nometrics"], [],
+     ["piece 4 (']') follows the end of the expression"]),
+    # a run's saved config.json damaged
+    ("eval truncated config.json", "eval.py", ["--workdir", "{truncated}"], [],
+     ["truncated/config.json is not valid JSON", "line", "damaged"]),
+    ("train truncated config.json", "train.py",
+     ["--config", CONFIG, "--workdir", "{truncated}", *TINY], [],
+     ["truncated/config.json is not valid JSON", "damaged"]),
+    ("eval config.json holding a list", "eval.py", ["--workdir", "{jsonlist}"], [],
+     ["jsonlist/config.json holds an array, not a config", "an object of sections"]),
+    ("train config.json holding a list", "train.py",
+     ["--config", CONFIG, "--workdir", "{jsonlist}", *TINY], [],
+     ["jsonlist/config.json holds an array, not a config"]),
+    ("eval config.json holding a string", "eval.py", ["--workdir", "{jsonstring}"], [],
+     ["jsonstring/config.json holds a string, not a config"]),
+    ("eval config.json with a bad value", "eval.py", ["--workdir", "{badvalue}"], [],
+     ["badvalue/config.json (the run's saved config)", "config.model.d_model=-32"]),
+    ("train config.json with a bad value", "train.py",
+     ["--config", CONFIG, "--workdir", "{badvalue}", *TINY], [],
+     ["badvalue/config.json (the run's saved config)", "config.model.d_model=-32"]),
+    ("show_config of a bad config", "train.py",
+     ["--config", CONFIG, "--show_config", "--config.model.dropout=2.0"], [],
+     ["config.model.dropout=2.0", "[0, 1)"]),
     # sweep.py
     ("sweep unknown field", "sweep.py", ["--config", "{files}/sweep_field.py", "--sweep_dir", "{new}"],
      [], ["sweep run model.positon=rotary", "no field 'model.positon'"]),
@@ -309,6 +360,59 @@ def run(tmp_path_factory, cli):
   return workdir
 
 
+LM_CONFIG = """
+from tests.conftest import make_tiny_config
+
+def get_config():
+  config = make_tiny_config(**{{"train.num_steps": 5, "train.log_every": 5,
+                               "train.checkpoint_every": 5}})
+  config.data = dict(source="lm", corpus="files", dir={corpus!r}, train_files="train.txt",
+                     valid_files="valid.txt", vocab_size=48, max_len=8, max_factor=1,
+                     sliding=False)
+  config.model.update(arch="decoder", max_len=8)
+  config.eval.update(num_examples=4, batch_size=4)
+  del config.task
+  return config
+"""
+LISTOPS_CONFIG = """
+from tests.test_families import listops_config
+
+def get_config():
+  return listops_config(**{"train.num_steps": 5, "train.checkpoint_every": 5,
+                           "eval.num_examples": 16})
+"""
+
+
+@pytest.fixture(scope="module")
+def others(tmp_path_factory, cli, run):
+  """More workdirs, each named by its placeholder: a tiny language model's run (lm) and a
+  ListOps classifier's (listops); copies of {run} whose config.json is cut short
+  (truncated), a JSON list (jsonlist), a JSON string (jsonstring), or holds a bad value
+  (badvalue)."""
+  root = tmp_path_factory.mktemp("others")
+  corpus = root / "corpus"
+  corpus.mkdir()
+  for name in ("train", "valid"):
+    (corpus / f"{name}.txt").write_text("\n".join(f"def f{i}(x):\n  return x + {i}"
+                                                  for i in range(60)))
+  (root / "lm.py").write_text(LM_CONFIG.format(corpus=str(corpus)))
+  (root / "listops.py").write_text(LISTOPS_CONFIG)
+  workdirs = {}
+  for name in ("lm", "listops"):
+    workdirs[name] = str(root / name)
+    result = cli.run("train.py", "--config", str(root / f"{name}.py"), "--workdir", workdirs[name])
+    assert result.returncode == 0, result.stderr
+  config = open(os.path.join(run, "config.json")).read()
+  for name, text in (("truncated", config[:len(config) // 2]), ("jsonlist", "[1, 2]\n"),
+                     ("jsonstring", '"model"\n'),
+                     ("badvalue", config.replace('"d_model": 32', '"d_model": -32'))):
+    shutil.copytree(run, root / name)
+    (root / name / "config.json").write_text(text)
+    workdirs[name] = str(root / name)
+  assert "-32" in open(root / "badvalue" / "config.json").read()
+  return workdirs
+
+
 def _snapshot(*roots) -> dict[str, tuple[int, int]]:
   tree = {}
   for root in roots:
@@ -326,11 +430,12 @@ def test_the_table_has_forty_cases():
 
 
 @pytest.mark.parametrize("name,script,base,extra,fragments", CASES, ids=[c[0] for c in CASES])
-def test_bad_input(cli, files, run, tmp_path, name, script, base, extra, fragments):
+def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra, fragments):
   del name
   new = tmp_path / "new"
-  args = [a.format(new=new, run=run, files=files) for a in base + extra]
-  before = _snapshot(tmp_path, run, files)
+  args = [a.format(new=new, run=run, files=files, **others) for a in base + extra]
+  roots = (tmp_path, run, files, os.path.dirname(others["lm"]))
+  before = _snapshot(*roots)
   result = cli.run(script, *args)
   assert result.returncode != 0, result.stdout[-2000:]
   lines = result.stderr.strip().splitlines()
@@ -339,4 +444,4 @@ def test_bad_input(cli, files, run, tmp_path, name, script, base, extra, fragmen
   for fragment in fragments:
     assert fragment in lines[0], lines[0]
   assert not new.exists()
-  assert _snapshot(tmp_path, run, files) == before
+  assert _snapshot(*roots) == before

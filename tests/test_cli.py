@@ -13,7 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flags_module
 
-from tests.clirun import ROOT, TINY
+from tests.clirun import ROOT, TINY, CliRunner
 from transformer import cli
 
 
@@ -155,3 +155,110 @@ def test_config_error_is_none_for_a_good_config_and_one_line_renders_the_rest():
   assert cli.one_line(RuntimeError("first\nsecond")) == "RuntimeError: first"
   assert cli.one_line(flags.IllegalFlagValueError("--workdir is required")) == (
       "--workdir is required")
+
+
+# --------------------------------------------------------------------------- help
+
+
+@pytest.fixture(scope="module")
+def cli_runner():
+  return CliRunner()
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py", "sweep.py"])
+def test_help_exits_0_with_the_flags_and_how_to_set_fields(cli_runner, script):
+  result = cli_runner.run(script, "--help")
+  assert result.returncode == 0 and not result.stderr, result.stderr
+  out = result.stdout
+  first_line = open(os.path.join(ROOT, script)).read().split("\n")[0].strip('"')
+  assert out.startswith(first_line)
+  assert "--workdir" in out or "--sweep_dir" in out
+  if script == "eval.py":
+    assert "--show_config" not in out  # no --config: the run's config.json is its config
+  else:
+    assert "--config.SECTION.FIELD=VALUE" in out and "--show_config" in out
+    assert "--distributed" in out and "--coordinator_address" in out  # defined in cli.py
+  for flag in ("-h", "--helpshort", "-?"):
+    assert cli_runner.run(script, flag).stdout == out, flag
+  full = cli_runner.run(script, "--helpfull", "--workdir", "w")
+  assert full.returncode == 0 and "--verbosity" in full.stdout  # absl's own flags too
+
+
+def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path):
+  """Every field of the typed config (overrides applied), with the choices of registry
+  fields and the ranges of numeric ones, as the registries and checks say."""
+  from configs import listops  # noqa: PLC0415
+  from transformer import config as config_lib  # noqa: PLC0415
+  from transformer.data.labelled import TASKS  # noqa: PLC0415
+  from transformer.data.sources import SOURCES  # noqa: PLC0415
+  from transformer.families import ARCHS  # noqa: PLC0415
+  from transformer.positions import POSITIONS  # noqa: PLC0415
+  from transformer.scores import SCORES  # noqa: PLC0415
+
+  result = cli_runner.run("train.py", "--config", os.path.join(ROOT, "configs", "listops.py"),
+                          "--config.model.position=rotary", "--show_config", cwd=str(tmp_path))
+  assert result.returncode == 0 and not result.stderr, result.stderr
+  assert not os.listdir(tmp_path)  # no workdir, nothing written
+  lines = result.stdout.splitlines()
+  assert "listops.py" in lines[0] and "--config.FIELD=VALUE" in lines[0]
+  shown = {}
+  for line in lines[1:]:
+    path, value, *allowed = line.split(maxsplit=2)
+    shown[path] = (value, allowed[0] if allowed else "")
+  config = listops.get_config()
+  config.model.position = "rotary"
+  expected = _leaves(config_lib.to_dict(config_lib.parse(config)))
+  assert list(shown) == list(expected)
+  assert all(shown[path][0] == repr(value) for path, value in expected.items()
+             if " " not in repr(value))
+  choices = lambda registry: "one of: " + ", ".join(sorted(registry))  # noqa: E731
+  assert shown["model.position"] == ("'rotary'", choices(POSITIONS))
+  assert shown["model.attention.score"][1] == choices(SCORES)
+  assert shown["data.source"][1] == choices(SOURCES)
+  assert shown["task.name"][1] == choices(TASKS)
+  assert shown["model.arch"] == ("'encoder'", choices(ARCHS))
+  assert shown["train.batch_size"][1] == "≥ 1"
+  assert shown["model.dropout"][1] == "in [0, 1)"
+  assert shown["task.branch_prob"][1] == "in (0, 1]"
+  assert shown["task.max_len"][1] == "≥ min_len (10)"
+  assert shown["model.num_heads"][1] == "≥ 1; a divisor of d_model (64)"
+  assert shown["seed"][1] == "an integer ≥ 0"
+  assert shown["model.share_embeddings"][1] == "true or false"
+  assert shown["mesh.data"][1] == ""  # no check: any integer
+
+
+def _leaves(d, prefix=""):
+  out = {}
+  for key, value in d.items():
+    out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict)
+               else {f"{prefix}{key}": value})
+  return out
+
+
+def test_show_config_follows_the_code_not_a_list(monkeypatch):
+  """A registry entry added, a section's check changed: described as the code now says."""
+  from configs import default  # noqa: PLC0415
+  from transformer import config as config_lib, config_help, fields  # noqa: PLC0415
+  from transformer.positions import POSITIONS  # noqa: PLC0415
+
+  monkeypatch.setitem(POSITIONS, "zz_new", POSITIONS["none"])
+  monkeypatch.setattr(config_lib.EvalConfig, "__post_init__", lambda self: fields.check_ranges(
+      self, num_examples=fields.Range(3, 999), batch_size=fields.Range(8, lo_open=True)))
+  described = {f.path: f.allowed for f in config_help.describe(default.get_config())}
+  assert described["model.position"].endswith(", xpos, zz_new")
+  assert described["eval.num_examples"] == "in [3, 999]"
+  assert described["eval.batch_size"] == "> 8"
+
+
+def test_show_config_marks_the_fields_an_override_cannot_set():
+  """A field the config file leaves out has its default, but --config.FIELD=VALUE cannot
+  add it to the file's ConfigDict: the listing says so rather than offer it."""
+  from configs import lm_extrapolation  # noqa: PLC0415
+  from transformer import config_help  # noqa: PLC0415
+
+  fields = {f.path: f for f in config_help.describe(lm_extrapolation.get_config())}
+  assert not fields["data.dir"].in_file and fields["data.dir"].value == ""
+  assert fields["data.corpus"].in_file and fields["model.position"].in_file
+  text = config_help.render(list(fields.values()))
+  assert "  data.dir *  " in text and "  data.corpus  " in text
+  assert text.splitlines()[-1].startswith("* not in the config file")

@@ -412,3 +412,26 @@ def test_lra_sized_listops_config_builds():
       2000, 4, "mean")
   with pytest.raises(ValueError, match="takes '' or 'lra'"):
     listops.get_config("big")
+
+
+def test_listops_input_must_be_one_expression():
+  """eval.py --sentence on ListOps: an expression's value is the generator's label, and a
+  malformed one (left open, an operator without arguments, a ']' closing nothing, pieces
+  after the end) is refused, saying where."""
+  task = labelled.ListOps(min_len=5, max_len=40, max_depth=4, max_args=4)
+  names = {i: p for p, i in labelled._PIECE_ID.items()}
+  for i in range(200):
+    tokens, labels, _ = labelled.example_at(task, 0, 1, i, heldout=i % 2 == 0)
+    pieces = [names[t] for t in tokens[1:]]
+    assert labelled.listops_value(pieces) == labels[0]
+    np.testing.assert_array_equal(task.encode(" ".join(pieces)), tokens)
+  assert labelled.listops_value("[MED 1 [SM 5 7 ] 9 ]".split()) == 2
+  for sentence, problem in [("[MAX 1 2", "[MAX (piece 1) is not closed"),
+                            ("[MAX 1 [MIN 2 ]", "[MAX (piece 1) is not closed"),
+                            ("[MAX ]", "[MAX (piece 1) has no arguments"),
+                            ("] 1", "piece 1 (']') closes no operator"),
+                            ("[SM 1 ] 2", "piece 4 ('2') follows the end"),
+                            ("4 5", "piece 2 ('5') follows the end")]:
+    with pytest.raises(ConfigError, match="is not an expression") as e:
+      task.encode(sentence)
+    assert problem in str(e.value), str(e.value)

@@ -1,12 +1,18 @@
 """Pictures: the recorded attention weights are the attention distributions (masks exact,
-rows summing to 1, the model's output unchanged) and the position panels are the formulas."""
+rows summing to 1, the model's output unchanged) and the position panels are the formulas;
+a draw shows what a family that does not decode predicts, and replaces an earlier draw."""
 
+import os
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from transformer import pictures
+from tests.conftest import make_tiny_config
+from transformer import evaluation, experiment, pictures
+from transformer.config import parse
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.blocks import ModelConfig
 from transformer.families import EncoderDecoder
@@ -123,3 +129,88 @@ def test_draw_positions_writes_a_png_or_nothing(tmp_path):
       assert f.read(8) == PNG
   assert pictures.draw_positions(_model("none"), 16, str(tmp_path / "none.png")) is None
   assert not (tmp_path / "none.png").exists()
+
+
+# --------------------------------------------------------------------------- draws of a run
+
+
+def _run(config, workdir):
+  """An untrained run of `config` as evaluation.restore_run gives one (its initial
+  parameters stand for a checkpoint's)."""
+  exp = experiment.build(parse(config), str(workdir), evaluating=True)
+  exp.source.prepare()
+  return evaluation.Run(str(workdir), exp, [0], jax.jit(exp.init)()["params"])
+
+
+def _labelled(task, pooling):
+  config = make_tiny_config()
+  config.data.source = "labelled"
+  config.task = task
+  config.model.update(arch="encoder", pooling=pooling)
+  return config
+
+
+def _lm(corpus):
+  for name in ("train", "valid"):
+    (corpus / f"{name}.txt").write_text("\n".join(f"def f{i}(x):\n  return x + {i}"
+                                                  for i in range(60)))
+  config = make_tiny_config()
+  config.data = dict(source="lm", corpus="files", dir=str(corpus), train_files="train.txt",
+                     valid_files="valid.txt", vocab_size=48, max_len=8, max_factor=1)
+  config.model.update(arch="decoder", max_len=16)
+  del config.task
+  return config
+
+
+@pytest.mark.parametrize("kind", ["listops", "duplicates", "lm"])
+def test_a_family_that_does_not_decode_shows_its_predictions(tmp_path, monkeypatch, kind):
+  """eval.py --sentence on a classifier or a language model: the predicted label of the
+  sequence (read at its CLS token), of each token, or the next token, as the model's
+  forward pass gives them, in the pictures' titles."""
+  if kind == "listops":
+    config = _labelled(dict(name="listops", min_len=5, max_len=16, max_depth=3, max_args=3), "cls")
+    sentences = ["[MAX 2 9 [MIN 4 7 ] 0 ]", "[SM 1 2 ]"]
+  elif kind == "duplicates":
+    config = _labelled(dict(name="duplicates", num_symbols=6, min_len=2, max_len=8), "none")
+    sentences = ["0 1 2 0", "3 4"]
+  else:
+    (tmp_path / "corpus").mkdir()
+    config = _lm(tmp_path / "corpus")
+    sentences = ["def f1(x):", "return"]
+  run = _run(config, tmp_path)
+  exp = run.experiment
+  captions = evaluation.sentence_predictions(run, sentences)
+  model = nnx.merge(exp.graphdef, run.params)
+  for sentence, caption in zip(sentences, captions):
+    tokens = exp.source.encode(sentence)
+    predicted = np.asarray(jnp.argmax(forward(model, {"inputs": tokens[None]})[0], -1))
+    assert caption == {
+        "listops": f"predicted label {predicted[0]}",
+        "duplicates": "predicted labels " + " ".join(
+            f"{p}:{label}" for p, label in zip(exp.source.pieces(tokens), predicted)),
+        "lm": f"predicted next token {exp.source.pieces(predicted[-1:])[0]!r}"}[kind]
+  titles = []
+  monkeypatch.setattr(pictures, "_grid", lambda maps, q, k, title, path, **kw: titles.append(
+      title))
+  pictures.draw(run, sentences, str(tmp_path / "plots"))
+  assert [t.split("\n")[1] for t in titles] == [f"{s!r} → {c}" for s, c in zip(sentences, captions)]
+
+
+def test_a_draw_replaces_the_pictures_of_an_earlier_one(tmp_path):
+  """Pictures an earlier draw left (another sentence, a stack this model has not) are
+  removed; files this code does not write are kept."""
+  config = _labelled(dict(name="listops", min_len=5, max_len=16, max_depth=3, max_args=3), "cls")
+  run = _run(config, tmp_path)
+  plots = tmp_path / "plots"
+  plots.mkdir()
+  earlier = ["attention_0_encoder.png", "attention_1_encoder.png", "attention_3_cross.png",
+             "attention_0_decoder.png", "positions.png"]
+  kept = ["notes.txt", "attention_map.png", "attention_0_encoder.png.bak", "my_positions.png"]
+  for name in earlier + kept:
+    (plots / name).write_bytes(b"earlier")
+  paths = pictures.draw(run, ["[MAX 2 9 ]"], str(plots))
+  assert sorted(os.path.basename(p) for p in paths) == ["attention_0_encoder.png",
+                                                         "positions.png"]
+  assert sorted(os.listdir(plots)) == sorted(kept + ["attention_0_encoder.png", "positions.png"])
+  for name in ("attention_0_encoder.png", "positions.png"):
+    assert (plots / name).read_bytes()[:8] == PNG

@@ -1,6 +1,8 @@
-"""The training loop end to end: learning, exact resume, restore for eval, workdir safety."""
+"""The training loop end to end: learning, exact resume, restore for eval, workdir safety,
+and what its log says (compilation, progress, a finished run)."""
 
 import json
+import logging
 import os
 
 import jax
@@ -8,13 +10,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer import checkpoint, experiment, sharding
+from transformer import checkpoint, evaluation, experiment, sharding
 from transformer.config import parse
 from transformer.errors import ConfigError
 from tests.conftest import restore_and_evaluate
-from transformer.metrics import cross_entropy
+from transformer.metrics import cross_entropy, language_model_metrics
 from transformer.optim import rsqrt_schedule
-from transformer.training import train_and_evaluate
+from transformer.training import log_eval, train_and_evaluate
 from transformer.workdir import METRICS_FILE
 
 
@@ -143,3 +145,76 @@ def test_eval_without_checkpoints_is_a_clear_error(tmp_path, tiny_config):
   train_and_evaluate(parse(tiny_config(**{"train.num_steps": 10})), workdir)
   with pytest.raises(ConfigError, match=r"no checkpoint at step 7 .* steps: \[10\]"):
     restore_and_evaluate(workdir, step=7)
+
+
+# --------------------------------------------------------------------------- what the log says
+
+
+@pytest.fixture
+def log_lines(caplog):
+  """The messages of the `transformer` logger (cli.setup_logging may have stopped it from
+  propagating to the root logger, where caplog listens)."""
+  logger = logging.getLogger("transformer")
+  level, propagate = logger.level, logger.propagate
+  logger.addHandler(caplog.handler)
+  logger.setLevel(logging.INFO)
+  logger.propagate = False  # each record once
+  yield lambda: [r.getMessage() for r in caplog.records if r.name == "transformer"]
+  logger.removeHandler(caplog.handler)
+  logger.setLevel(level)
+  logger.propagate = propagate
+
+
+def test_the_log_explains_the_waits_and_a_finished_run(tmp_path, tiny_config, log_lines, caplog):
+  """Compilation is announced and timed; re-running a finished run says so, and what is
+  left: its final evaluation if that is missing, else nothing."""
+  workdir = str(tmp_path / "run")
+  config = tiny_config(**{"train.num_steps": 20})
+  train_and_evaluate(parse(config), workdir)
+  first = log_lines()
+  compiling = first.index("compiling the train step...")
+  assert first[compiling + 1].startswith("compiled the train step in ")
+  assert first[compiling + 2].startswith("step 10/20")  # the step that waited for it
+  assert first.index("evaluating step 20: valid (64 examples), longer (64 examples)") < \
+      first.index(next(m for m in first if m.startswith("eval valid step 20")))
+  assert not any("already finished" in m for m in first)
+
+  caplog.clear()
+  assert train_and_evaluate(parse(config), workdir) == 20
+  assert "already finished at step 20; nothing to do" in log_lines()
+  assert not any(m.startswith(("compiling", "evaluating")) for m in log_lines())
+
+  records = _records(workdir)  # as if a stop had interrupted the final evaluation
+  with open(os.path.join(workdir, METRICS_FILE), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records if r["split"] == "train")
+  caplog.clear()
+  train_and_evaluate(parse(config), workdir)
+  assert "already finished at step 20; evaluating" in log_lines()
+  assert _records(workdir) == records
+
+  caplog.clear()
+  train_and_evaluate(parse(tiny_config(**{"train.num_steps": 10})), workdir)
+  assert "already finished at step 20, past train.num_steps=10; nothing to do" in log_lines()
+
+
+def test_a_long_evaluation_logs_progress(tiny_config, log_lines, monkeypatch):
+  """Periodic plain lines per split (here every batch: PROGRESS_EVERY = 0), counting the
+  scoring and the decoding passes of a split that is decoded; none at the end of a pass."""
+  monkeypatch.setattr(evaluation, "PROGRESS_EVERY", 0.0)
+  config = tiny_config(**{"eval.num_examples": 40, "eval.batch_size": 16})  # 3 batches
+  exp = experiment.build(parse(config))
+  evaluator = evaluation.Evaluator(exp)
+  evaluator.evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits())
+  progress = [m for m in log_lines() if m.startswith("eval ")]
+  assert [m.split(",")[0] for m in progress] == [
+      f"eval {split}: {i}/6 batches" for split in ("valid", "longer") for i in range(1, 6)]
+  assert all(m.endswith(" s") and "\r" not in m for m in progress)
+
+
+def test_eval_log_lines_print_counts_as_integers(log_lines):
+  metrics = language_model_metrics(np.ones((2, 8)), np.ones((2, 8)))
+  assert metrics["eval_length"] == 8 and isinstance(metrics["eval_length"], int)
+  log_eval(5, {"len8": {"loss": 1.23456, "accuracy": 0.5, **metrics, "examples": 2,
+                        "predictions": "preds.txt"}})
+  assert log_lines() == ["eval len8 step 5 | loss 1.2346 | accuracy 0.5000 | perplexity 2.7183 "
+                         "| bits_per_token 1.4427 | eval_length 8 (2 examples)"]

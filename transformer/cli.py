@@ -136,10 +136,54 @@ class StopSignals:
         signal.signal(sig, handler)
 
 
+_HELP_FLAGS = {"help": False, "h": False, "?": False, "helpshort": False, "helpfull": True}
+CONFIG_HELP = """
+Config fields: --config FILE gives them (FILE's get_config(); FILE:ARG calls get_config(ARG)).
+Set any field on the command line with --config.SECTION.FIELD=VALUE, e.g.
+  --config.model.position=rotary --config.train.num_steps=500
+Every field of a config, its value and what it allows (choices, ranges):
+  python train.py --config FILE [--config.SECTION.FIELD=VALUE ...] --show_config
+"""
+
+
+def help_requested(argv: list[str]) -> bool | None:
+  """None without a help flag before `--`; else whether all flags are asked for
+  (--helpfull) rather than the script's own (--help, -h, -?, --helpshort)."""
+  for arg in argv[1:]:
+    if arg == "--":
+      break
+    name = arg.lstrip("-").partition("=")[0]
+    if arg.startswith("-") and name in _HELP_FLAGS:
+      return _HELP_FLAGS[name]
+  return None
+
+
+def print_help(full: bool = False) -> None:
+  """The script's docstring, its flags and the distributed ones (every flag with `full`),
+  and for a script with --config how to set a config's fields and list them."""
+  main = sys.modules["__main__"]
+  f = flags.FLAGS
+  parts = [(main.__doc__ or "").rstrip(), "\nflags:"]
+  if full:
+    parts.append(f.get_help())
+  else:
+    parts.append(f.main_module_help())
+    if f.get_flags_for_module(sys.modules[__name__]):
+      parts.append(f.module_help(sys.modules[__name__]))
+    parts.append("\n(--helpfull: every flag, absl's and JAX's included)")
+  if "config" in f:
+    parts.append(CONFIG_HELP.rstrip())
+  print("\n".join(p for p in parts if p))
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing for app.run(flags_parser=...): a bad flag, config file or override
   prints one `error:` line, status 2. The line comes from redoing the config's steps here
-  (config_error), not from the wording of absl's or config_flags' errors: theirs to change."""
+  (config_error), not from the wording of absl's or config_flags' errors: theirs to change.
+  --help and the like print the help (print_help) and exit 0: the help is what was asked."""
+  if (full := help_requested(argv)) is not None:
+    print_help(full)
+    sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
     if "config" in flags.FLAGS and not isinstance(flags.FLAGS.config, (str, type(None))):

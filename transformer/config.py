@@ -19,6 +19,7 @@ from transformer import fields
 from transformer.blocks import ModelConfig
 from transformer.data.sources import SOURCES
 from transformer.errors import ConfigError
+from transformer.families import ARCHS
 from transformer.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check_ranges,
                                 dataclass_from, execution)
 from transformer.registry import lookup
@@ -108,7 +109,7 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
                       f"{', '.join(SECTIONS)}")
   seed = raw.get("seed")
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-    raise ConfigError(f"config.seed={seed!r} is not allowed; it must be an integer ≥ 0")
+    raise fields.FieldError("config.seed", seed, "an integer ≥ 0")
   source = lookup(SOURCES, _section(raw, "data").get("source"), "data source")
   raw = migrate(raw)
   data = dataclass_from(source.Data, _section(raw, "data"), "data")
@@ -120,6 +121,7 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
   vocab_size, num_classes = source.output_sizes(data, task)
   model = dataclass_from(ModelConfig, _section(raw, "model"), "model", vocab_size=vocab_size,
                          num_classes=num_classes)
+  lookup(ARCHS, model.arch, "model arch")  # families import blocks: checked here, not there
   return Config(data=data, task=task, model=model, seed=seed,
                 train=dataclass_from(TrainConfig, _section(raw, "train"), "train"),
                 eval=dataclass_from(EvalConfig, _section(raw, "eval"), "eval"),

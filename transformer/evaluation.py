@@ -6,17 +6,21 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 
 import jax
 import numpy as np
 from etils import epath
 from flax import nnx
 
-from transformer import checkpoint, config as config_lib, experiment, sharding, storage
+from transformer import checkpoint, experiment, sharding, storage
 from transformer import workdir as workdir_lib
+from transformer.data import Targets
 from transformer.data.base import Split
+from transformer.data.pipeline import pad_batch
 from transformer.decoding import beam_search, generate, greedy_decode
 from transformer.errors import ConfigError, Interrupted, RunError
+from transformer.families import ARCHS
 from transformer.metrics import exact_matches, token_metrics, token_nll
 
 log = logging.getLogger("transformer")
@@ -50,47 +54,54 @@ class Evaluator:
 
     self._score, self._predict, self._tokenwise = score, predict, tokenwise
 
-  def _batches(self, arrays: dict[str, np.ndarray]):
-    """The arrays in padded batches of batch_size rows."""
+  def num_batches(self, arrays: dict[str, np.ndarray]) -> int:
+    return -(-len(arrays["inputs"]) // self.batch_size)
+
+  def _batches(self, arrays: dict[str, np.ndarray], progress: "Progress | None" = None):
+    """The arrays in padded batches of batch_size rows; each batch, once its consumer asks
+    for the next, counts as done in `progress`."""
     for start in range(0, len(arrays["inputs"]), self.batch_size):
       yield _pad_rows({k: v[start:start + self.batch_size] for k, v in arrays.items()},
                       self.batch_size)
+      if progress is not None:
+        progress.advance()
 
   def predict(self, params, arrays: dict[str, np.ndarray], decode_len: int,
-              should_stop=lambda: False) -> np.ndarray:
+              should_stop=lambda: False, progress: "Progress | None" = None) -> np.ndarray:
     """Decoded tokens [n, decode_len] of every row."""
     predictions = []
-    for batch in self._batches(arrays):
+    for batch in self._batches(arrays, progress):
       _check_stop(should_stop)
       predictions.append(np.asarray(self._predict(params, batch, decode_len)))
     return np.concatenate(predictions)[:len(arrays["inputs"])]
 
   def evaluate_split(self, params, arrays: dict[str, np.ndarray], decode_len: int,
-                     should_stop=lambda: False):
+                     should_stop=lambda: False, progress: "Progress | None" = None):
     """Returns (metrics, predictions [n, decode_len]) of a split that is decoded; raises
     Interrupted between batches once should_stop() is true."""
-    totals = self._totals(params, arrays, should_stop)
-    predictions = self.predict(params, arrays, decode_len, should_stop)
+    totals = self._totals(params, arrays, should_stop, progress)
+    predictions = self.predict(params, arrays, decode_len, should_stop, progress)
     metrics = {"loss": totals["nll"] / totals["tokens"],
                "accuracy": totals["correct"] / totals["tokens"],
                "exact_match": float(np.mean(exact_matches(predictions, arrays["targets"]))),
                "examples": len(arrays["inputs"])}
     return metrics, predictions
 
-  def _totals(self, params, arrays, should_stop) -> dict[str, float]:
+  def _totals(self, params, arrays, should_stop, progress=None) -> dict[str, float]:
     totals: dict[str, float] = {}
-    for batch in self._batches(arrays):
+    for batch in self._batches(arrays, progress):
       _check_stop(should_stop)
       _add(totals, jax.device_get(self._score(params, batch)))
     return totals
 
-  def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False):
+  def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
+                  progress: "Progress | None" = None):
     """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
     accuracy over the weighted targets, and outputs {"predictions", "nll"} [n, t] (the
     argmax and −log p(target) at every position), from one forward pass per batch."""
     totals: dict[str, float] = {}
     outputs = {"predictions": [], "nll": []}
-    for batch in self._batches(arrays):
+    for batch in self._batches(arrays, progress):
       _check_stop(should_stop)
       sums, *values = jax.device_get(self._tokenwise(params, batch))
       _add(totals, sums)
@@ -108,16 +119,39 @@ class Evaluator:
     hypotheses are the source's text predictions (None without text). Raises Interrupted
     once should_stop() is true."""
     results, hypotheses = {}, {}
+    decodes = self.exp.family.decodes
     for name, split in splits.items():
-      if self.exp.family.decodes:
+      # decoded splits take two passes: scoring, then decoding
+      progress = Progress(f"eval {name}", (2 if decodes else 1) * self.num_batches(split.arrays))
+      if decodes:
         metrics, predictions = self.evaluate_split(
-            params, split.arrays, self.exp.source.decode_length(split), should_stop)
+            params, split.arrays, self.exp.source.decode_length(split), should_stop, progress)
         outputs = {"predictions": predictions}
       else:
-        metrics, outputs = self.score_split(params, split.arrays, should_stop)
+        metrics, outputs = self.score_split(params, split.arrays, should_stop, progress)
       extra = self.exp.source.split_results(name, split, outputs)
       results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
     return results, hypotheses
+
+
+PROGRESS_EVERY = 5.0  # seconds between the progress lines of a long evaluation
+
+
+class Progress:
+  """Progress lines of a long pass over batches ('eval valid: 40/128 batches, 12 s'): one
+  every PROGRESS_EVERY seconds, none for a pass that ends sooner. Plain lines, readable in
+  a log file (no carriage returns); the first batch's time includes compilation."""
+
+  def __init__(self, what: str, total: int):
+    self.what, self.total, self.done = what, total, 0
+    self.start = self.last = time.monotonic()
+
+  def advance(self) -> None:
+    self.done += 1
+    now = time.monotonic()
+    if now - self.last >= PROGRESS_EVERY and self.done < self.total:
+      log.info("%s: %d/%d batches, %.0f s", self.what, self.done, self.total, now - self.start)
+      self.last = now
 
 
 def _add(totals: dict[str, float], sums: dict) -> None:
@@ -154,7 +188,7 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
   process's devices: checkpoint `step`, by default the newest that restores; average > 1:
   the mean parameters of the last `average` checkpoints up to it. The kernel and mesh it
   was trained with need not run here (experiment.build(evaluating=True))."""
-  cfg = config_lib.parse(workdir_lib.load_config(workdir))
+  cfg = workdir_lib.saved_config(workdir)
   exp = experiment.build(cfg, workdir, evaluating=True)
   abstract = jax.eval_shape(exp.init)["params"]
   shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
@@ -192,6 +226,7 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
   path). A stop request (`should_stop`) during the evaluation raises Interrupted; nothing
   is written then."""
   exp, step = run.experiment, run.steps[-1]
+  check_decoding(exp, beam_size)
   output = output_path(run, output)
   splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
   check_split_lengths(exp, splits)
@@ -214,24 +249,72 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
   return step, results, output
 
 
+def check_decoding(exp: experiment.Experiment, beam_size: int) -> None:
+  """A ConfigError for beam search (beam_size > 1) on a family that does not decode: its
+  held-out splits are scored position by position (nothing is searched), so the option
+  would be recorded beside metrics it did not change."""
+  if beam_size > 1 and not exp.family.decodes:
+    decoding = " or ".join(name for name, family in ARCHS.items() if family.decodes)
+    greedy = ", and --generate is greedy" if exp.family.generates else ""
+    raise ConfigError(f"--beam_size {beam_size}: this run's model.arch {exp.model.arch!r} does "
+                      f"not decode (its held-out splits are scored token by token{greedy}); "
+                      f"beam search is for model.arch {decoding}")
+
+
+def check_prompts(exp: experiment.Experiment, prompts: list[str], num_tokens: int
+                  ) -> list[np.ndarray]:
+  """The prompts' token ids if continue_prompts can continue them by num_tokens (a family
+  that generates, prompts the source encodes, a length the positions cover); else a
+  ConfigError, before any work."""
+  if not exp.family.generates:
+    raise ConfigError(f"--generate needs a language model (a family that generates); this "
+                      f"run's model.arch is {exp.model.arch!r}")
+  if not prompts:
+    raise ConfigError(f"--generate {num_tokens} continues each --sentence: give at least one")
+  encoded = [exp.source.encode(p) for p in prompts]
+  max_len = max(len(e) for e in encoded) + num_tokens
+  experiment.check_length(exp.abstract_model, max_len, "--generate")
+  return encoded
+
+
 def continue_prompts(run: Run, prompts: list[str], num_tokens: int) -> list[str]:
   """A language model's KV-cached greedy continuation of each prompt by num_tokens tokens,
   as text (prompt included)."""
   exp = run.experiment
-  if not exp.family.generates:
-    raise ConfigError(f"--generate needs a language model (a family that generates); this "
-                      f"run's model.arch is {exp.model.arch!r}")
-  encoded = [exp.source.encode(p) for p in prompts]
+  encoded = check_prompts(exp, prompts, num_tokens)
   lengths = np.array([len(e) for e in encoded], np.int32)
   padded = np.zeros((len(encoded), lengths.max()), np.int32)
   for row, e in enumerate(encoded):
     padded[row, :len(e)] = e
   max_len = int(lengths.max()) + num_tokens
-  experiment.check_length(exp.abstract_model, max_len, "--generate")
   model = nnx.merge(exp.graphdef, run.params)
   tokens, _ = nnx.jit(generate, static_argnums=3)(model, padded, lengths, max_len)
   return [exp.source.detokenize(row[:n + num_tokens])
           for row, n in zip(np.asarray(tokens), lengths)]
+
+
+def sentence_predictions(run: Run, sentences: list[str]) -> list[str]:
+  """What a family that does not decode predicts for each sentence, as a phrase: the label
+  of the sequence (read at its first token), the label of each token, or a language
+  model's next token after the sentence (the source's targets say which)."""
+  exp = run.experiment
+  encoded = [exp.source.encode(s) for s in sentences]
+  batch = pad_batch([(e, e) for e in encoded], max(len(e) for e in encoded))
+  graphdef = exp.graphdef
+  logits = jax.jit(lambda params, b: nnx.merge(graphdef, params)(b))(run.params, batch)
+  predicted = np.asarray(jax.numpy.argmax(logits, axis=-1))
+  phrases = []
+  for tokens, labels in zip(encoded, predicted):
+    if exp.source.targets is Targets.SEQUENCE_LABELS:
+      phrases.append(f"predicted label {labels[0]}")
+    elif exp.source.targets is Targets.TOKEN_LABELS:
+      pieces = exp.source.pieces(tokens)
+      phrases.append("predicted labels " + " ".join(
+          f"{piece}:{label}" for piece, label in zip(pieces, labels[:len(tokens)])))
+    else:  # Targets.NEXT_TOKENS
+      following = exp.source.pieces(labels[len(tokens) - 1:len(tokens)])[0]
+      phrases.append(f"predicted next token {following!r}")
+  return phrases
 
 
 def format_table(results: dict[str, dict]) -> str:

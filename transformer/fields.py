@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from transformer.errors import ConfigError
+from transformer.registry import lookup
 
 T = TypeVar("T")
 
@@ -106,8 +107,8 @@ def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra)
     for key, value in section.items():
       _check_type(key, value, hints[key])
     return cls(**{**section, **extra})
-  except FieldError as e:
-    raise ConfigError(f"config.{name}.{e}") from None
+  except FieldError as e:  # the same error, its field named by its whole path
+    raise FieldError(f"config.{name}.{e.field}", e.value, e.allowed) from None
 
 
 # --------------------------------------------------------------------------- roles
@@ -223,8 +224,4 @@ class Chosen:
   what: str  # names the registry in the error for an unknown entry
 
   def parse(self, section: Mapping[str, Any], name: str):
-    key = section.get(self.key)
-    if key not in self.registry:
-      raise ConfigError(f"unknown {self.what} {key!r}; choose one of: "
-                        f"{', '.join(sorted(self.registry))}")
-    return dataclass_from(self.registry[key], section, name)
+    return dataclass_from(lookup(self.registry, section.get(self.key), self.what), section, name)

@@ -75,7 +75,7 @@ def language_model_metrics(nll: np.ndarray, weights: np.ndarray, bins: int = 32)
     if w.any():
       by_position[str(start)] = float(np.sum(nll[:, start:start + bin_size] * w) / np.sum(w))
   return {"perplexity": math.exp(min(loss, 50.0)), "bits_per_token": loss / math.log(2),
-          "eval_length": float(length), "loss_by_position": by_position}
+          "eval_length": length, "loss_by_position": by_position}
 
 
 def _row_losses(logits, targets, label_smoothing, mean_logit):

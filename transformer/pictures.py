@@ -10,6 +10,8 @@ attention layers themselves know nothing of pictures.
 
 import functools
 import io
+import logging
+import re
 import textwrap
 
 import jax
@@ -24,7 +26,7 @@ from transformer.blocks import Stack
 from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.errors import ConfigError
-from transformer.evaluation import Evaluator, Run
+from transformer.evaluation import Evaluator, Run, sentence_predictions
 from transformer.kernels import attention_weights as formula_weights
 from transformer.positions import PositionalEncoding
 from transformer.vocab import BOS_ID, EOS_ID
@@ -32,6 +34,8 @@ from transformer.vocab import BOS_ID, EOS_ID
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "decoder-encoder (cross) attention"}
 MAX_LABELS = 48  # more tokens than this: no tick labels
+_PICTURE = re.compile(rf"attention_\d+_({'|'.join(KINDS)})\.png|positions\.png")
+log = logging.getLogger("transformer")
 
 
 def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
@@ -45,22 +49,41 @@ def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
                       "--plot_dir")
 
 
-def draw(run: Run, sentences: list[str], plot_dir: str) -> list[str]:
+def draw(run: Run, sentences: list[str], plot_dir: str,
+         captions: list[str] | None = None) -> list[str]:
   """Writes into plot_dir the attention maps of `sentences` and positions.png for a run
-  restored by evaluation.restore_run. Returns the paths written."""
+  restored by evaluation.restore_run, in place of the pictures an earlier draw left there
+  (earlier_pictures). A family that does not decode has each sentence's prediction in its
+  titles: `captions`, or evaluation.sentence_predictions. Returns the paths written."""
   exp = run.experiment
   check_writable(run, sentences, plot_dir)  # a bad sentence fails before any writing
   encoded = [exp.source.encode(s) for s in sentences]
   epath.Path(plot_dir).mkdir(parents=True, exist_ok=True)
+  earlier = earlier_pictures(plot_dir)
+  for path in earlier:
+    path.unlink(missing_ok=True)
+  if earlier:
+    log.info("removed %d pictures of an earlier draw from %s", len(earlier), plot_dir)
   model = nnx.merge(exp.graphdef, run.params)
   paths = []
   if sentences and exp.family.decodes:  # attention from what is decoded to the sentence
     paths += draw_attention(model, exp.source, Evaluator(exp), run.params, sentences, encoded,
                             plot_dir)
   elif sentences:  # one sequence, nothing decoded
-    paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir)
+    captions = captions or sentence_predictions(run, sentences)
+    paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir, captions)
   positions = draw_positions(model, exp.model.max_len, storage.join(plot_dir, "positions.png"))
   return paths + ([positions] if positions else [])
+
+
+def earlier_pictures(plot_dir: str) -> list[epath.Path]:
+  """The files in plot_dir named as draw names what it writes (attention_I_KIND.png,
+  positions.png): another draw's, which would otherwise be taken for this one's (a
+  sentence fewer, a stack the model no longer has). Other files are not this code's."""
+  folder = epath.Path(plot_dir)
+  if not folder.is_dir():
+    return []
+  return sorted(path for path in folder.iterdir() if _PICTURE.fullmatch(path.name))
 
 
 def recording_kernel(layer: MultiHeadAttention):
@@ -138,9 +161,10 @@ def draw_attention(model, source, evaluator, params, sentences: list[str],
 
 
 def draw_self_attention(model, source, sentences: list[str], encoded: list[np.ndarray],
-                        plot_dir: str) -> list[str]:
+                        plot_dir: str, captions: list[str] | None = None) -> list[str]:
   """For an encoder-only or decoder-only model: attention_{i}_{stack}.png of each sentence
-  (a labelled input, or a language model's text) over its own tokens. Returns the paths."""
+  (a labelled input, or a language model's text) over its own tokens, with its caption
+  (what the model predicts) in the title. Returns the paths."""
   length = max(len(e) for e in encoded)
   weights = attention_weights(model, pad_batch([(e, e) for e in encoded], length))
   paths = []
@@ -148,8 +172,9 @@ def draw_self_attention(model, source, sentences: list[str], encoded: list[np.nd
     for kind, per_layer in weights.items():
       maps = [w[i, :, :len(tokens), :len(tokens)] for w in per_layer]
       path = storage.join(plot_dir, f"attention_{i}_{kind}.png")
+      caption = f" → {captions[i]}" if captions else ""
       _grid(maps, source.pieces(tokens), source.pieces(tokens),
-            f"{KINDS[kind]}: layers × heads\n{sentences[i]!r}", path, xlabel="key",
+            f"{KINDS[kind]}: layers × heads\n{sentences[i]!r}{caption}", path, xlabel="key",
             ylabel="query")
       paths.append(path)
   return paths
@@ -222,13 +247,13 @@ def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: st
   fig, axes = plt.subplots(layers, heads, figsize=(width, (size + 0.3) * layers + 1.0),
                            squeeze=False)
   labelled = max(len(queries), len(keys)) <= MAX_LABELS
-  for l, per_head in enumerate(maps):
+  for layer, per_head in enumerate(maps):
     for h, weights in enumerate(per_head):
-      ax = axes[l, h]
+      ax = axes[layer, h]
       ax.imshow(weights, vmin=0.0, vmax=1.0, cmap="viridis", interpolation="nearest")
-      ax.set_title(f"layer {l} head {h}", fontsize=7)
+      ax.set_title(f"layer {layer} head {h}", fontsize=7)
       ax.set_xticks([]), ax.set_yticks([])
-      if labelled and l == layers - 1:
+      if labelled and layer == layers - 1:
         ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
         ax.set_xlabel(xlabel, fontsize=7)
       if labelled and h == 0:

@@ -10,13 +10,22 @@ from transformer.errors import ConfigError
 T = TypeVar("T")
 
 
+class UnknownName(ConfigError):
+  """A name that is not an entry of its registry; carries the choices (train.py
+  --show_config lists them by asking each field for an unknown name)."""
+
+  def __init__(self, name, choices: list[str], what: str):
+    super().__init__(f"unknown {what} {name!r}; choose one of: {', '.join(choices)}")
+    self.name, self.choices, self.what = name, choices, what
+
+
 def lookup(registry: Mapping[str, T], name: str, what: str) -> T:
-  """Returns `registry[name]`, or raises ConfigError naming `name` and the choices."""
+  """Returns `registry[name]`, or raises UnknownName (a ConfigError) naming `name` and the
+  choices."""
   try:
     return registry[name]
   except (KeyError, TypeError):
-    choices = ", ".join(sorted(registry))
-    raise ConfigError(f"unknown {what} {name!r}; choose one of: {choices}") from None
+    raise UnknownName(name, sorted(registry), what) from None
 
 
 # --------------------------------------------------------------------------- settings

@@ -56,11 +56,45 @@ def log_train(step: int, num_steps: int, sums: list[dict], elapsed: float, steps
 
 
 def log_eval(step: int, results: dict[str, dict]) -> list[dict]:
-  """Logs the held-out metrics; returns a record per split."""
+  """Logs the held-out metrics (numbers: floats to 4 decimals, counts as integers); returns
+  a record per split."""
   for split, m in results.items():
-    shown = " | ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
+    shown = " | ".join(f"{k} {_number(v)}" for k, v in m.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and k != "examples")
     log.info("eval %s step %d | %s (%d examples)", split, step, shown, m["examples"])
   return [{"step": step, "split": split, **m} for split, m in results.items()]
+
+
+def log_eval_start(step: int, splits: dict) -> None:
+  """Logs that an evaluation begins (its first batches wait for compilation)."""
+  log.info("evaluating step %d: %s", step,
+           ", ".join(f"{name} ({len(split)} examples)" for name, split in splits.items()))
+
+
+def _number(value: int | float) -> str:
+  return f"{value:d}" if isinstance(value, int) else f"{value:.4f}"
+
+
+def timing_first_call(fn: Callable, what: str) -> Callable:
+  """`fn` (a jitted function), logging around its first call, which traces and compiles
+  it: 'compiling WHAT...' before, 'compiled WHAT in N s' after (the call returns once the
+  computation is compiled and dispatched), so the wait before the first log line is
+  explained. Later calls are fn's."""
+  first = True
+
+  def call(*args):
+    nonlocal first
+    if not first:
+      return fn(*args)
+    first = False
+    log.info("compiling %s...", what)
+    start = time.time()
+    out = fn(*args)
+    log.info("compiled %s in %.1f s", what, time.time() - start)
+    return out
+
+  return call
 
 
 def train_and_evaluate(cfg: Config, workdir: str,
@@ -99,7 +133,8 @@ class _Loop:
     self.exp, self.cfg, self.workdir, self.mngr = exp, exp.train, workdir, mngr
     self.splits, self.should_stop = splits, should_stop
     compiled = compile_step(exp)
-    self.batch_sharding, self.train_step = compiled.batch_sharding, compiled.step
+    self.batch_sharding = compiled.batch_sharding
+    self.train_step = timing_first_call(compiled.step, "the train step")
     self.step, self.state, self.batches = checkpoint.restore(
         mngr, jax.eval_shape(exp.init), compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
@@ -122,6 +157,7 @@ class _Loop:
 
   def run(self) -> int:
     cfg = self.cfg
+    self._log_finished()
     try:
       if 0 < self.step < cfg.num_steps and self._is_eval_step(self.step):
         self._evaluate_if_missing()  # an evaluation that a stop interrupted
@@ -137,6 +173,22 @@ class _Loop:
     finally:
       self._stop_trace()
     return self.step
+
+  def _log_finished(self) -> None:
+    """Says so when the run in the workdir has already trained train.num_steps (or more,
+    when num_steps was lowered), and what is left to do."""
+    if self.step < self.cfg.num_steps:
+      return
+    todo = ("evaluating" if self.step == self.cfg.num_steps and not self._evaluated()
+            else "nothing to do")
+    past = (f", past train.num_steps={self.cfg.num_steps}" if self.step > self.cfg.num_steps
+            else "")
+    log.info("already finished at step %d%s; %s", self.step, past, todo)
+
+  def _evaluated(self) -> bool:
+    """Whether the held-out metrics of the current step are recorded."""
+    return any(r["step"] == self.step and r["split"] != "train"
+               for r in workdir_lib.read_metrics(self.workdir))
 
   def _is_eval_step(self, step: int) -> bool:
     return step == self.cfg.num_steps or bool(self.cfg.eval_every
@@ -234,6 +286,7 @@ class _Loop:
     self.saved = self.step
 
   def _evaluate(self) -> None:
+    log_eval_start(self.step, self.splits)
     results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.should_stop)
     self._write(*log_eval(self.step, results))
 
@@ -243,7 +296,5 @@ class _Loop:
       self.tensorboard.scalars(record["split"], record["step"], record)
 
   def _evaluate_if_missing(self) -> None:
-    done = any(r["step"] == self.step and r["split"] != "train"
-               for r in workdir_lib.read_metrics(self.workdir))
-    if not sharding.process0_decides(done):
+    if not sharding.process0_decides(self._evaluated()):
       self._evaluate()

@@ -42,7 +42,7 @@ def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) 
   if not has_checkpoints or not path.exists():
     return
   saved_raw = load_config(workdir)
-  saved = fields.identity(config_lib.parse(saved_raw))
+  saved = fields.identity(_parse_saved(saved_raw, workdir))
   present = set(_flatten(config_lib.migrate(saved_raw)))
   new = fields.identity(cfg)
   changed = [k for k in saved if k in present and new.get(k) != saved[k]]
@@ -60,12 +60,45 @@ def write_config(cfg: config_lib.Config, workdir: str) -> None:
                   json.dumps(config_lib.to_dict(cfg), indent=2))
 
 
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
 def load_config(workdir: str) -> dict:
-  """The saved config of the run in `workdir`, as written (config.parse makes it typed)."""
+  """The saved config of the run in `workdir`, as written (saved_config makes it typed); a
+  ConfigError naming the file if it is missing, not JSON (cut short, garbled) or not a
+  JSON object."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not path.exists():
     raise ConfigError(f"{workdir} has no {CONFIG_FILE}: not a training workdir")
-  return json.loads(path.read_text())
+  damaged = ("the run's saved config is damaged; restore it from a copy, or train into a "
+             "new --workdir")
+  try:
+    raw = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column "
+                      f"{e.colno}): {damaged}") from None
+  except ValueError as e:  # not UTF-8
+    raise ConfigError(f"{path} is not JSON text ({type(e).__name__}): {damaged}") from None
+  if not isinstance(raw, dict):
+    raise ConfigError(f"{path} holds {_JSON_KINDS.get(type(raw), 'a JSON value')}, not a "
+                      f"config (an object of sections: {', '.join(config_lib.SECTIONS)}): "
+                      f"{damaged}")
+  return raw
+
+
+def saved_config(workdir: str) -> config_lib.Config:
+  """The typed config of the run in `workdir` (load_config, config.parse); a ConfigError
+  naming the file for a value that does not parse."""
+  return _parse_saved(load_config(workdir), workdir)
+
+
+def _parse_saved(raw: dict, workdir: str) -> config_lib.Config:
+  try:
+    return config_lib.parse(raw)
+  except ConfigError as e:
+    raise ConfigError(f"{epath.Path(workdir) / CONFIG_FILE} (the run's saved config): "
+                      f"{e}") from None
 
 
 def _metric_lines(workdir: str) -> list[str]:

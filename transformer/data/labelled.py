@@ -98,12 +98,53 @@ class ListOps:
     return [names.get(i, RESERVED_PIECES.get(i, "?")) for i in np.asarray(ids).tolist()]
 
   def encode(self, sentence: str) -> np.ndarray:
+    """The tokens (CLS first) of a ListOps expression written as space-separated pieces; a
+    ConfigError unless it is one well-formed expression (listops_value)."""
     words = sentence.split()
     bad = [w for w in words if w not in _PIECE_ID]
     if not words or bad:
       raise ConfigError(f"ListOps input {sentence!r}: give space-separated pieces of "
-                        f"{' '.join(LISTOPS_PIECES)}, e.g. \"[MAX 2 9 [MIN 4 7 ] 0 ]\"")
+                        f"{' '.join(LISTOPS_PIECES)}, e.g. {_LISTOPS_EXAMPLE}")
+    try:
+      listops_value(words)
+    except ValueError as e:
+      raise ConfigError(f"ListOps input {sentence!r} is not an expression: {e}; e.g. "
+                        f"{_LISTOPS_EXAMPLE}") from None
     return np.array([BOS_ID] + [_PIECE_ID[w] for w in words], np.int32)
+
+
+_LISTOPS_EXAMPLE = '"[MAX 2 9 [MIN 4 7 ] 0 ]"'
+
+
+def listops_value(pieces: list[str]) -> int:
+  """The value of a ListOps expression given as its pieces: a digit, or an operator, its
+  arguments (expressions, at least one) and `]`. A ValueError says what is malformed (an
+  operator left open or without arguments, a `]` closing nothing, pieces after the end)."""
+  open_ops: list[tuple[str, int, list[int]]] = []  # (operator, piece number, argument values)
+  value = None
+  for number, piece in enumerate(pieces, start=1):
+    if value is not None:
+      raise ValueError(f"piece {number} ({piece!r}) follows the end of the expression")
+    if piece in OPERATORS:
+      open_ops.append((piece, number, []))
+      continue
+    if piece == "]":
+      if not open_ops:
+        raise ValueError(f"piece {number} (']') closes no operator")
+      op, at, args = open_ops.pop()
+      if not args:
+        raise ValueError(f"{op} (piece {at}) has no arguments")
+      result = OPERATORS[op](args)
+    else:
+      result = int(piece)
+    if open_ops:
+      open_ops[-1][2].append(result)
+    else:
+      value = result
+  if open_ops:
+    op, at, _ = open_ops[-1]
+    raise ValueError(f"{op} (piece {at}) is not closed by a ']'")
+  return value
 
 
 @dataclasses.dataclass(frozen=True)
