@@ -16,6 +16,8 @@ training files into each workdir.
 import ml_collections
 
 from configs import default
+from transformer import fields
+from transformer.data.lm import LMData
 from transformer.sweep import axis, product
 
 POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
@@ -23,10 +25,10 @@ POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "
 
 def get_config():
   config = default.get_config()
-  config.data = ml_collections.ConfigDict(dict(
-      source="lm", corpus="stdlib", python_version="3.11", stdlib_scope="top",
-      heldout_modulus=10, vocab_size=2048, tokenizer_type="bpe", max_len=64, max_factor=8,
-      sliding=True))
+  # Every field of the lm source's section (so each can be overridden), from its dataclass.
+  config.data = ml_collections.ConfigDict(fields.to_dict(LMData(
+      corpus="stdlib", python_version="3.11", stdlib_scope="top", heldout_modulus=10,
+      vocab_size=2048, tokenizer_type="bpe", max_len=64, max_factor=8, sliding=True)))
   del config.task
   config.model.update(arch="decoder", d_model=128, num_heads=4, d_ff=512,
                       num_decoder_layers=2, max_len=512, dropout=0.0, norm="pre",
