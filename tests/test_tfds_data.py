@@ -96,7 +96,7 @@ def test_a_prepared_again_dataset_rebuilds_the_encoded_cache(tmp_path, caplog, m
   source.prepare()
   with caplog.at_level(logging.INFO):
     assert len(source.encoded_corpus()) == 60
-  assert "was built for another corpus: rebuilding" in caplog.text
+  assert "built for another corpus; rebuilding it" in caplog.text
 
 
 def test_unprepared_tfds_dataset_says_how_to_prepare_it(tmp_path):

@@ -139,7 +139,8 @@ class TranslationSource(DataSource):
     if self.corpus is None:
       key = encoded.make_key(epath.Path(self.tokenizer_path).read_bytes(),
                              self.corpus_identity())
-      manifest = encoded.check(self.cache_dir, key)
+      dtype = encoded.dtype_for(self.data.vocab_size)
+      manifest = encoded.check(self.cache_dir, key, dtype)
       if jax.process_count() > 1:  # no process rebuilds while another still checks
         multihost_utils.sync_global_devices("encoded_check")
       if manifest is None:
