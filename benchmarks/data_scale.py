@@ -64,9 +64,10 @@ def child(args) -> dict:
 
   config = config_for(args.corpus, args.multi30k, args.batch_size)
   source = experiment.make_source(parse(config), args.corpus)
-  source.prepare()
+  source.load()  # the tokenizer (trained in memory on the first run)
   if args.child == "prepare":
     start = time.perf_counter()
+    source.prepare()  # writes it and encodes the corpus
     corpus = source.encoded_corpus()
     seconds = time.perf_counter() - start
     return {"prepare_s": time.perf_counter() - START, "encode_s": seconds,

@@ -23,6 +23,9 @@ TEXT = "train.py", ["--config", os.path.join(ROOT, "configs", "multi30k.py"), "-
                     "--config.data.train_target=train.de", "--config.data.valid_source=train.en",
                     "--config.data.valid_target=train.de", "--config.data.test_source=",
                     "--config.data.vocab_size=32", "--config.data.max_len=16"]
+LM = "train.py", ["--config", "{files}/lm.py", "--workdir", "{new}"]  # tiny, on files (SWEEP_LM)
+STDLIB_LM = "train.py", ["--config", os.path.join(ROOT, "configs", "lm_extrapolation.py"),
+                         "--workdir", "{new}"]
 SWEEP = """
 from tests.conftest import make_tiny_config
 from transformer.sweep import axis, product
@@ -33,6 +36,24 @@ def get_config():
 def get_sweep():
   return {sweep}
 """
+
+SWEEP_LM = """
+from configs import lm_extrapolation
+from transformer.sweep import axis
+
+def get_config():
+  config = lm_extrapolation.get_config()
+  config.data.update(corpus="files", dir="{dir}", train_files="train.py", valid_files="valid.py",
+                     vocab_size=64, max_len=16, max_factor=2)
+  config.model.update(d_model=32, num_heads=2, d_ff=64, num_decoder_layers=1, max_len=64)
+  config.train.update(batch_size=8, num_steps=4)
+  config.eval.update(num_examples=4, batch_size=4)
+  return config
+
+def get_sweep():
+  return axis("eval.num_examples", [4, 1000])  # the second variant's windows do not fit
+"""
+
 
 def choices(registry) -> str:
   """How an unknown name's error lists a registry's entries (registry.lookup)."""
@@ -165,6 +186,37 @@ CASES = [
     ("text learned table shorter than rows", *TEXT, ["--config.model.position=learned",
                                                       "--config.model.max_len=8"],
      ["data.max_len gives sequences of 16 tokens", "model.max_len=8"]),
+    # corpus errors: found before anything is written (the tokenizer is trained in memory)
+    ("text corpus empty", *TEXT, ["--config.data.train_source=empty.en",
+                                  "--config.data.train_target=empty.de"],
+     ["empty corpus: no non-empty sentence pair", "empty.en"]),
+    ("text corpus of blank lines", *TEXT, ["--config.data.train_source=blank.en",
+                                           "--config.data.train_target=blank.de"],
+     ["empty corpus: no non-empty sentence pair", "blank.en"]),
+    ("text corpus not UTF-8", *TEXT, ["--config.data.train_source=bad.en"],
+     ["bad.en:2: not valid UTF-8"]),
+    ("text corpus misaligned", *TEXT, ["--config.data.train_target=short.de"],
+     ["has more lines than", "short.de", "must align line by line"]),
+    ("text valid split empty", *TEXT, ["--config.data.valid_source=empty.en",
+                                       "--config.data.valid_target=empty.de"],
+     ["empty corpus: no non-empty sentence pair", "empty.en"]),
+    ("text valid split not UTF-8", *TEXT, ["--config.data.valid_source=bad.en"],
+     ["bad.en:2: not valid UTF-8"]),
+    ("text valid split misaligned", *TEXT, ["--config.data.valid_target=short.de"],
+     ["has 40 lines but", "short.de has 1", "must align line by line"]),
+    ("text vocabulary larger than the corpus allows", *TEXT, [],
+     ["sentencepiece training failed", "Vocabulary size too high (32)"]),
+    ("lm held-out text too short", *LM, ["--config.data.valid_files=short.py"],
+     ["held-out documents (5 characters) give at most", "too few for eval.num_examples=4 "
+      "windows of 32 tokens (130 needed)", "lower eval.num_examples"]),
+    ("lm held-out text too short, stdlib", *STDLIB_LM, ["--config.eval.num_examples=100000"],
+     ["held-out documents", "too few for eval.num_examples=100000 windows of 512 tokens"]),
+    ("lm no held-out file", *LM, ["--config.data.valid_files=nope*.py"],
+     ["config.data.valid_files='nope*.py': no file matches"]),
+    ("lm no training file", *LM, ["--config.data.train_files=nope*.py"],
+     ["config.data.train_files='nope*.py': no file matches"]),
+    ("lm training text too short", *LM, ["--config.data.train_files=short.py"],
+     ["sentencepiece training failed"]),
     # flags, config files, workdirs
     ("misspelt field", *TRAIN, ["--config.model.positon=rotary"],
      ["--config.model.positon", 'Did you mean "position"']),
@@ -316,6 +368,9 @@ CASES = [
     ("sweep report of a missing sweep dir", "sweep.py",
      ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--report_only"], [],
      ["does not exist"]),
+    ("sweep lm variant with too short a held-out text", "sweep.py",
+     ["--config", "{files}/sweep_lm.py", "--sweep_dir", "{new}"], [],
+     ["sweep run eval.num_examples=1000", "held-out documents", "too few"]),
 ]
 
 
@@ -349,6 +404,17 @@ def files(tmp_path_factory):
   (files / "corpus").mkdir()
   for lang in ("en", "de"):
     (files / "corpus" / f"train.{lang}").write_text("a b c\nd e f\n" * 20)
+    (files / "corpus" / f"empty.{lang}").write_text("")
+    (files / "corpus" / f"blank.{lang}").write_text("\n \n\t\n")
+  (files / "corpus" / "bad.en").write_bytes(b"a b c\n\xff d e\n" + b"a b c\n" * 38)
+  (files / "corpus" / "short.de").write_text("a b c\n")
+  (files / "lm").mkdir()
+  for split, n in (("train", 300), ("valid", 60)):
+    (files / "lm" / f"{split}.py").write_text("\n".join(
+        f"def f{i}(x):\n  return x * {i % 7} + {i % 5}" for i in range(n)))
+  (files / "lm" / "short.py").write_text("x = 1")
+  for name in ("lm.py", "sweep_lm.py"):  # train.py reads get_config() only
+    (files / name).write_text(SWEEP_LM.format(dir=files / "lm"))
   return files
 
 

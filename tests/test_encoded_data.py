@@ -46,7 +46,8 @@ def _sentences(source, rows):
   """The source sentences packed in the rows."""
   out = []
   for tokens, segments in zip(rows["inputs"], rows["inputs_segmentation"]):
-    out += [source.tokenizer.decode(tokens[segments == s]) for s in np.unique(segments[segments > 0])]
+    out += [source.tokenizer.decode(tokens[segments == s])
+            for s in np.unique(segments[segments > 0])]
   return out
 
 
@@ -92,12 +93,12 @@ def test_a_changed_corpus_or_tokenizer_rebuilds_the_cache_with_a_log_line(tmp_pa
   _corpus(tmp_path / "corpus", SOURCES[:40])
   with caplog.at_level(logging.INFO):
     assert len(_source(tmp_path).encoded_corpus()) == 40
-  assert "was built for another corpus: rebuilding" in caplog.text
+  assert "built for another corpus" in caplog.text and "rebuilding it" in caplog.text
   caplog.clear()
   os.remove(tmp_path / "run" / "spm.model")  # retrained with another vocabulary
   with caplog.at_level(logging.INFO):
     _source(tmp_path, vocab_size=26).encoded_corpus()
-  assert "was built for another tokenizer_sha256: rebuilding" in caplog.text
+  assert "built for another tokenizer_sha256; rebuilding it" in caplog.text
   caplog.clear()
   with caplog.at_level(logging.INFO):
     _source(tmp_path, vocab_size=26).encoded_corpus()
@@ -118,16 +119,115 @@ def test_a_damaged_cache_is_rebuilt_or_refused_never_trained_on(tmp_path, caplog
   (cache / encoded.MANIFEST).write_text("{not json")  # unreadable manifest: rebuilt
   assert len(_source(tmp_path).encoded_corpus()) == 64
   intact = shard.read_bytes()
-  for where in (100, len(intact) // 2):  # a record's bytes, a block header
-    damaged = bytearray(intact)  # same size, one byte flipped: opening or reading refuses
-    damaged[where] ^= 0xFF
-    shard.write_bytes(bytes(damaged))
-    with pytest.raises(ConfigError, match="encoded corpus at .* is damaged .* delete"):
-      dataset = _source(tmp_path).train_batches()
-      for window in range(dataset.num_windows):
-        dataset.rows(0, window)
+  damaged = bytearray(intact)  # same size, a block header's byte flipped: opening it fails
+  damaged[len(intact) // 2] ^= 0xFF
+  shard.write_bytes(bytes(damaged))
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    assert len(_source(tmp_path).encoded_corpus()) == 64
+  assert "is damaged" in caplog.text and "rebuilding it" in caplog.text
+  assert shard.read_bytes() == intact
+  damaged = bytearray(intact)  # a record's byte flipped: found only when read, refused
+  damaged[100] ^= 0xFF
+  shard.write_bytes(bytes(damaged))
+  with pytest.raises(ConfigError, match="encoded corpus at .* is damaged .* delete"):
+    dataset = _source(tmp_path).train_batches()
+    for window in range(dataset.num_windows):
+      dataset.rows(0, window)
   manifest = json.loads((cache / encoded.MANIFEST).read_text())
   assert manifest["records"] == 64 and manifest["shards"][0]["bytes"] == len(damaged)
+
+
+def _set(manifest, field, value):
+  if field == "records":
+    manifest["records"] = value
+  elif field == "dtype":
+    manifest["dtype"] = value
+  elif field == "bytes":
+    manifest["shards"][0]["bytes"] = value
+  elif field == "shard_records":  # a shard's count, and the total to agree with it
+    manifest["shards"][0]["records"] = manifest["records"] = value
+  else:
+    manifest[field] = value
+
+
+# (edit, value, re-signed: the checksum recomputed, as an edit by code would, the reason
+# logged). Unsigned, every edit is caught by the checksum; re-signed, by the shards.
+MANIFEST_EDITS = [
+    ("records", 100, False, "checksum does not match"),
+    ("records", 40000, False, "checksum does not match"),
+    ("dtype", "int32", False, "checksum does not match"),
+    ("checksum", "0" * 64, False, "checksum does not match"),
+    ("records", 100, True, "says 100 records, its shards' counts add up to 64"),
+    ("records", 40000, True, "says 40000 records"),
+    ("dtype", "int32", True, "dtype 'int32', this vocabulary's records are uint16"),
+    ("dtype", "float64", True, "dtype 'float64'"),
+    ("bytes", 1000, True, "the manifest says 1000"),
+    ("shard_records", 30, True, "holds 64 records, the manifest says 30"),
+]
+
+
+@pytest.mark.parametrize("field,value,signed,why", MANIFEST_EDITS,
+                         ids=[f"{f}={v}{' signed' if s else ''}" for f, v, s, _ in MANIFEST_EDITS])
+def test_a_manifest_that_disagrees_with_itself_or_its_shards_is_rebuilt(
+    tmp_path, caplog, field, value, signed, why):
+  _corpus(tmp_path / "corpus")
+  want = _sentences(_source(tmp_path), _source(tmp_path).train_batches().rows(0, 0))
+  path = tmp_path / "run" / translation.ENCODED_DIR / encoded.MANIFEST
+  manifest = json.loads(path.read_text())
+  _set(manifest, field, value)
+  if signed:
+    manifest["checksum"] = encoded.checksum(manifest)
+  path.write_text(json.dumps(manifest))
+  with caplog.at_level(logging.INFO):
+    source = _source(tmp_path)
+    assert len(source.encoded_corpus()) == 64  # never a smaller corpus, never a traceback
+    assert _sentences(source, source.train_batches().rows(0, 0)) == want
+  assert why in caplog.text and "rebuilding it" in caplog.text, caplog.text
+  rebuilt = json.loads(path.read_text())
+  assert rebuilt["records"] == 64 and rebuilt["checksum"] == encoded.checksum(rebuilt)
+
+
+def test_a_disagreeing_cache_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path,
+                                                                          monkeypatch):
+  _corpus(tmp_path / "corpus")
+  _source(tmp_path).encoded_corpus()
+  cache = tmp_path / "run" / translation.ENCODED_DIR
+  manifest = json.loads((cache / encoded.MANIFEST).read_text())
+  (cache / encoded.MANIFEST).write_text(json.dumps(manifest | {"records": 100}))
+  monkeypatch.setattr(encoded.storage, "writable_directory",
+                      lambda path: f"{path} is not writable")  # a shared read-only cache
+  with pytest.raises(ConfigError) as error:
+    _source(tmp_path).encoded_corpus()
+  message = str(error.value)
+  assert "\n" not in message and str(cache) in message and "checksum" in message
+  assert "cannot be built there" in message and "data.cache_dir" in message
+
+
+def test_shards_and_manifest_have_the_same_permissions(tmp_path):
+  old = os.umask(0o022)
+  try:
+    _corpus(tmp_path / "corpus")
+    _source(tmp_path).encoded_corpus()
+  finally:
+    os.umask(old)
+  cache = tmp_path / "run" / translation.ENCODED_DIR
+  modes = {p.name: p.stat().st_mode & 0o777 for p in cache.iterdir()}
+  assert set(modes.values()) == {0o644}, modes
+
+
+def test_a_corpus_error_while_encoding_leaves_no_shards(tmp_path):
+  pairs = [(f"s{i}", f"t{i}") for i in range(40)]
+
+  def failing():
+    yield from pairs
+    raise ConfigError("train.en:41: not valid UTF-8")
+  encode = lambda sentences: [[5] * len(s) for s in sentences]  # noqa: E731
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(encoded, "CHUNK", 16)  # two shards written before the error
+    with pytest.raises(ConfigError, match="not valid UTF-8"):
+      encoded.build(str(tmp_path / "cache"), {"k": 1}, failing(), encode, 100)
+  assert not (tmp_path / "cache").exists()
 
 
 def test_resume_mid_window_and_across_epochs_gives_identical_batches(tmp_path):

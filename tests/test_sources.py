@@ -1,8 +1,9 @@
 """Conformance of every registered data source (sources.SOURCES) to data.base.DataSource, on
 the tiny instance each source gives of itself (DataSource.example): declarations, batches in
-the batch layout, determinism, checkpointable iteration, held-out splits, text in and out,
-and a run that trains, restores and evaluates. A new source is tested here the moment it
-is registered; so is a new labelled task (labelled.TASKS)."""
+the batch layout, determinism, checkpointable iteration, held-out splits (from load(), which
+writes nothing), text in and out, and a run that trains, restores and evaluates. A new
+source is tested here the moment it is registered; so is a new labelled task
+(labelled.TASKS)."""
 
 import dataclasses
 import math
@@ -71,6 +72,10 @@ def test_batches_splits_and_text(example, tmp_path):
   assert isinstance(source.targets, Targets) and source.targets in exp.family.learns
   assert any(source.targets in family.learns for family in ARCHS.values())
   assert source.max_lengths() and all(n >= 1 for n in source.max_lengths().values())
+  data_files = sorted((tmp_path / "data").rglob("*"))
+  source.load()  # reads and checks the data: a run calls it before it writes anything
+  assert not (tmp_path / "run").exists() and sorted((tmp_path / "data").rglob("*")) == data_files
+  assert source.eval_splits(), "load() gives what the held-out splits need"
   source.prepare()
   n_out = cfg.model.num_classes or cfg.model.vocab_size
 

@@ -166,3 +166,80 @@ def test_multi30k_reads_and_its_vocabulary_round_trips(tmp_path):
   tok = train_tokenizer((s for p in pairs for s in p), str(tmp_path / "m.model"), 2000)
   for en, de in pairs[:50]:
     assert tok.decode(tok.encode(en)) == en and tok.decode(tok.encode(de)) == de
+
+
+def test_lm_token_bound_holds_for_any_tokenizer(tmp_path):
+  """lm.max_tokens (the held-out check at construction) is never below the tokens
+  encode_documents gives, whatever the tokenizer type, normalization or byte fallback, on
+  text that a normalizer expands (ligatures), shrinks (combining marks), or that has runs
+  of spaces, empty lines and characters the tokenizer never saw."""
+  import sentencepiece as spm  # noqa: PLC0415
+
+  from transformer.data.lm import encode_documents, max_tokens  # noqa: PLC0415
+  from transformer.data.tokenizer import train_model  # noqa: PLC0415
+
+  documents = ["def f(x):\n    return x\n\n", "ﬁne ﬂow ﬀ ① ㎏ ﷺ", "e\u0301 a\u0308 İstanbul ß",
+               "", "\n\n\n", "  many   spaces  \t tabs", "日本語のテキスト 🙂 ~^~", "x"]
+  protos = [train_model(SENTENCES, 28, kind) for kind in ("unigram", "bpe", "char")]
+  for rule in ("identity", "nfkc_cf"):  # a given tokenizer may normalize otherwise
+    model = tmp_path / f"{rule}.model"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES), model_prefix=str(model)[:-6], vocab_size=280,
+        normalization_rule_name=rule, byte_fallback=True, pad_id=PAD_ID, bos_id=BOS_ID,
+        eos_id=EOS_ID, unk_id=3, minloglevel=2)
+    protos.append(model.read_bytes())
+  for proto in protos:
+    tokenizer = Tokenizer("in memory", proto)
+    for doc in documents:
+      assert len(encode_documents(tokenizer, [doc])) <= max_tokens([doc]), doc
+    assert len(encode_documents(tokenizer, documents)) <= max_tokens(documents)
+
+
+def test_process_0_trains_the_tokenizer_and_the_others_receive_it(tmp_path, monkeypatch):
+  """Two processes as threads: process 0 alone reads the corpus and trains (in memory,
+  nothing written); process 1 gets its bytes; an error on process 0 fails both, no hang."""
+  import threading  # noqa: PLC0415
+
+  from transformer.data import tokenizer as tokenizer_lib  # noqa: PLC0415
+
+  local, barrier, slot = threading.local(), threading.Barrier(2, timeout=60), {}
+
+  def broadcast(value):
+    if local.index == 0:
+      slot["value"] = np.array(value)
+    barrier.wait()
+    received = np.array(slot["value"])
+    barrier.wait()
+    return received
+  monkeypatch.setattr(tokenizer_lib.jax, "process_index", lambda: local.index)
+  monkeypatch.setattr(tokenizer_lib.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(tokenizer_lib.multihost_utils, "broadcast_one_to_all", broadcast)
+
+  def both(sentences):
+    results, read = [None, None], [0, 0]
+
+    def process(index):
+      local.index = index
+
+      def corpus():
+        read[index] += 1
+        yield from sentences()
+      try:
+        results[index] = tokenizer_lib.load_or_train(
+            str(tmp_path / "spm.model"), corpus, tokenizer_lib.Recipe([], 28, "unigram"))
+      except ConfigError as e:
+        results[index] = e
+    threads = [threading.Thread(target=process, args=(i,)) for i in range(2)]
+    [t.start() for t in threads], [t.join(60) for t in threads]
+    return results, read
+
+  (first, second), read = both(lambda: iter(SENTENCES))
+  assert read == [1, 0] and first.proto == second.proto and second.vocab_size == 28
+  assert first.unsaved is not None and not list(tmp_path.iterdir())
+
+  def bad():
+    yield from SENTENCES[:5]
+    raise ConfigError("train.en:6: not valid UTF-8")
+  (first, second), _ = both(bad)
+  assert isinstance(first, ConfigError) and "not valid UTF-8" in str(first)
+  assert isinstance(second, ConfigError) and "process 0 could not" in str(second)

@@ -93,10 +93,12 @@ def test_a_prepared_again_dataset_rebuilds_the_encoded_cache(tmp_path, caplog, m
   for name in files:
     os.utime(name, (time.time() + 60,) * 2)  # prepared later, not within the same second
   source = experiment.make_source(parse(_config(data_dir)), run)
-  source.prepare()
   with caplog.at_level(logging.INFO):
+    source.prepare()  # no checkpoint: the tokenizer too is trained again, on the new files
     assert len(source.encoded_corpus()) == 60
-  assert "was built for another corpus: rebuilding" in caplog.text
+  assert "built for another corpus; rebuilding it" in caplog.text
+  assert "trained on other data (corpus[0].files[0].mtime" in caplog.text
+  assert "training a new tokenizer" in caplog.text
 
 
 def test_unprepared_tfds_dataset_says_how_to_prepare_it(tmp_path):

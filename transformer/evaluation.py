@@ -193,7 +193,7 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
   abstract = jax.eval_shape(exp.init)["params"]
   shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
-  exp.source.prepare()
+  exp.source.load(has_checkpoints=True)
   return Run(workdir, exp, steps, params)
 
 

@@ -1,7 +1,8 @@
 """Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
 
 What a run guarantees, whatever fails:
-  * the config is validated whole (experiment.build) before anything is written;
+  * the config is validated whole (experiment.build), and the data read and checked
+    (DataSource.load), before anything is written;
   * the workdir is locked (lock.py), so two runs never write into one;
   * a step whose loss, gradient or update is not finite is not applied; more than
     `train.skip_nonfinite` of them in a row stop the run (RunError) before anything
@@ -109,12 +110,16 @@ def train_and_evaluate(cfg: Config, workdir: str,
   """
   exp = experiment.build(cfg, workdir)
   workdir_lib.check_usable(workdir)
-  workdir_lib.check_identity(cfg, workdir, checkpoint.has_checkpoints(workdir))
+  has_checkpoints = checkpoint.has_checkpoints(workdir)
+  workdir_lib.check_identity(cfg, workdir, has_checkpoints)
+  # The data is read and checked before anything is written (the workdir and its lock
+  # included): a tokenizer is trained in memory, from a pass over the corpus that also checks it.
+  exp.source.load(has_checkpoints)
+  splits = exp.source.eval_splits(exp.train.eval_examples)
+  check_split_lengths(exp, splits)
   with lock.hold(workdir):
+    exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
     workdir_lib.write_config(cfg, workdir)
-    exp.source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
-    splits = exp.source.eval_splits(exp.train.eval_examples)
-    check_split_lengths(exp, splits)
     mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
     loop = None
     try:

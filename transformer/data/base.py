@@ -95,9 +95,18 @@ class DataSource(abc.ABC):
     """The longest sequences (tokens) the config implies, by the config field implying them:
     the model's positional encoding must cover each."""
 
+  def load(self, has_checkpoints: bool = False) -> None:
+    """Reads and checks the data and loads (or builds in memory) what eval_splits and
+    encode need, e.g. a tokenizer; writes nothing, so that a bad corpus fails before a run
+    writes anything. `has_checkpoints`: the workdir holds a run trained with what was kept
+    there (its tokenizer stays). Nothing to load by default."""
+    del has_checkpoints
+
   def prepare(self) -> None:
-    """Builds what the data needs (a tokenizer, an encoded corpus) before batches are read;
-    may write into the workdir. Nothing to build by default."""
+    """load(), then builds what training needs (writes a tokenizer load() trained, an
+    encoded corpus) before batches are read; may write into the workdir, under its lock.
+    Nothing to build by default."""
+    self.load()
 
   @abc.abstractmethod
   def train_batches(self) -> grain.IterDataset:

@@ -3,11 +3,18 @@
 The first run encodes the training pairs in chunks (sentencepiece encodes each chunk's list in
 C++ threads) into sharded array_record files, one record per pair, then writes a manifest
 last: the key the shards were built for (the tokenizer's bytes, the corpus files' paths,
-sizes and mtimes), and each shard's record count and byte size. Later runs and other hosts
-read the shards when the manifest's key matches; a different key (a changed corpus or
-tokenizer), a missing shard or one whose size or count differs from the manifest is logged
-and rebuilt. A corrupted byte inside a shard fails its read (riegeli checks each chunk's
-hash), so a corrupt cache is never trained on silently.
+sizes and mtimes), the records' dtype, each shard's record count and byte size, their total,
+and a checksum of all that. Later runs and other hosts read the shards only when the
+manifest agrees with itself (its checksum), with the run (its key and dtype) and with the
+shards (each one's size and record count, their total); otherwise the run says why in a log
+line and rebuilds the cache, which it can wherever the cache's directory is writable (the
+corpus itself was checked when the source was built). Where it is not (a shared read-only
+cache) the run is refused in one line saying how to fix it. A corrupted byte inside a shard
+(same size and count) fails its read during training (riegeli checks each chunk's hash):
+refused in one line, so a corrupt cache is never trained on silently.
+
+An error in the corpus while encoding (it is read whole for the first time when the run's
+tokenizer already exists) removes the shards written so far.
 
 With several processes, process i encodes chunks i, i+P, ...; all wait at one barrier for
 the shards, then process 0 writes the manifest and all wait for it.
@@ -16,6 +23,7 @@ Records: [source length, source ids..., EOS, target ids..., EOS] as uint16 (a vo
 at most 65536 pieces) or int32.
 """
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -23,6 +31,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -33,7 +42,7 @@ from transformer import storage
 from transformer.errors import ConfigError
 from transformer.vocab import EOS_ID
 
-FORMAT = 1
+FORMAT = 2  # 2: the manifest has a checksum
 MANIFEST = "manifest.json"
 CHUNK = 1 << 17  # pairs per encoding chunk and per shard file
 WRITER_OPTIONS = "group_size:1,uncompressed"  # group size 1: each record read on its own
@@ -65,32 +74,69 @@ def _differences(old: dict, new: dict) -> list[str]:
   return [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
 
 
-def check(directory: str, key: dict) -> dict | None:
-  """The manifest of the cache in `directory` if it was built for `key` and its shards are
-  whole; otherwise None, with a log line saying why."""
+def checksum(manifest: dict) -> str:
+  """The sha256 of a manifest's content besides its checksum."""
+  content = {k: v for k, v in manifest.items() if k != "checksum"}
+  return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def check(directory: str, key: dict, dtype: np.dtype) -> dict | None:
+  """The manifest of the cache in `directory` if it agrees with itself, with `key` and
+  `dtype` and with its shards (module docstring); otherwise None, with a log line saying
+  why: the cache is to be built. A ConfigError if it cannot be (the directory is not
+  writable)."""
   path = epath.Path(directory) / MANIFEST
-  if not path.exists():
+  exists = path.exists()
+  why = _disagreement(directory, key, np.dtype(dtype)) if exists else "not built yet"
+  if why is None:
+    return json.loads(path.read_text())
+  problem = storage.writable_directory(directory)
+  if problem:
+    raise ConfigError(f"the encoded corpus at {directory}: {why}, and it cannot be built "
+                      f"there ({problem}): set data.cache_dir to a writable directory, or "
+                      f"build it where it can be written")
+  if exists:
+    log.warning("encoded corpus at %s: %s; rebuilding it", directory, why)
+  else:
     log.info("no encoded corpus at %s: encoding it", directory)
-    return None
+  return None
+
+
+def _disagreement(directory: str, key: dict, dtype: np.dtype) -> str | None:
+  """Why the cache in `directory`, which has a manifest, cannot be read as it is, or None."""
+  path = epath.Path(directory) / MANIFEST
   try:
     manifest = json.loads(path.read_text())
+    if manifest.get("key", {}).get("format") != FORMAT:
+      return f"built by another version (format {manifest['key'].get('format')}, now {FORMAT})"
+    if manifest.get("checksum") != checksum(manifest):
+      return f"{path} was edited or damaged (its checksum does not match its content)"
     changed = _differences(manifest["key"], key)
-    shards = manifest["shards"]
-  except (ValueError, KeyError, TypeError) as e:
-    log.warning("unreadable manifest %s (%s): rebuilding the encoded corpus", path, e)
-    return None
+    shards, total, stored = manifest["shards"], manifest["records"], manifest["dtype"]
+    counts = [(shard["file"], shard["records"], shard["bytes"]) for shard in shards]
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    return f"unreadable manifest {path} ({type(e).__name__}: {e})"
   if changed:
-    log.warning("encoded corpus at %s was built for another %s: rebuilding it", directory,
-                    " and ".join(changed))
-    return None
-  for shard in shards:
-    file = epath.Path(directory) / shard["file"]
-    size = file.stat().length if file.exists() else None
-    if size != shard["bytes"]:
-      log.warning("encoded corpus shard %s has %s bytes, the manifest says %d: rebuilding "
-                      "the encoded corpus", file, size, shard["bytes"])
-      return None
-  return manifest
+    return f"built for another {' and '.join(changed)}"
+  if stored != dtype.name:
+    return f"its manifest says dtype {stored!r}, this vocabulary's records are {dtype.name}"
+  if total != sum(records for _, records, _ in counts):
+    return (f"its manifest says {total} records, its shards' counts add up to "
+            f"{sum(records for _, records, _ in counts)}")
+  for name, records, size in counts:
+    file = epath.Path(directory) / name
+    actual = file.stat().length if file.exists() else None
+    if actual != size:
+      return f"shard {name} has {actual} bytes, the manifest says {size}"
+    try:
+      reader = ArrayRecordReader(str(file))
+      held = reader.num_records()
+      reader.close()
+    except RuntimeError as e:  # riegeli: e.g. a damaged footer
+      return f"shard {name} is damaged ({' '.join(str(e).split())[:200]})"
+    if held != records:
+      return f"shard {name} holds {held} records, the manifest says {records}"
+  return None
 
 
 def _records(src_ids: list[list[int]], tgt_ids: list[list[int]], dtype: np.dtype):
@@ -119,11 +165,14 @@ def _records(src_ids: list[list[int]], tgt_ids: list[list[int]], dtype: np.dtype
 
 
 def _write_shard(path: str, records: list[bytes]) -> None:
-  """Writes an array_record file whole: a local temporary file renamed (or uploaded)."""
+  """Writes an array_record file whole: a local temporary file renamed (or uploaded). The
+  writer creates it, so its permissions are the umask's, as for every other file."""
   local = storage.is_local(path)
-  fd, tmp = tempfile.mkstemp(suffix=".array_record.tmp",
-                             dir=os.path.dirname(path) if local else None)
-  os.close(fd)
+  if local:
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+  else:
+    fd, tmp = tempfile.mkstemp(suffix=".array_record.tmp")
+    os.close(fd)
   writer = ArrayRecordWriter(tmp, WRITER_OPTIONS)
   for record in records:
     writer.write(record)
@@ -148,21 +197,31 @@ def build(directory: str, key: dict, pairs: Iterable[tuple[str, str]], encode: C
     barrier: waits for all processes (named), e.g. multihost_utils.sync_global_devices.
   Returns the manifest.
   """
+  created = not epath.Path(directory).exists()
   epath.Path(directory).mkdir(parents=True, exist_ok=True)
   if process_index == 0 and (epath.Path(directory) / MANIFEST).exists():
     (epath.Path(directory) / MANIFEST).unlink()  # no reader may trust a half-rebuilt cache
   dtype = dtype_for(vocab_size)
-  start, encoded, skipped, num_chunks = time.perf_counter(), 0, 0, 0
+  start, encoded, skipped, num_chunks, written = time.perf_counter(), 0, 0, 0, []
   iterator = iter(pairs)
-  while chunk := list(itertools.islice(iterator, CHUNK)):
-    if num_chunks % process_count == process_index:
-      sources, targets = zip(*chunk)
-      records, dropped = _records(encode(list(sources)), encode(list(targets)), dtype)
-      _write_shard(storage.join(directory, shard_name(num_chunks)), records)
-      encoded, skipped = encoded + len(chunk), skipped + dropped
-    num_chunks += 1
-  if not num_chunks:
-    raise ConfigError("empty training corpus: nothing to encode")
+  try:
+    while chunk := list(itertools.islice(iterator, CHUNK)):
+      if num_chunks % process_count == process_index:
+        sources, targets = zip(*chunk)
+        records, dropped = _records(encode(list(sources)), encode(list(targets)), dtype)
+        written.append(storage.join(directory, shard_name(num_chunks)))
+        _write_shard(written[-1], records)
+        encoded, skipped = encoded + len(chunk), skipped + dropped
+      num_chunks += 1
+    if not num_chunks:
+      raise ConfigError("empty training corpus: nothing to encode")
+  except ConfigError:  # a corpus error: what was written of this cache is of no use
+    for path in written:
+      epath.Path(path).unlink(missing_ok=True)
+    if created and process_index == 0:
+      with contextlib.suppress(OSError):
+        epath.Path(directory).rmdir()  # only if empty: the other processes' shards are gone
+    raise
   seconds = time.perf_counter() - start
   log.info("encoded %d training pairs (%d chunks of %d) into %s in %.1f s: %.0f "
                "sentences/s", encoded, -(-num_chunks // process_count), CHUNK, directory,
@@ -176,8 +235,12 @@ def build(directory: str, key: dict, pairs: Iterable[tuple[str, str]], encode: C
       shards.append({"file": shard_name(index), "records": reader.num_records(),
                      "bytes": epath.Path(path).stat().length})
       reader.close()
+    for stale in epath.Path(directory).glob("shard-*.array_record"):  # of a larger corpus
+      if stale.name not in {s["file"] for s in shards}:
+        stale.unlink(missing_ok=True)
     manifest = {"key": key, "dtype": dtype.name, "shards": shards,
                 "records": sum(s["records"] for s in shards), "skipped": skipped}
+    manifest["checksum"] = checksum(manifest)
     storage.write(storage.join(directory, MANIFEST), json.dumps(manifest, indent=1))
   barrier("encoded_manifest")
   return json.loads((epath.Path(directory) / MANIFEST).read_text())

@@ -18,13 +18,21 @@ Held-out documents: for stdlib, the files whose CRC32 of the relative path is 0 
 Each line is encoded by a sentencepiece model (trained on the training documents into the
 workdir, as for translation) and ends in EOS, which stands for the newline; a document
 starts with BOS. Sentencepiece drops runs of spaces, so indentation is not modelled.
+
+The held-out documents are read when the source is built (they are small): a held-out text
+too short for the evaluation windows is refused there, before anything is written (a
+sweep's plan refuses such a variant before any run trains), by a bound that holds for any
+tokenizer (max_tokens); the exact count is checked once the text is encoded (load).
 """
 
 import dataclasses
+import hashlib
+import json
 import math
 import pathlib
 import sys
 import sysconfig
+import unicodedata
 import zlib
 
 import grain
@@ -32,9 +40,10 @@ import numpy as np
 from etils import epath
 
 from transformer import storage
-from transformer.data import SourceArgs, Targets, pipeline, text
+from transformer.data import SourceArgs, Targets, encoded, pipeline, text
+from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Example, Split, SplitResult
-from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
+from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, Range, check, check_ranges, execution
 from transformer.metrics import language_model_metrics
@@ -109,22 +118,67 @@ def stdlib_documents(data: LMData, split: str) -> list[str]:
   return [_read(p) for p in (train if split == "train" else valid)]
 
 
-def file_documents(data: LMData, split: str) -> list[str]:
+def matching_files(data: LMData, split: str) -> list[epath.Path]:
   pattern = data.train_files if split == "train" else data.valid_files
   paths = sorted(epath.Path(data.dir).glob(pattern)) if pattern else []
   if not paths:
     raise ConfigError(f"config.data.{split}_files={pattern!r}: no file matches under "
                       f"{data.dir or '.'!r}")
-  return [_read(p) for p in paths]
+  return paths
+
+
+def file_documents(data: LMData, split: str) -> list[str]:
+  return [_read(p) for p in matching_files(data, split)]
+
+
+def _tfds_split(data: LMData, split: str):
+  return text.tfds_split(data.tfds_name, data.train_split if split == "train"
+                         else data.valid_split, data.tfds_dir, what="data.corpus 'tfds'")
 
 
 def tfds_documents(data: LMData, split: str) -> list[str]:
-  source = text.tfds_split(data.tfds_name, data.train_split if split == "train"
-                           else data.valid_split, data.tfds_dir, what="data.corpus 'tfds'")
-  return [text.as_text(ex[data.text_key]) for ex in source]
+  return [text.as_text(ex[data.text_key]) for ex in _tfds_split(data, split)]
 
 
 CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents}
+
+
+def _files_identity(paths) -> dict:
+  """The files' paths, sizes and mtimes; of many files (the stdlib's), a digest of them."""
+  identities = [encoded.file_identity(str(p)) for p in paths]
+  if len(identities) <= 8:
+    return {"files": identities}
+  return {"files": {"count": len(identities), "first": identities[0]["path"],
+                    "sha256": hashlib.sha256(json.dumps(identities).encode()).hexdigest()}}
+
+
+def corpus_identity(data: LMData) -> dict:
+  """What the training documents are, cheaply (their files' paths, sizes and mtimes, or a
+  TFDS split's version and size): what the run's tokenizer is trained from."""
+  if data.corpus == "stdlib":
+    return {"corpus": "stdlib", "python": sys.version.split()[0], "scope": data.stdlib_scope,
+            "heldout_modulus": data.heldout_modulus, **_files_identity(stdlib_files(data)[0])}
+  if data.corpus == "files":
+    return {"corpus": "files", **_files_identity(matching_files(data, "train"))}
+  source = _tfds_split(data, "train")
+  return {"corpus": "tfds", "tfds_name": data.tfds_name, "split": data.train_split,
+          "tfds_dir": storage.absolute(data.tfds_dir) if data.tfds_dir else "",
+          "version": str(source.dataset_info.version), "records": len(source),
+          "text_key": data.text_key}
+
+
+def max_tokens(documents: list[str]) -> int:
+  """An upper bound on the tokens encode_documents gives for `documents`, whatever the
+  sentencepiece model: each piece covers at least one byte of its normalized line (a
+  character, or a byte with byte fallback), plus the "▁" it prefixes, EOS per line and BOS
+  per document. The normalized text is at most the longest of the raw, NFKC and casefolded
+  NFKC forms (sentencepiece's normalizers; NFKC may expand a ligature)."""
+  total = 0
+  for doc in documents:
+    size = max(len(form.encode()) for form in (
+        doc, unicodedata.normalize("NFKC", doc), unicodedata.normalize("NFKC", doc.casefold())))
+    total += size + 2 * (doc.count("\n") + 1) + 1
+  return total
 
 
 def encode_documents(tokenizer: Tokenizer, documents: list[str]) -> np.ndarray:
@@ -174,6 +228,20 @@ class LanguageModelSource(DataSource):
       train, valid = stdlib_files(data)
       check(bool(train and valid), "config.data.heldout_modulus", data.heldout_modulus,
             "one that leaves training and held-out files")
+    elif data.corpus == "files":
+      matching_files(data, "train")
+    self.valid_documents = CORPORA[data.corpus](data, "valid")
+    bound, need = max_tokens(self.valid_documents), self._need()
+    if bound <= need:
+      raise ConfigError(
+          f"the held-out documents ({sum(map(len, self.valid_documents))} characters) give at "
+          f"most {bound} tokens, too few for eval.num_examples={args.eval_examples} windows "
+          f"of {data.eval_lengths[-1]} tokens ({need + 1} needed): lower eval.num_examples or "
+          f"data.max_factor, or hold out more text")
+
+  def _need(self) -> int:
+    """The held-out stream must be longer than this (the windows, and one target more)."""
+    return self.args.eval_examples * self.data.eval_lengths[-1] + 1
 
   @classmethod
   def output_sizes(cls, data: LMData, task) -> tuple[int, int]:
@@ -196,23 +264,33 @@ class LanguageModelSource(DataSource):
     return {"data.max_len": self.data.max_len,
             "data.max_factor × data.max_len": self.data.eval_lengths[-1]}
 
-  def prepare(self) -> None:
-    """Loads (first trains) the tokenizer and encodes the train and valid documents."""
-    documents = {split: CORPORA[self.data.corpus](self.data, split) for split in
-                 ("train", "valid")}
-    self.tokenizer = load_or_train(
+  def load(self, has_checkpoints: bool = False) -> None:
+    """Reads the training documents, loads the tokenizer or trains it in memory
+    (tokenizer.load_or_train) and encodes the train and valid documents; writes nothing."""
+    if self.tokenizer is not None:
+      return
+    documents = {"train": CORPORA[self.data.corpus](self.data, "train"),
+                 "valid": self.valid_documents}
+    self.tokenizer = tokenizer_lib.load_or_train(
         self.tokenizer_path,
         lambda: (line for doc in documents["train"] for line in doc.split("\n")),
-        self.data.vocab_size, self.data.tokenizer_type, max_sentences=_TOKENIZER_LINES)
+        Recipe(corpus_identity(self.data), self.data.vocab_size, self.data.tokenizer_type,
+               max_sentences=_TOKENIZER_LINES),
+        given=bool(self.data.tokenizer), has_checkpoints=has_checkpoints)
     self.streams = {split: encode_documents(self.tokenizer, docs)
                     for split, docs in documents.items()}
-    need = self.args.eval_examples * self.data.eval_lengths[-1] + 1
+    need = self._need()
     for split, stream in self.streams.items():
       if len(stream) <= (need if split == "valid" else self.data.max_len + 1):
         wanted = (f"eval.num_examples windows of {self.data.eval_lengths[-1]}"
                   if split == "valid" else "one window")
         raise ConfigError(f"the {split} documents have {len(stream)} tokens, too few for "
                           f"{wanted}")
+
+  def prepare(self) -> None:
+    """load(), then writes a tokenizer it trained into the workdir."""
+    self.load()
+    tokenizer_lib.save(self.tokenizer)
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches of random windows; batch `step` is a pure function of (seed, step)."""

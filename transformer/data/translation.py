@@ -3,6 +3,13 @@ dataset (data.source "tfds"), with a sentencepiece vocabulary trained on a sampl
 training pairs into the workdir (or an existing model, data.tokenizer). The training pairs
 are encoded once into data.cache_dir (default: the tokenizer's directory; encoded.py) and
 streamed from there in packed batches, each process reading its own part.
+
+load() reads what can be wrong before anything is written: the held-out splits, and the
+training pairs whole when it trains the tokenizer (in memory: its sample draws from all of
+them). prepare() then writes the tokenizer and encodes the training pairs (a second pass,
+which a first run needs anyway). A run whose tokenizer exists but whose encoded corpus does
+not (a given tokenizer, a deleted cache) reads the training pairs once, while encoding them:
+an error there removes the shards written so far.
 """
 
 import dataclasses
@@ -20,7 +27,8 @@ from jax.experimental import multihost_utils
 from transformer import storage
 from transformer.data import SourceArgs, Targets, encoded, pipeline, text
 from transformer.data.base import DataSource, Example, Split, SplitResult
-from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Tokenizer, load_or_train
+from transformer.data import tokenizer as tokenizer_lib
+from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_0, Range, check_ranges, execution
 from transformer.metrics import text_scores
@@ -92,6 +100,7 @@ class TranslationSource(DataSource):
                                   ENCODED_DIR)
     self.corpus: encoded.EncodedCorpus | None = None
     self.tokenizer: Tokenizer | None = None
+    self.held: dict[str, list[tuple[str, str]]] = {}  # the held-out pairs load() read
 
   @classmethod
   def output_sizes(cls, data: TranslationData, task) -> tuple[int, int]:
@@ -116,12 +125,22 @@ class TranslationSource(DataSource):
     """The longest training sequences (held-out ones are checked once encoded)."""
     return {"data.max_len": self.data.max_len}
 
-  def prepare(self) -> None:
-    """Loads the tokenizer, training it on a sample of the training pairs first if it does
-    not exist."""
-    self.tokenizer = load_or_train(
+  def load(self, has_checkpoints: bool = False) -> None:
+    """Reads the held-out splits and loads the tokenizer, or trains it in memory on a
+    sample of the training pairs (tokenizer.load_or_train); writes nothing."""
+    if self.tokenizer is not None:
+      return
+    self.held = {split: self.pairs(split) for split in self.held_out()}
+    self.tokenizer = tokenizer_lib.load_or_train(
         self.tokenizer_path, lambda: (s for pair in self.train_pairs() for s in pair),
-        self.data.vocab_size, self.data.tokenizer_type)
+        Recipe(self.corpus_identity(), self.data.vocab_size, self.data.tokenizer_type),
+        given=bool(self.data.tokenizer), has_checkpoints=has_checkpoints)
+
+  def prepare(self) -> None:
+    """load(), then writes a tokenizer it trained and builds the encoded training corpus."""
+    self.load()
+    tokenizer_lib.save(self.tokenizer)
+    self.encoded_corpus()
 
   def encode(self, text: str) -> np.ndarray:
     return self.tokenizer.encode(text)
@@ -137,9 +156,9 @@ class TranslationSource(DataSource):
     """The encoded training corpus, encoded first (by all processes) if the cache is
     missing, stale or damaged."""
     if self.corpus is None:
-      key = encoded.make_key(epath.Path(self.tokenizer_path).read_bytes(),
-                             self.corpus_identity())
-      manifest = encoded.check(self.cache_dir, key)
+      key = encoded.make_key(self.tokenizer.proto, self.corpus_identity())
+      dtype = encoded.dtype_for(self.data.vocab_size)
+      manifest = encoded.check(self.cache_dir, key, dtype)
       if jax.process_count() > 1:  # no process rebuilds while another still checks
         multihost_utils.sync_global_devices("encoded_check")
       if manifest is None:
@@ -165,9 +184,9 @@ class TranslationSource(DataSource):
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
     """The first num_examples pairs (0: config.eval.num_examples; 0 there: all) of the
-    `valid` and, if configured, `test` splits, none dropped."""
+    `valid` and, if configured, `test` splits (as load() read them), none dropped."""
     limit = num_examples or self.args.eval_examples or None
-    return {split: self._split(self.pairs(split)[:limit]) for split in self.held_out()}
+    return {split: self._split(self.held[split][:limit]) for split in self.held_out()}
 
   def file_split(self, source_path: str, reference_path: str) -> dict[str, Split]:
     """({name: split}) for any source/reference file pair, named after the source file."""
