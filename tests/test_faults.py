@@ -116,7 +116,8 @@ def test_nan_mid_run_stops_unsaved_and_the_resumed_run_is_exact(tmp_path, tiny_c
     train_and_evaluate(parse(config), broken)
   assert _steps(broken) == [10, 20]  # nothing after the bad step was saved
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(broken, 20)))
-  assert train_and_evaluate(parse(skipping), broken) == 40  # resumes from 20, skips step 25 this time
+  # resumes from 20, skips step 25 this time
+  assert train_and_evaluate(parse(skipping), broken) == 40
   _assert_same(_params(broken, 40), _params(straight, 40))
   train = [r["step"] for r in read_metrics(broken) if r["split"] == "train"]
   assert train == sorted(set(train))  # each logged step once
@@ -282,8 +283,8 @@ def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_pat
     def broken(*args, **kwargs):
       raise RuntimeError("evaluation broke")
     patch.setattr(evaluation.Evaluator, "evaluate", broken)
-    with pytest.raises(RuntimeError, match="evaluation broke"):
-      train_and_evaluate(parse(config), run)  # the final save is in flight when the evaluation fails
+    with pytest.raises(RuntimeError, match="evaluation broke"):  # the final save in flight
+      train_and_evaluate(parse(config), run)
   assert _steps(run) == [20] and not glob.glob(os.path.join(run, "checkpoints", "*tmp*"))
   trained = [r for r in read_metrics(run) if r["split"] == "train"]
   assert train_and_evaluate(parse(config), run) == 20
@@ -393,6 +394,55 @@ def test_a_second_signal_exits_at_once():
                           text=True, timeout=60)
   assert result.returncode == 128 + signal.SIGINT and time.time() - started < 30, result.stderr
   assert "SIGINT again: exiting at once" in result.stderr
+
+
+@pytest.mark.parametrize("stderr_to_file", [False, True], ids=["2>&1 | tee", "2>err | tee"])
+def test_ctrl_c_with_the_output_through_a_closed_pipe_saves_first(tmp_path, stderr_to_file):
+  """`train.py ... 2>&1 | tee log` and Ctrl-C: tee dies of the same signal, and every later
+  write to the pipe fails: the signal handler's message, the log lines, the flush at exit.
+  None of them may lose the checkpoint or change the exit status; with stderr to a file,
+  nothing there but the signal's line."""
+  workdir, err_path = str(tmp_path / "run"), tmp_path / "err"
+  with open(err_path, "w") as err:
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "--config", CONFIG, "--workdir", workdir, *TINY,
+         "--config.train.num_steps=100000", "--config.train.checkpoint_every=100000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=err if stderr_to_file else subprocess.STDOUT,
+        text=True)
+    try:
+      _wait_for(proc, "step 10/")
+      proc.stdout.close()  # the reader is gone
+      time.sleep(0.5)  # log lines fail meanwhile
+      proc.send_signal(signal.SIGINT)
+      proc.wait(timeout=120)
+    finally:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGINT
+  steps = _steps(workdir)
+  assert len(steps) == 1 and steps[0] >= 10
+  with open(os.path.join(workdir, "train.log")) as f:
+    assert f"stopped at step {steps[0]}; checkpoint saved" in f.read()  # what tee would show
+  if stderr_to_file:
+    assert err_path.read_text().splitlines() == [
+        "SIGINT: stopping at the next step or evaluation batch (send it again to exit at once)"]
+
+
+def test_a_closed_stdout_fails_no_write_and_not_the_exit():
+  """Where the CLIs write (logs.unbreakable_streams): the writes and the interpreter's
+  flush at exit (status 120 and a traceback, had it failed) go to /dev/null once the reader
+  of the pipe is gone."""
+  code = ("import sys, time\n"
+          "from transformer import logs\n"
+          "logs.unbreakable_streams()\n"
+          "time.sleep(0.5)  # the reader closes the pipe\n"
+          "print('x' * 100000)\n"
+          "print('left in the buffer for the flush at exit', end='')\n"
+          "print('still writing', file=sys.stderr)\n")
+  proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  proc.stdout.close()
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 0 and err == "still writing\n", err
 
 
 def test_sigterm_stops_a_sweep_after_saving_its_current_run(tmp_path):

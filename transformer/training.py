@@ -8,7 +8,8 @@ What a run guarantees, whatever fails:
     trained after them is saved, and rotation keeps the lowest-loss checkpoint;
   * a checkpoint in flight is committed (or cleanly abandoned) on every way out, and the
     final one is saved before the final evaluation;
-  * a stop request (signal) is honoured between steps and between evaluation batches.
+  * a stop request (signal) is honoured between steps and between evaluation batches;
+  * WORKDIR/train.log holds the run's log lines and the details of what failed (logs.py).
 """
 
 import logging
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from transformer import checkpoint, experiment, lock, sharding, storage, summaries
+from transformer import checkpoint, experiment, lock, logs, sharding, storage, summaries
 from transformer import workdir as workdir_lib
 from transformer.config import Config
 from transformer.errors import Interrupted, RunError
@@ -78,18 +79,23 @@ def train_and_evaluate(cfg: Config, workdir: str,
   workdir_lib.check_identity(cfg, workdir, checkpoint.has_checkpoints(workdir))
   with lock.hold(workdir):
     workdir_lib.write_config(cfg, workdir)
-    exp.source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
-    splits = exp.source.eval_splits(exp.train.eval_examples)
-    check_split_lengths(exp, splits)
-    mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
-    loop = None
-    try:
-      loop = _Loop(exp, workdir, mngr, splits, should_stop)
-      return loop.run()
-    finally:
-      checkpoint.finish(mngr)
-      if loop is not None:
-        loop.tensorboard.close()
+    with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
+      return _run(exp, workdir, should_stop)
+
+
+def _run(exp: experiment.Experiment, workdir: str, should_stop: Callable[[], bool]) -> int:
+  exp.source.prepare()  # e.g. trains the tokenizer into the workdir on the first run
+  splits = exp.source.eval_splits(exp.train.eval_examples)
+  check_split_lengths(exp, splits)
+  mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
+  loop = None
+  try:
+    loop = _Loop(exp, workdir, mngr, splits, should_stop)
+    return loop.run()
+  finally:
+    checkpoint.finish(mngr)
+    if loop is not None:
+      loop.tensorboard.close()
 
 
 class _Loop:
