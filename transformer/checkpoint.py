@@ -42,6 +42,19 @@ def has_checkpoints(workdir: str) -> bool:
   return bool(steps(workdir))
 
 
+class _Manager(ocp.CheckpointManager):
+  """orbax's CheckpointManager, except that it never polls JAX's preemption sync point.
+  cli.StopSignals owns that point: it is reached by the poll numbered one more than the
+  highest number any process had passed when a SIGTERM's notice arrived, and orbax polls
+  it with the number of the step it saves, a numbering of its own; its polls left a sync
+  point that StopSignals' polls had already passed, and a distributed sweep ignored
+  SIGTERM."""
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 def manager(workdir: str, *, keep: int | None = None, read_only: bool = False):
   """A CheckpointManager that saves asynchronously; with `keep`, rotation keeps the latest
   `keep` checkpoints and the one with the lowest `loss` metric (orbax writes the metrics
@@ -53,7 +66,7 @@ def manager(workdir: str, *, keep: int | None = None, read_only: bool = False):
   options = ocp.CheckpointManagerOptions(
       preservation_policy=policy, best_fn=_loss, best_mode="min", create=not read_only,
       read_only=read_only)
-  return ocp.CheckpointManager(checkpoint_dir(workdir), options=options)
+  return _Manager(checkpoint_dir(workdir), options=options)
 
 
 def _loss(metrics) -> float:

@@ -85,10 +85,13 @@ class StopSignals:
   With several processes, a signal reaches one host but every process must stop at the
   same step, or the others hang in the next collective: SIGTERM is left to JAX's
   preemption notifier (a Python handler would replace it), SIGINT is passed on to it as a
-  SIGTERM, and each call is a poll of JAX's preemption sync point, which all processes
-  reach at the same poll. The work polls at the same points on every process (each step,
-  each evaluation batch, each run of a sweep), so the n-th poll is the same moment
-  everywhere."""
+  SIGTERM, and each call is a poll of JAX's preemption sync point. That point is the poll
+  numbered one more than the highest number any process had passed when the notice
+  arrived, so its numbers must count the same polls everywhere and have one owner: this
+  object numbers its polls 1, 2, 3, ... (orbax's CheckpointManager, which would poll with
+  step numbers of its own, is kept from it: checkpoint.manager), and the work polls at the
+  same points on every process (each step, each evaluation batch, each run of a sweep), so
+  the n-th poll is the same moment everywhere."""
 
   def __init__(self):
     self.received: list[int] = []
