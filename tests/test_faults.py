@@ -31,6 +31,9 @@ from transformer.training import train_and_evaluate
 from transformer.workdir import CONFIG_FILE, read_metrics
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
+TINY_CONFIG = ("import sys\nsys.path.insert(0, {root!r})\n"
+               "from tests.conftest import make_tiny_config\n"
+               "def get_config():\n  return make_tiny_config()\n").format(root=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,14 @@ def straight(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("straight") / "run")
   train_and_evaluate(parse(make_tiny_config()), workdir)
   return workdir
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+  """A config file of the `straight` run's config, for the CLIs."""
+  path = tmp_path_factory.mktemp("configs") / "tiny.py"
+  path.write_text(TINY_CONFIG)
+  return str(path)
 
 
 def _params(workdir, step):
@@ -232,7 +243,8 @@ def _truncate_data_files(step_dir):
 # tensorstore leaves coroutines of the failed reads unawaited: noise, not a failure
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tiny_config,
-                                                                    straight, caplog):
+                                                                    straight, caplog, cli,
+                                                                    tiny_file):
   run = str(tmp_path / "run")
   train_and_evaluate(parse(tiny_config(**{"train.num_steps": 30})), run)
   _truncate_data_files(os.path.join(run, "checkpoints", "30"))
@@ -243,12 +255,31 @@ def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tin
   assert "the checkpoint at step 30" in caplog.text and "the checkpoint at step 20" in caplog.text
   assert "never retrieved" not in caplog.text  # one line per checkpoint, not tensorstore's dumps
   assert _steps(run) == [10, 20, 30]  # eval leaves the bad ones where they are
-  with caplog.at_level(logging.WARNING, logger="transformer"):
-    assert train_and_evaluate(parse(tiny_config()), run) == 40
-  assert "moved to 30.unrestorable for inspection" in caplog.text
-  assert "moved to 20.unrestorable for inspection" in caplog.text
+  resumed = cli.run("train.py", "--config", tiny_file, "--workdir", run)  # as a user resumes
+  assert resumed.returncode == 0, resumed.stderr
+  assert resumed.stderr == ""  # the failed reads' tracebacks went to the run's log
+  assert "moved to 30.unrestorable for inspection" in resumed.stdout
+  assert "moved to 20.unrestorable for inspection" in resumed.stdout
+  assert "resuming from the checkpoint at step 10" in resumed.stdout
   assert {"30.unrestorable", "20.unrestorable"} <= set(os.listdir(os.path.join(run, "checkpoints")))
+  with open(os.path.join(run, "train.log")) as f:
+    details = f.read()
+  assert "restoring the checkpoint at step 30 failed" in details and "Traceback" in details
   _assert_same(_params(run, 40), _params(straight, 40))
+
+
+def test_no_checkpoint_that_restores_is_one_line(tmp_path, straight, cli, tiny_file):
+  run = str(tmp_path / "run")
+  shutil.copytree(straight, run)
+  for step in _steps(run):
+    _truncate_data_files(os.path.join(run, "checkpoints", str(step)))
+  result = cli.run("train.py", "--config", tiny_file, "--workdir", run)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr  # not thousands of lines of tensorstore's tracebacks
+  assert lines[0].startswith(f"error: no checkpoint in {run}/checkpoints restores (steps 40, "
+                             "30, 20, 10") and "train.log" in lines[0], lines[0]
+  assert result.stdout.count("does not restore") == 4
 
 
 # the save's other items (orbax coroutines) are never awaited, and closing them can raise
@@ -272,6 +303,49 @@ def test_an_exception_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny
       train_and_evaluate(parse(config), run)
   assert _steps(run) == [10]
   assert train_and_evaluate(parse(config), run) == 40
+  _assert_same(_params(run, 40), _params(straight, 40))
+
+
+NO_SPACE = """
+import runpy, sys
+from orbax.checkpoint._src.handlers import standard_checkpoint_handler as handler
+real, calls = handler.StandardCheckpointHandler.async_save, []
+
+class NoSpace:  # a write of the save that fails in orbax's background thread
+  def result(self, timeout=None):
+    raise OSError(28, "No space left on device")
+
+async def async_save(self, *args, **kwargs):
+  calls.append(1)
+  futures = await real(self, *args, **kwargs)
+  return [*(futures or []), NoSpace()] if len(calls) == {failing_save} else futures
+
+handler.StandardCheckpointHandler.async_save = async_save
+sys.argv[0] = {script!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_full_disk_is_one_line_naming_the_failed_save(tmp_path, cli, tiny_file, tiny_config,
+                                                       straight):
+  """The third save (step 30) fails while it is written, in the background: its error
+  surfaces at the next save (step 40), which must not take the blame; orbax's tracebacks
+  (dozens on a real full disk) go to the run's log, not the console."""
+  wrapper = tmp_path / "train_on_a_full_disk.py"
+  wrapper.write_text(NO_SPACE.format(failing_save=3, script=os.path.join(ROOT, "train.py")))
+  run = str(tmp_path / "run")
+  result = cli.run(str(wrapper), "--config", tiny_file, "--workdir", run)
+  assert result.returncode == 1, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f"error: saving the checkpoint at step 30 in {run}/checkpoints "
+                             "failed (OSError: [Errno 28] No space left on device)"), lines[0]
+  assert lines[0].endswith(f"(details: {run}/train.log)"), lines[0]
+  assert _steps(run) == [10, 20]
+  with open(os.path.join(run, "train.log")) as f:
+    details = f.read()
+  assert "Traceback" in details and "OSError: [Errno 28] No space left on device" in details
+  assert train_and_evaluate(parse(tiny_config()), run) == 40  # from step 20
   _assert_same(_params(run, 40), _params(straight, 40))
 
 
