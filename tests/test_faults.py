@@ -282,6 +282,25 @@ def test_no_checkpoint_that_restores_is_one_line(tmp_path, straight, cli, tiny_f
   assert result.stdout.count("does not restore") == 4
 
 
+@pytest.mark.parametrize("damage", ['{"loss": 0.7', '["loss", 0.7]'], ids=["cut", "a list"])
+def test_a_garbled_metrics_item_does_not_stop_a_resume(tmp_path, tiny_config, straight, caplog,
+                                                      damage):
+  """orbax writes each step's rotation metrics (the training loss) beside its state, and
+  reads them all when a manager starts: one garbled file stopped every resume and every
+  evaluation. It ranks the checkpoint for rotation only: the step is used unranked."""
+  run = str(tmp_path / "run")
+  shutil.copytree(straight, run)
+  shutil.rmtree(os.path.join(run, "checkpoints", "40"))  # as if stopped after step 30
+  with open(os.path.join(run, "checkpoints", "30", "metrics", "metrics"), "w") as f:
+    f.write(damage)
+  with caplog.at_level(logging.INFO, logger="transformer"):
+    assert restore_and_evaluate(run)[0] == 30
+    assert train_and_evaluate(parse(tiny_config()), run) == 40
+  assert "the rotation metrics of the checkpoint at step 30" in caplog.text
+  assert "resuming from the checkpoint at step 30" in caplog.text
+  _assert_same(_params(run, 40), _params(straight, 40))
+
+
 # the save's other items (orbax coroutines) are never awaited, and closing them can raise
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -6,9 +6,10 @@ Rotation keeps the latest `keep` checkpoints and, besides them, the one saved wi
 lowest training loss (orbax's preservation policies), so a run that diverges cannot rotate
 out the last good state. A checkpoint that does not restore (a truncated file, missing
 metadata) is reported in one line and the one before it is used; training moves it aside
-as STEP.unrestorable, where it stays for inspection and is never deleted. A save that
-fails (a full disk) is reported under its own step, also when an asynchronous save's
-failure surfaces at the next save; the details of failures go to the run's log (logs.py).
+as STEP.unrestorable, where it stays for inspection and is never deleted. A step whose
+rotation metrics do not read is used unranked. A save that fails (a full disk) is
+reported under its own step, also when an asynchronous save's failure surfaces at the
+next save; the details of failures go to the run's log (logs.py).
 """
 
 import gc
@@ -46,13 +47,16 @@ def has_checkpoints(workdir: str) -> bool:
 
 
 class _Manager(ocp.CheckpointManager):
-  """orbax's CheckpointManager, with two changes:
+  """orbax's CheckpointManager, with three changes:
 
   * It never polls JAX's preemption sync point. cli.StopSignals owns that point: it is
     reached by the poll numbered one more than the highest number any process had passed
     when a SIGTERM's notice arrived, and orbax polls it with the number of the step it
     saves, a numbering of its own; its polls left a sync point that StopSignals' polls had
     already passed, and a distributed sweep ignored SIGTERM.
+  * A step's `metrics` item (the training loss that ranks it for rotation) that does not
+    read leaves the step unranked, with a warning, instead of failing the constructor:
+    the state beside it is what matters, and restore() checks it.
   * It remembers the step of the save in flight (`in_flight`): an asynchronous save's
     failure surfaces at the next save or wait, and is reported under its own step."""
 
@@ -61,6 +65,18 @@ class _Manager(ocp.CheckpointManager):
   def reached_preemption(self, step: int) -> bool:
     del step
     return False
+
+  def metrics(self, step: int):
+    try:
+      metrics = super().metrics(step)
+      if metrics is not None:
+        float(_loss(metrics))
+      return metrics
+    except Exception as e:  # noqa: BLE001 - a truncated or edited JSON file, another layout
+      log.warning("the rotation metrics of the checkpoint at step %d in %s do not read (%s: "
+                  "%s); its state is used as it is, but it is not ranked for keeping", step,
+                  self.directory, type(e).__name__, _one_line(e, 120))
+      return None
 
 
 def manager(workdir: str, *, keep: int | None = None, read_only: bool = False):
