@@ -531,8 +531,9 @@ def test_a_closed_stdout_fails_no_write_and_not_the_exit():
           "print('x' * 100000)\n"
           "print('left in the buffer for the flush at exit', end='')\n"
           "print('still writing', file=sys.stderr)\n")
+  buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
   proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True, env=buffered)
   proc.stdout.close()
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 0 and err == "still writing\n", err
