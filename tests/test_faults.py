@@ -31,6 +31,9 @@ from transformer.training import train_and_evaluate
 from transformer.workdir import CONFIG_FILE, read_metrics
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
+TINY_CONFIG = ("import sys\nsys.path.insert(0, {root!r})\n"
+               "from tests.conftest import make_tiny_config\n"
+               "def get_config():\n  return make_tiny_config()\n").format(root=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,14 @@ def straight(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("straight") / "run")
   train_and_evaluate(parse(make_tiny_config()), workdir)
   return workdir
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+  """A config file of the `straight` run's config, for the CLIs."""
+  path = tmp_path_factory.mktemp("configs") / "tiny.py"
+  path.write_text(TINY_CONFIG)
+  return str(path)
 
 
 def _params(workdir, step):
@@ -116,7 +127,8 @@ def test_nan_mid_run_stops_unsaved_and_the_resumed_run_is_exact(tmp_path, tiny_c
     train_and_evaluate(parse(config), broken)
   assert _steps(broken) == [10, 20]  # nothing after the bad step was saved
   assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(broken, 20)))
-  assert train_and_evaluate(parse(skipping), broken) == 40  # resumes from 20, skips step 25 this time
+  # resumes from 20, skips step 25 this time
+  assert train_and_evaluate(parse(skipping), broken) == 40
   _assert_same(_params(broken, 40), _params(straight, 40))
   train = [r["step"] for r in read_metrics(broken) if r["split"] == "train"]
   assert train == sorted(set(train))  # each logged step once
@@ -231,7 +243,8 @@ def _truncate_data_files(step_dir):
 # tensorstore leaves coroutines of the failed reads unawaited: noise, not a failure
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tiny_config,
-                                                                    straight, caplog):
+                                                                    straight, caplog, cli,
+                                                                    tiny_file):
   run = str(tmp_path / "run")
   train_and_evaluate(parse(tiny_config(**{"train.num_steps": 30})), run)
   _truncate_data_files(os.path.join(run, "checkpoints", "30"))
@@ -242,11 +255,49 @@ def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tin
   assert "the checkpoint at step 30" in caplog.text and "the checkpoint at step 20" in caplog.text
   assert "never retrieved" not in caplog.text  # one line per checkpoint, not tensorstore's dumps
   assert _steps(run) == [10, 20, 30]  # eval leaves the bad ones where they are
-  with caplog.at_level(logging.WARNING, logger="transformer"):
-    assert train_and_evaluate(parse(tiny_config()), run) == 40
-  assert "moved to 30.unrestorable for inspection" in caplog.text
-  assert "moved to 20.unrestorable for inspection" in caplog.text
+  resumed = cli.run("train.py", "--config", tiny_file, "--workdir", run)  # as a user resumes
+  assert resumed.returncode == 0, resumed.stderr
+  assert resumed.stderr == ""  # the failed reads' tracebacks went to the run's log
+  assert "moved to 30.unrestorable for inspection" in resumed.stdout
+  assert "moved to 20.unrestorable for inspection" in resumed.stdout
+  assert "resuming from the checkpoint at step 10" in resumed.stdout
   assert {"30.unrestorable", "20.unrestorable"} <= set(os.listdir(os.path.join(run, "checkpoints")))
+  with open(os.path.join(run, "train.log")) as f:
+    details = f.read()
+  assert "restoring the checkpoint at step 30 failed" in details and "Traceback" in details
+  _assert_same(_params(run, 40), _params(straight, 40))
+
+
+def test_no_checkpoint_that_restores_is_one_line(tmp_path, straight, cli, tiny_file):
+  run = str(tmp_path / "run")
+  shutil.copytree(straight, run)
+  for step in _steps(run):
+    _truncate_data_files(os.path.join(run, "checkpoints", str(step)))
+  result = cli.run("train.py", "--config", tiny_file, "--workdir", run)
+  assert result.returncode == 1
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr  # not thousands of lines of tensorstore's tracebacks
+  assert lines[0].startswith(f"error: no checkpoint in {run}/checkpoints restores (steps 40, "
+                             "30, 20, 10") and "train.log" in lines[0], lines[0]
+  assert result.stdout.count("does not restore") == 4
+
+
+@pytest.mark.parametrize("damage", ['{"loss": 0.7', '["loss", 0.7]'], ids=["cut", "a list"])
+def test_a_garbled_metrics_item_does_not_stop_a_resume(tmp_path, tiny_config, straight, caplog,
+                                                      damage):
+  """orbax writes each step's rotation metrics (the training loss) beside its state, and
+  reads them all when a manager starts: one garbled file stopped every resume and every
+  evaluation. It ranks the checkpoint for rotation only: the step is used unranked."""
+  run = str(tmp_path / "run")
+  shutil.copytree(straight, run)
+  shutil.rmtree(os.path.join(run, "checkpoints", "40"))  # as if stopped after step 30
+  with open(os.path.join(run, "checkpoints", "30", "metrics", "metrics"), "w") as f:
+    f.write(damage)
+  with caplog.at_level(logging.INFO, logger="transformer"):
+    assert restore_and_evaluate(run)[0] == 30
+    assert train_and_evaluate(parse(tiny_config()), run) == 40
+  assert "the rotation metrics of the checkpoint at step 30" in caplog.text
+  assert "resuming from the checkpoint at step 30" in caplog.text
   _assert_same(_params(run, 40), _params(straight, 40))
 
 
@@ -274,6 +325,49 @@ def test_an_exception_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny
   _assert_same(_params(run, 40), _params(straight, 40))
 
 
+NO_SPACE = """
+import runpy, sys
+from orbax.checkpoint._src.handlers import standard_checkpoint_handler as handler
+real, calls = handler.StandardCheckpointHandler.async_save, []
+
+class NoSpace:  # a write of the save that fails in orbax's background thread
+  def result(self, timeout=None):
+    raise OSError(28, "No space left on device")
+
+async def async_save(self, *args, **kwargs):
+  calls.append(1)
+  futures = await real(self, *args, **kwargs)
+  return [*(futures or []), NoSpace()] if len(calls) == {failing_save} else futures
+
+handler.StandardCheckpointHandler.async_save = async_save
+sys.argv[0] = {script!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_full_disk_is_one_line_naming_the_failed_save(tmp_path, cli, tiny_file, tiny_config,
+                                                       straight):
+  """The third save (step 30) fails while it is written, in the background: its error
+  surfaces at the next save (step 40), which must not take the blame; orbax's tracebacks
+  (dozens on a real full disk) go to the run's log, not the console."""
+  wrapper = tmp_path / "train_on_a_full_disk.py"
+  wrapper.write_text(NO_SPACE.format(failing_save=3, script=os.path.join(ROOT, "train.py")))
+  run = str(tmp_path / "run")
+  result = cli.run(str(wrapper), "--config", tiny_file, "--workdir", run)
+  assert result.returncode == 1, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith(f"error: saving the checkpoint at step 30 in {run}/checkpoints "
+                             "failed (OSError: [Errno 28] No space left on device)"), lines[0]
+  assert lines[0].endswith(f"(details: {run}/train.log)"), lines[0]
+  assert _steps(run) == [10, 20]
+  with open(os.path.join(run, "train.log")) as f:
+    details = f.read()
+  assert "Traceback" in details and "OSError: [Errno 28] No space left on device" in details
+  assert train_and_evaluate(parse(tiny_config()), run) == 40  # from step 20
+  _assert_same(_params(run, 40), _params(straight, 40))
+
+
 def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_path, tiny_config,
                                                                          monkeypatch):
   config = tiny_config(**{"train.num_steps": 20, "train.checkpoint_every": 20})
@@ -282,8 +376,8 @@ def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_pat
     def broken(*args, **kwargs):
       raise RuntimeError("evaluation broke")
     patch.setattr(evaluation.Evaluator, "evaluate", broken)
-    with pytest.raises(RuntimeError, match="evaluation broke"):
-      train_and_evaluate(parse(config), run)  # the final save is in flight when the evaluation fails
+    with pytest.raises(RuntimeError, match="evaluation broke"):  # the final save in flight
+      train_and_evaluate(parse(config), run)
   assert _steps(run) == [20] and not glob.glob(os.path.join(run, "checkpoints", "*tmp*"))
   trained = [r for r in read_metrics(run) if r["split"] == "train"]
   assert train_and_evaluate(parse(config), run) == 20
@@ -393,6 +487,56 @@ def test_a_second_signal_exits_at_once():
                           text=True, timeout=60)
   assert result.returncode == 128 + signal.SIGINT and time.time() - started < 30, result.stderr
   assert "SIGINT again: exiting at once" in result.stderr
+
+
+@pytest.mark.parametrize("stderr_to_file", [False, True], ids=["2>&1 | tee", "2>err | tee"])
+def test_ctrl_c_with_the_output_through_a_closed_pipe_saves_first(tmp_path, stderr_to_file):
+  """`train.py ... 2>&1 | tee log` and Ctrl-C: tee dies of the same signal, and every later
+  write to the pipe fails: the signal handler's message, the log lines, the flush at exit.
+  None of them may lose the checkpoint or change the exit status; with stderr to a file,
+  nothing there but the signal's line."""
+  workdir, err_path = str(tmp_path / "run"), tmp_path / "err"
+  with open(err_path, "w") as err:
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "--config", CONFIG, "--workdir", workdir, *TINY,
+         "--config.train.num_steps=100000", "--config.train.checkpoint_every=100000"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=err if stderr_to_file else subprocess.STDOUT,
+        text=True)
+    try:
+      _wait_for(proc, "step 10/")
+      proc.stdout.close()  # the reader is gone
+      time.sleep(0.5)  # log lines fail meanwhile
+      proc.send_signal(signal.SIGINT)
+      proc.wait(timeout=120)
+    finally:
+      proc.kill()
+  assert proc.returncode == 128 + signal.SIGINT
+  steps = _steps(workdir)
+  assert len(steps) == 1 and steps[0] >= 10
+  with open(os.path.join(workdir, "train.log")) as f:
+    assert f"stopped at step {steps[0]}; checkpoint saved" in f.read()  # what tee would show
+  if stderr_to_file:
+    assert err_path.read_text().splitlines() == [
+        "SIGINT: stopping at the next step or evaluation batch (send it again to exit at once)"]
+
+
+def test_a_closed_stdout_fails_no_write_and_not_the_exit():
+  """Where the CLIs write (logs.unbreakable_streams): the writes and the interpreter's
+  flush at exit (status 120 and a traceback, had it failed) go to /dev/null once the reader
+  of the pipe is gone."""
+  code = ("import sys, time\n"
+          "from transformer import logs\n"
+          "logs.unbreakable_streams()\n"
+          "time.sleep(0.5)  # the reader closes the pipe\n"
+          "print('x' * 100000)\n"
+          "print('left in the buffer for the flush at exit', end='')\n"
+          "print('still writing', file=sys.stderr)\n")
+  buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+  proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=buffered)
+  proc.stdout.close()
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 0 and err == "still writing\n", err
 
 
 def test_sigterm_stops_a_sweep_after_saving_its_current_run(tmp_path):

@@ -7,7 +7,9 @@ a peer of a dead process blocks forever inside a collective.
 """
 
 import csv
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,11 +48,34 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _start(args, num_processes=2):
+# Runs SCRIPT pinned to one CPU core, set before anything else (threads inherit it), and
+# writes the numbers of its polls of JAX's preemption sync point, in order, to POLLS.I
+# (I: its --process_id) at exit. argv: CORE POLLS SCRIPT ARGS...
+PINNED = """
+import atexit, json, os, runpy, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+from jax.experimental import multihost_utils
+polls, reached = [], multihost_utils.reached_preemption_sync_point
+def poll(number):
+  polls.append(number)
+  return reached(number)
+multihost_utils.reached_preemption_sync_point = poll
+path = sys.argv[2] + "." + next(a.split("=")[1] for a in sys.argv if "--process_id=" in a)
+atexit.register(lambda: open(path, "w").write(json.dumps(polls)))
+sys.argv = sys.argv[3:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _start(args, num_processes=2, core=None, polls=None):
+  """Starts the processes of one job; with `core`, all of them on that one CPU core (the
+  load under which timing bugs between processes show), recording their polls of the
+  preemption sync point into `polls`.PROCESS_ID."""
   port = _free_port()
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
+  pin = [] if core is None else ["-c", PINNED, str(core), polls]
   return [subprocess.Popen(
-      [sys.executable, *args, f"--coordinator_address=127.0.0.1:{port}",
+      [sys.executable, *pin, *args, f"--coordinator_address=127.0.0.1:{port}",
        f"--num_processes={num_processes}", f"--process_id={i}"], cwd=ROOT, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(num_processes)]
 
@@ -131,3 +156,46 @@ def test_sigterm_to_one_host_stops_both_at_one_step_and_the_rerun_is_exact(sweep
   assert f"resuming from the checkpoint at step {stopped[0]}" in outputs[0]
   jax.tree.map(np.testing.assert_array_equal, _params(workdir, STEPS),
                _params(os.path.join(two, "seed=0"), STEPS))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="pins processes to a core")
+def test_sigterm_to_one_host_stops_a_sweep_under_load_and_the_rerun_finishes_it(sweeps):
+  """The preemption sync point is the poll numbered one more than the highest number any
+  process had passed when the notice came. A sweep polls once more than its runs (before
+  each run), and orbax's CheckpointManager polled too, numbering its polls by the step it
+  saved: the point could fall on a number no poll would pass again, and both hosts trained
+  the whole sweep (1 trial in 3 here before the fix). One poller, one numbering 1, 2, 3, ...
+  on every process; tried with orbax's polls most frequent (a save every step), both
+  processes on one core, in the sweep's second run (the first, copied from the
+  uninterrupted sweep, is finished)."""
+  root, _, two, _ = sweeps
+  sweep_dir = root / "preempted_sweep"
+  shutil.copytree(os.path.join(two, "seed=0"), sweep_dir / "seed=0")
+  args = ["sweep.py", "--config", str(root / "tiny_sweep.py"), "--sweep_dir", str(sweep_dir),
+          "--config.train.checkpoint_every=1"]
+  polls = str(root / "polls")
+  procs, seen = _start(args, core=min(os.sched_getaffinity(0)), polls=polls), []
+  for line in procs[0].stdout:
+    seen.append(line)
+    if "step 5/" in line:
+      break
+  procs[1].send_signal(signal.SIGTERM)
+  outputs = _finish(procs, statuses=(128 + signal.SIGTERM,))
+  assert "seed=0 is finished; skipped" in "".join(seen) and "training seed=1" in "".join(seen)
+  assert all("stopped at step " in out for out in outputs), outputs
+  stopped = [int(out.split("stopped at step ")[1].split(";")[0]) for out in outputs]
+  assert stopped[0] == stopped[1] and 5 <= stopped[0] < STEPS, outputs
+  run = sweep_dir / "seed=1"
+  assert max(int(s) for s in os.listdir(run / "checkpoints") if s.isdigit()) == stopped[0]
+  numbers = []
+  for i in (0, 1):
+    with open(f"{polls}.{i}") as f:
+      numbers.append(json.load(f))
+  assert numbers[0] == numbers[1] == list(range(1, len(numbers[0]) + 1)), numbers
+
+  outputs = _finish(_start(args))
+  assert f"resuming from the checkpoint at step {stopped[0]}" in outputs[0]
+  assert "report written to" in outputs[0]
+  final = [[(r["step"], r["split"], r["loss"]) for r in read_metrics(d) if r["step"] == STEPS]
+           for d in (str(run), os.path.join(two, "seed=1"))]
+  assert final[0] == final[1] and len(final[0]) == 3  # train, valid, longer

@@ -4,7 +4,6 @@ import contextlib
 import difflib
 import importlib.machinery
 import importlib.util
-import logging
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ from absl import logging as absl_logging
 from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
+from transformer import logs
 from transformer.errors import ConfigError, RunError
 
 
@@ -42,15 +42,14 @@ def start_distributed() -> None:
 
 
 def setup_logging() -> None:
-  """Progress lines from the `transformer` logger to stdout (process 0 only; the others
-  log warnings); libraries stay at warnings."""
+  """The console of the CLIs (logs.console): progress lines from the `transformer` logger
+  on stdout (process 0 only; the others log warnings), library errors on stderr outside a
+  run, details into the run's log file; stdout and stderr survive a closed pipe."""
+  logs.unbreakable_streams()
   absl_logging.set_verbosity(absl_logging.ERROR)  # orbax logs every save step; jax its backends
-  handler = logging.StreamHandler(sys.stdout)
-  handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  logger = logging.getLogger("transformer")
-  logger.addHandler(handler)
-  logger.setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
-  logger.propagate = False
+  absl_handler = absl_logging.get_absl_handler()
+  absl_handler.python_handler.setStream(sys.stderr)  # absl took the stream before us
+  logs.console(absl_handler)
 
 
 @contextlib.contextmanager
@@ -62,7 +61,8 @@ def one_line_errors():
   except ConfigError as e:
     _exit(str(e), 2)
   except RunError as e:
-    _exit(str(e), 1)
+    details = logs.current_run_log()
+    _exit(f"{e}{f' (details: {details})' if details else ''}", 1)
 
 
 def no_arguments(argv: list[str]) -> None:
@@ -72,7 +72,8 @@ def no_arguments(argv: list[str]) -> None:
 
 
 def _exit(message: str, status: int = 2) -> None:
-  print(f"error: {' '.join(message.split())}", file=sys.stderr)
+  logs.unbreakable_streams()  # the line must not fail on a closed stderr, nor replace status
+  print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
   sys.exit(status)
 
 
@@ -84,10 +85,13 @@ class StopSignals:
   With several processes, a signal reaches one host but every process must stop at the
   same step, or the others hang in the next collective: SIGTERM is left to JAX's
   preemption notifier (a Python handler would replace it), SIGINT is passed on to it as a
-  SIGTERM, and each call is a poll of JAX's preemption sync point, which all processes
-  reach at the same poll. The work polls at the same points on every process (each step,
-  each evaluation batch, each run of a sweep), so the n-th poll is the same moment
-  everywhere."""
+  SIGTERM, and each call is a poll of JAX's preemption sync point. That point is the poll
+  numbered one more than the highest number any process had passed when the notice
+  arrived, so its numbers must count the same polls everywhere and have one owner: this
+  object numbers its polls 1, 2, 3, ... (orbax's CheckpointManager, which would poll with
+  step numbers of its own, is kept from it: checkpoint.manager), and the work polls at the
+  same points on every process (each step, each evaluation batch, each run of a sweep), so
+  the n-th poll is the same moment everywhere."""
 
   def __init__(self):
     self.received: list[int] = []
@@ -100,8 +104,8 @@ class StopSignals:
       self._polls += 1
       if multihost_utils.reached_preemption_sync_point(self._polls):
         self.received.append(signal.SIGTERM)
-        print(f"process {jax.process_index()}: stopping with the others (a host got SIGTERM)",
-              file=sys.stderr, flush=True)
+        logs.say(f"process {jax.process_index()}: stopping with the others (a host got "
+                 "SIGTERM)")
     return bool(self.received)
 
   @property
@@ -109,18 +113,21 @@ class StopSignals:
     return 128 + self.received[0] if self.received else None
 
   def _handle(self, signum, frame) -> None:
+    """Records the request; its message is one system call that cannot raise (logs.say):
+    a print here raised BrokenPipeError into the training loop when the reader of a pipe
+    died of the same Ctrl-C, and the run was lost unsaved."""
     del frame
     name = signal.Signals(signum).name
     if self.received or self._interrupted:
-      print(f"{name} again: exiting at once", file=sys.stderr, flush=True)
+      logs.say(f"{name} again: exiting at once")
       os._exit(128 + signum)
     if self.distributed:
       self._interrupted = True
       os.kill(os.getpid(), signal.SIGTERM)  # to JAX's notifier: all processes stop together
     else:
       self.received.append(signum)
-    print(f"{name}: stopping at the next step or evaluation batch (send it again to exit at "
-          "once)", file=sys.stderr, flush=True)
+    logs.say(f"{name}: stopping at the next step or evaluation batch (send it again to exit "
+             "at once)")
 
   _interrupted = False
 

@@ -9,7 +9,9 @@ What a run guarantees, whatever fails:
     trained after them is saved, and rotation keeps the lowest-loss checkpoint;
   * a checkpoint in flight is committed (or cleanly abandoned) on every way out, and the
     final one is saved before the final evaluation;
-  * a stop request (signal) is honoured between steps and between evaluation batches.
+  * a stop request (signal) is honoured between steps and between evaluation batches, and
+    reported once its checkpoint is committed;
+  * WORKDIR/train.log holds the run's log lines and the details of what failed (logs.py).
 """
 
 import logging
@@ -19,7 +21,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from transformer import checkpoint, experiment, lock, sharding, storage, summaries
+from transformer import checkpoint, experiment, lock, logs, sharding, storage, summaries
 from transformer import workdir as workdir_lib
 from transformer.config import Config
 from transformer.errors import Interrupted, RunError
@@ -113,22 +115,28 @@ def train_and_evaluate(cfg: Config, workdir: str,
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
   # The data is read and checked before anything is written (the workdir and its lock
-  # included): a tokenizer is trained in memory, from a pass over the corpus that also checks it.
+  # included): a tokenizer is trained in memory, from a pass over the corpus that checks it.
   exp.source.load(has_checkpoints)
   splits = exp.source.eval_splits(exp.train.eval_examples)
   check_split_lengths(exp, splits)
   with lock.hold(workdir):
     exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
     workdir_lib.write_config(cfg, workdir)
-    mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
-    loop = None
-    try:
-      loop = _Loop(exp, workdir, mngr, splits, should_stop)
-      return loop.run()
-    finally:
-      checkpoint.finish(mngr)
-      if loop is not None:
-        loop.tensorboard.close()
+    with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
+      return _run(exp, workdir, splits, should_stop)
+
+
+def _run(exp: experiment.Experiment, workdir: str, splits: dict,
+         should_stop: Callable[[], bool]) -> int:
+  mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
+  loop = None
+  try:
+    loop = _Loop(exp, workdir, mngr, splits, should_stop)
+    return loop.run()
+  finally:
+    checkpoint.finish(mngr)
+    if loop is not None:
+      loop.tensorboard.close()
 
 
 class _Loop:
@@ -168,10 +176,10 @@ class _Loop:
         self._evaluate_if_missing()  # an evaluation that a stop interrupted
       self._train()
       if self.step == cfg.num_steps:
-        self.mngr.wait_until_finished()  # the final checkpoint exists before the evaluation
+        checkpoint.wait(self.mngr)  # the final checkpoint exists before the evaluation
         self._evaluate_if_missing()
     except Interrupted:
-      self._save()
+      self._save(wait=True)
       log.warning("stopped during the evaluation at step %d; the checkpoint of that step is "
                   "saved; re-run the same command to resume (the evaluation runs again)",
                   self.step)
@@ -205,7 +213,7 @@ class _Loop:
     first_interval = True
     while self.step < cfg.num_steps:
       if self.should_stop():
-        self._save()
+        self._save(wait=True)
         log.warning("stopped at step %d; %s; re-run the same command to resume", self.step,
                     "checkpoint saved" if self.saved else "nothing trained yet")
         return
@@ -277,18 +285,20 @@ class _Loop:
                   self.cfg.skip_nonfinite)
     self.unchecked = []
 
-  def _save(self) -> None:
+  def _save(self, wait: bool = False) -> None:
     """Saves the state at the current step unless it is saved: only after checking the
     steps since the last check (a diverged state is never saved). The training loss since
-    the last log line ranks the checkpoint for rotation."""
-    if self.step == self.saved:
-      return
-    self._check_finite()
-    totals = jax.device_get([(m["loss"], m["tokens"]) for m in self.pending])
-    tokens = sum(float(t) for _, t in totals)
-    loss = sum(float(x) for x, _ in totals) / tokens if tokens else self.last_loss
-    checkpoint.save(self.mngr, self.step, self.state, self.batches, loss)
-    self.saved = self.step
+    the last log line ranks the checkpoint for rotation. `wait`: until it is committed
+    (before a stop is reported as saved; RunError if it failed)."""
+    if self.step != self.saved:
+      self._check_finite()
+      totals = jax.device_get([(m["loss"], m["tokens"]) for m in self.pending])
+      tokens = sum(float(t) for _, t in totals)
+      loss = sum(float(x) for x, _ in totals) / tokens if tokens else self.last_loss
+      checkpoint.save(self.mngr, self.step, self.state, self.batches, loss)
+      self.saved = self.step
+    if wait:
+      checkpoint.wait(self.mngr)
 
   def _evaluate(self) -> None:
     log_eval_start(self.step, self.splits)
