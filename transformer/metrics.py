@@ -174,7 +174,8 @@ def macro_f1(predictions: np.ndarray, labels: np.ndarray, weights: np.ndarray,
   p, t = predictions[weights > 0], labels[weights > 0]
   scores = []
   for c in range(num_classes):
-    tp, fp, fn = np.sum((p == c) & (t == c)), np.sum((p == c) & (t != c)), np.sum((p != c) & (t == c))
+    tp, fp = np.sum((p == c) & (t == c)), np.sum((p == c) & (t != c))
+    fn = np.sum((p != c) & (t == c))
     if tp + fp + fn:
       scores.append(2 * tp / (2 * tp + fp + fn))
   return float(np.mean(scores)) if scores else 0.0
