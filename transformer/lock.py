@@ -12,8 +12,9 @@ Creating the file is atomic (O_EXCL) on a local or network filesystem, and a tak
 first renames the stale file, which only one of several contenders can do. In a bucket
 (gs://), which has neither, the lock is written and read back: two runs started within
 the same second may both pass (start runs of one workdir from one place). fcntl/flock
-locks (the `filelock` package) would free a dead process's lock by themselves, but they do not hold across the hosts of a shared
-filesystem, and they cannot say who holds the lock: the refusal names the owner.
+locks (the `filelock` package) would free a dead process's lock by themselves, but they
+do not hold across the hosts of a shared filesystem, and they cannot say who holds the
+lock: the refusal names the owner.
 """
 
 import contextlib
