@@ -16,7 +16,7 @@ from transformer import step as step_lib
 from transformer.attention import AttentionConfig
 from transformer.blocks import ModelConfig
 from transformer.config import parse
-from transformer.data import labelled, lm
+from transformer.data import corpora, labelled, lm
 from transformer.decoding import generate
 from transformer.errors import ConfigError
 from transformer.blocks import Stack
@@ -249,7 +249,7 @@ def test_lm_windows_score_the_same_tokens_at_every_length(tmp_path):
   np.testing.assert_array_equal(  # the same tokens, cut differently
       splits["len8"].arrays["targets"].reshape(-1),
       splits["len32"].arrays["targets"].reshape(-1))
-  train, valid = lm.stdlib_files(lm.LMData(python_version="{}.{}".format(
+  train, valid = corpora.stdlib_files(lm.LMData(python_version="{}.{}".format(
       *__import__("sys").version_info[:2])))
   assert train and valid and not set(train) & set(valid) and train == sorted(train)
 

@@ -10,7 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer import checkpoint, evaluation, experiment, sharding
+from transformer import checkpoint, evaluation, experiment, logs, sharding
 from transformer.config import parse
 from transformer.errors import ConfigError
 from tests.conftest import restore_and_evaluate
@@ -200,7 +200,7 @@ def test_the_log_explains_the_waits_and_a_finished_run(tmp_path, tiny_config, lo
 def test_a_long_evaluation_logs_progress(tiny_config, log_lines, monkeypatch):
   """Periodic plain lines per split (here every batch: PROGRESS_EVERY = 0), counting the
   scoring and the decoding passes of a split that is decoded; none at the end of a pass."""
-  monkeypatch.setattr(evaluation, "PROGRESS_EVERY", 0.0)
+  monkeypatch.setattr(logs, "PROGRESS_EVERY", 0.0)
   config = tiny_config(**{"eval.num_examples": 40, "eval.batch_size": 16})  # 3 batches
   exp = experiment.build(parse(config))
   evaluator = evaluation.Evaluator(exp)

@@ -6,14 +6,13 @@ import dataclasses
 import functools
 import json
 import logging
-import time
 
 import jax
 import numpy as np
 from etils import epath
 from flax import nnx
 
-from transformer import checkpoint, experiment, sharding, storage
+from transformer import checkpoint, experiment, logs, sharding, storage
 from transformer import workdir as workdir_lib
 from transformer.data import Targets
 from transformer.data.base import Split
@@ -57,7 +56,7 @@ class Evaluator:
   def num_batches(self, arrays: dict[str, np.ndarray]) -> int:
     return -(-len(arrays["inputs"]) // self.batch_size)
 
-  def _batches(self, arrays: dict[str, np.ndarray], progress: "Progress | None" = None):
+  def _batches(self, arrays: dict[str, np.ndarray], progress: "logs.Progress | None" = None):
     """The arrays in padded batches of batch_size rows; each batch, once its consumer asks
     for the next, counts as done in `progress`."""
     for start in range(0, len(arrays["inputs"]), self.batch_size):
@@ -67,7 +66,7 @@ class Evaluator:
         progress.advance()
 
   def predict(self, params, arrays: dict[str, np.ndarray], decode_len: int,
-              should_stop=lambda: False, progress: "Progress | None" = None) -> np.ndarray:
+              should_stop=lambda: False, progress: "logs.Progress | None" = None) -> np.ndarray:
     """Decoded tokens [n, decode_len] of every row."""
     predictions = []
     for batch in self._batches(arrays, progress):
@@ -76,7 +75,7 @@ class Evaluator:
     return np.concatenate(predictions)[:len(arrays["inputs"])]
 
   def evaluate_split(self, params, arrays: dict[str, np.ndarray], decode_len: int,
-                     should_stop=lambda: False, progress: "Progress | None" = None):
+                     should_stop=lambda: False, progress: "logs.Progress | None" = None):
     """Returns (metrics, predictions [n, decode_len]) of a split that is decoded; raises
     Interrupted between batches once should_stop() is true."""
     totals = self._totals(params, arrays, should_stop, progress)
@@ -95,7 +94,7 @@ class Evaluator:
     return totals
 
   def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
-                  progress: "Progress | None" = None):
+                  progress: "logs.Progress | None" = None):
     """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
     accuracy over the weighted targets, and outputs {"predictions", "nll"} [n, t] (the
     argmax and −log p(target) at every position), from one forward pass per batch."""
@@ -122,7 +121,8 @@ class Evaluator:
     decodes = self.exp.family.decodes
     for name, split in splits.items():
       # decoded splits take two passes: scoring, then decoding
-      progress = Progress(f"eval {name}", (2 if decodes else 1) * self.num_batches(split.arrays))
+      passes = 2 if decodes else 1
+      progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
       if decodes:
         metrics, predictions = self.evaluate_split(
             params, split.arrays, self.exp.source.decode_length(split), should_stop, progress)
@@ -132,26 +132,6 @@ class Evaluator:
       extra = self.exp.source.split_results(name, split, outputs)
       results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
     return results, hypotheses
-
-
-PROGRESS_EVERY = 5.0  # seconds between the progress lines of a long evaluation
-
-
-class Progress:
-  """Progress lines of a long pass over batches ('eval valid: 40/128 batches, 12 s'): one
-  every PROGRESS_EVERY seconds, none for a pass that ends sooner. Plain lines, readable in
-  a log file (no carriage returns); the first batch's time includes compilation."""
-
-  def __init__(self, what: str, total: int):
-    self.what, self.total, self.done = what, total, 0
-    self.start = self.last = time.monotonic()
-
-  def advance(self) -> None:
-    self.done += 1
-    now = time.monotonic()
-    if now - self.last >= PROGRESS_EVERY and self.done < self.total:
-      log.info("%s: %d/%d batches, %.0f s", self.what, self.done, self.total, now - self.start)
-      self.last = now
 
 
 def _add(totals: dict[str, float], sums: dict) -> None:

@@ -12,6 +12,8 @@ The console's streams outlive their reader. With `train.py ... | tee log`, a Ctr
 kills tee; every later write to the pipe raises BrokenPipeError from wherever it happens (a
 print, a logging handler, the signal handler, the interpreter's flush at exit), which would
 lose the run or bury its last lines. A broken stream is pointed at /dev/null instead.
+
+Long passes (an evaluation) log plain progress lines every PROGRESS_EVERY seconds.
 """
 
 import contextlib
@@ -221,3 +223,23 @@ def console(library_handler: logging.Handler | None = None) -> None:
     library_handler.addFilter(_Console())
   _RUN_LOG.keep_last = True
   sys.unraisablehook = _unraisable
+
+
+PROGRESS_EVERY = 5.0  # seconds between the progress lines of a long evaluation
+
+
+class Progress:
+  """Progress lines of a long pass over batches ('eval valid: 40/128 batches, 12 s'): one
+  every PROGRESS_EVERY seconds, none for a pass that ends sooner. Plain lines, readable in
+  a log file (no carriage returns); the first batch's time includes compilation."""
+
+  def __init__(self, what: str, total: int):
+    self.what, self.total, self.done = what, total, 0
+    self.start = self.last = time.monotonic()
+
+  def advance(self) -> None:
+    self.done += 1
+    now = time.monotonic()
+    if now - self.last >= PROGRESS_EVERY and self.done < self.total:
+      log.info("%s: %d/%d batches, %.0f s", self.what, self.done, self.total, now - self.start)
+      self.last = now
