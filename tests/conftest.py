@@ -1,9 +1,32 @@
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
+
+
+def _share_compilations() -> None:
+  """One JAX persistent compilation cache for the session's processes (this one, the CLI
+  forkserver's children, the multi-process tests' subprocesses: all inherit the
+  environment). Most tests compile the same tiny model; on the 2-core machine a tiny
+  train-and-evaluate takes 10.9 s cold and 2.6 s once the cache is warm. Fresh per session
+  (nothing from another checkout is reused) and removed at exit; a cached executable is the
+  one XLA would compile, so no result changes. JAX_COMPILATION_CACHE_DIR set by the caller
+  is kept."""
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  directory = tempfile.mkdtemp(prefix="jax-compilations-")
+  atexit.register(shutil.rmtree, directory, ignore_errors=True)
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=directory,
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+_share_compilations()
 
 from configs import default  # noqa: E402
 

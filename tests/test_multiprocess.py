@@ -73,6 +73,9 @@ def _start(args, num_processes=2, core=None, polls=None):
   preemption sync point into `polls`.PROCESS_ID."""
   port = _free_port()
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
+  # no shared compilation cache (conftest): JAX writes its entries from process 0 only, and
+  # without a file lock another process could read one half written
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   pin = [] if core is None else ["-c", PINNED, str(core), polls]
   return [subprocess.Popen(
       [sys.executable, *pin, *args, f"--coordinator_address=127.0.0.1:{port}",
