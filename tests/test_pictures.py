@@ -151,13 +151,13 @@ def _labelled(task, pooling):
 
 
 def _lm(corpus):
-  for name in ("train", "valid"):
-    (corpus / f"{name}.txt").write_text("\n".join(f"def f{i}(x):\n  return x + {i}"
-                                                  for i in range(60)))
+  """The LM source's own example corpus, at one evaluation length."""
+  from transformer.data.lm import LanguageModelSource  # noqa: PLC0415
+
   config = make_tiny_config()
-  config.data = dict(source="lm", corpus="files", dir=str(corpus), train_files="train.txt",
-                     valid_files="valid.txt", vocab_size=48, max_len=8, max_factor=1)
-  config.model.update(arch="decoder", max_len=16)
+  config.data = {**LanguageModelSource.example(str(corpus)).sections["data"], "max_factor": 1}
+  config.model.update(arch="decoder")
+  config.eval.num_examples = 8
   del config.task
   return config
 
