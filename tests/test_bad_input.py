@@ -393,7 +393,8 @@ CASES = [
      ["cannot be compared", "different tasks (copy and reverse)"]),
     ("compare a damaged run", "compare.py", ["{run}", "{truncated}"], [],
      ["truncated/config.json is not valid JSON"]),
-    ("compare a run twice", "compare.py", ["{run}", "{run}"], [],
+    ("compare a run twice", "compare.py", ["{run}", "{run}"], [], ["run is given twice"]),
+    ("compare a copy of a run", "compare.py", ["{run}", "{copy}"], [],
      ["are the same run (the same config and seed 0)"]),
     ("compare unknown baseline", "compare.py", ["{run}", "--baseline", "rotary"], [],
      ["--baseline rotary: no such variant; the variants are: all runs"]),
@@ -514,7 +515,7 @@ def others(tmp_path_factory, cli, run):
   """More workdirs, each named by its placeholder: a tiny language model's run (lm) and a
   ListOps classifier's (listops); copies of {run} whose config.json is cut short
   (truncated), a JSON list (jsonlist), a JSON string (jsonstring), or holds a bad value
-  (badvalue)."""
+  (badvalue); and a whole copy of {run} (copy)."""
   root = tmp_path_factory.mktemp("others")
   corpus = root / "corpus"
   corpus.mkdir()
@@ -536,6 +537,8 @@ def others(tmp_path_factory, cli, run):
     (root / name / "config.json").write_text(text)
     workdirs[name] = str(root / name)
   assert "-32" in open(root / "badvalue" / "config.json").read()
+  shutil.copytree(run, root / "copy")  # the same run in another directory
+  workdirs["copy"] = str(root / "copy")
   return workdirs
 
 

@@ -63,6 +63,8 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
     raise ConfigError("no runs given: python compare.py RUN_DIR [RUN_DIR ...]")
   configs, flat = {}, {}
   for path in paths:
+    if path in configs:
+      raise ConfigError(f"{path} is given twice; give each run once")
     if not epath.Path(path).is_dir():
       raise ConfigError(f"{path} is not a directory (a run's workdir, as train.py writes)")
     cfg = workdir_lib.saved_config(path)  # a ConfigError names a missing or damaged config
