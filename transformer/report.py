@@ -339,8 +339,8 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
   results = Results.of(entries, train_length)
   check_thresholds(thresholds, results)
   baseline = default_baseline(results, baseline)
-  header = _header(config_path, entries, overrides, only) + statistics_lines(results, baseline)
-  header.append("")
+  header = [*_header(config_path, entries, overrides, only),
+            *statistics_lines(results, baseline), *commit_line(), ""]
   md = markdown(results, header, baseline, thresholds)
   return save(sweep_dir, md, table_csv(results, baseline, thresholds), results, train_length)
 
@@ -367,4 +367,4 @@ def _header(config_path, entries, overrides, only) -> list[str]:
     lines.append("- every run: " + " ".join(f"--config.{k}={v}" for k, v in overrides.items()))
   if only:
     lines.append("- selected: " + " ".join(f"--only {o}" for o in only))
-  return lines + commit_line()
+  return lines
