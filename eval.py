@@ -3,8 +3,9 @@
 
 Restores the config saved in DIR and its checkpoint (the latest by default), reports loss,
 token accuracy, exact match and (text) sacreBLEU/chrF on every held-out split, and writes
-them as JSON, with the detokenized predictions beside it. --beam_size 4 --alpha 0.6 decodes
-as the paper does (a run that decodes: model.arch=encoder_decoder), and --average 5
+them as JSON, with the detokenized predictions and the references beside it (what
+`compare.py --paired_bootstrap` reads). --beam_size 4 --alpha 0.6 decodes as the paper
+does (a run that decodes: model.arch=encoder_decoder), and --average 5
 averages the last 5 checkpoints' parameters as it does. --source_file/--reference_file
 evaluate any parallel text (e.g. a new test set) with the run's vocabulary.
 

@@ -17,7 +17,10 @@ Sharing a sweep:
   * hosts: with --distributed (or --coordinator_address ...) the processes of one
     multi-host job walk the same runs together, each run spanning all of them; process 0
     writes the report.
---report_only rewrites the report.
+--report_only rewrites the report. The report gives each variant's mean and 95% t interval
+of every metric over its seeds, the main metric's spread, and its paired differences
+against --baseline VARIANT (default: the first variant with results); --success
+'METRIC>=VALUE' (repeatable) adds each variant's rate of seeds that meet it.
 """
 
 import os
@@ -28,7 +31,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import cli, report, storage, sweep
+from transformer import cli, report, stats, storage, sweep
 
 config_flags.DEFINE_config_file("config", None, "A sweep config file (get_config and "
                                 "get_sweep); --config.FIELD=VALUE overrides every run.")
@@ -40,6 +43,7 @@ flags.DEFINE_bool("print_commands", False, "Print one command per worker and exi
 flags.DEFINE_bool("report_only", False, "Only write the report of the runs.")
 flags.DEFINE_multi_string("only", [], "FIELD=VALUE[,VALUE...]: only the runs with one of "
                           "these values of a swept field (repeatable), for training and report.")
+cli.define_report_flags()
 cli.define_distributed_flags()
 flags.mark_flags_as_required(["config", "sweep_dir"])
 
@@ -61,6 +65,8 @@ def main(argv):
   if f.print_commands:
     extra = [f"--config.{field}={value}" for field, value in overrides.items()]
     extra += [f"--only={spec}" for spec in f.only]
+    extra += [f"--baseline={f.baseline}"] * (f.baseline is not None)
+    extra += [f"--success={spec}" for spec in f.success]
     for i in range(num_workers):
       print(shlex.join([sys.executable, "sweep.py", "--config", path, "--sweep_dir",
                         f.sweep_dir, *extra, f"--num_workers={num_workers}", f"--worker={i}"]))
@@ -69,12 +75,17 @@ def main(argv):
   cli.setup_logging()
   failed = {}
   with cli.StopSignals() as stop, cli.one_line_errors():
+    thresholds = [stats.parse_threshold(spec) for spec in f.success]
+    if f.baseline is not None:  # before anything trains
+      report.check_baseline(f.baseline, list(dict.fromkeys(
+          run.variant for run in sweep.runs(path, f.sweep_dir, overrides, f.only))))
     if not f.report_only:
       _, failed = sweep.run(path, f.sweep_dir, worker, num_workers, stop, overrides, f.only)
     if stop.exit_status:
       sys.exit(stop.exit_status)
     if jax.process_index() == 0:
-      md_path, csv_path = report.write(path, f.sweep_dir, overrides, f.only)
+      md_path, csv_path = report.write(path, f.sweep_dir, overrides, f.only, f.baseline,
+                                       thresholds)
       print(storage.read_text(md_path))
       print(f"report written to {md_path} and {csv_path}")
   if failed:

@@ -1,4 +1,4 @@
-"""Runs the CLIs (train.py, eval.py, sweep.py) as a user does, fast.
+"""Runs the CLIs (train.py, eval.py, sweep.py, compare.py) as a user does, fast.
 
 Each run executes SCRIPT as __main__ with the given argv, in a process of its own, and
 returns its exit status, stdout and stderr, as `python SCRIPT ARGS` would. The process is
@@ -24,7 +24,7 @@ TINY = ["--config.task.name=copy", "--config.task.num_symbols=6", "--config.task
         "--config.eval.num_examples=16", "--config.eval.batch_size=16"]
 PRELOAD = ["jax", "flax.nnx", "orbax.checkpoint", "grain", "matplotlib", "transformer.cli",
            "transformer.training", "transformer.evaluation", "transformer.sweep",
-           "transformer.pictures"]
+           "transformer.pictures", "transformer.compare"]
 
 
 def _main(script: str, argv: list[str], cwd: str, out: str, err: str) -> None:

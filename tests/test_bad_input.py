@@ -1,4 +1,4 @@
-"""Bad input as a new user types it, to train.py, eval.py and sweep.py: every case exits
+"""Bad input as a new user types it, to train.py, eval.py, sweep.py and compare.py: every case exits
 non-zero with one `error:` line naming the bad value (and what is allowed), prints no
 traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
 
@@ -9,8 +9,10 @@ import pytest
 
 from tests import clirun
 from tests.clirun import ROOT, CliRunner
+from tests.test_stats import fake_run, write_evaluation
 from transformer.data.sources import SOURCES
 from transformer.data.synthetic import TRANSFORMS
+from transformer.evaluation import text_paths
 from transformer.kernels import KERNELS
 from transformer.masks import WINDOWS
 from transformer.positions import POSITIONS
@@ -371,6 +373,56 @@ CASES = [
     ("sweep lm variant with too short a held-out text", "sweep.py",
      ["--config", "{files}/sweep_lm.py", "--sweep_dir", "{new}"], [],
      ["sweep run eval.num_examples=1000", "held-out documents", "too few"]),
+    ("sweep unknown baseline", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--baseline",
+      "model.position=alibi"], [], ["--baseline model.position=alibi: no such variant",
+                                    "model.position=sinusoidal, model.position=rotary"]),
+    ("sweep success without a comparison", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--success",
+      "valid/exact_match 0.9"], [], ["--success 'valid/exact_match 0.9'", "METRIC>=VALUE"]),
+    # compare.py
+    ("compare nothing", "compare.py", [], [], ["no runs given"]),
+    ("compare a file", "compare.py", ["{files}/afile"], [], ["afile is not a directory"]),
+    ("compare a folder that is not a run", "compare.py", ["{run}", "{files}/corpus"], [],
+     ["corpus has no config.json: not a training workdir"]),
+    ("compare a run without results", "compare.py", ["{run}", "{files}/untrained"], [],
+     ["untrained has no results", "no final evaluation (step 40)"]),
+    ("compare runs of different sources", "compare.py", ["{run}", "{listops}"], [],
+     ["cannot be compared", "different data sources (synthetic and labelled)"]),
+    ("compare runs of different tasks", "compare.py", ["{run}", "{files}/reverse"], [],
+     ["cannot be compared", "different tasks (copy and reverse)"]),
+    ("compare a damaged run", "compare.py", ["{run}", "{truncated}"], [],
+     ["truncated/config.json is not valid JSON"]),
+    ("compare a run twice", "compare.py", ["{run}", "{run}"], [], ["run is given twice"]),
+    ("compare a copy of a run", "compare.py", ["{run}", "{copy}"], [],
+     ["are the same run (the same config and seed 0)"]),
+    ("compare unknown baseline", "compare.py", ["{run}", "--baseline", "rotary"], [],
+     ["--baseline rotary: no such variant; the variants are: all runs"]),
+    ("compare success without a comparison", "compare.py",
+     ["{run}", "--success", "valid/exact_match=0.9"], [],
+     ["--success 'valid/exact_match=0.9'", "METRIC>=VALUE"]),
+    ("compare success of a metric no run has", "compare.py",
+     ["{run}", "--success", "valid/bleu>=20"], [],
+     ["--success valid/bleu>=20: no run reports valid/bleu", "valid/exact_match"]),
+    ("compare unknown ignored field", "compare.py", ["{run}", "--ignore", "model.positon"], [],
+     ["--ignore model.positon: the runs' configs have no field"]),
+    ("compare output over a sweep's report", "compare.py",
+     ["{run}", "--output", "{files}/swept"], [], ["--output", "holds another report", "# Sweep"]),
+    ("compare output a file", "compare.py", ["{run}", "--output", "{files}/afile"], [],
+     ["afile is a file, not a directory"]),
+    ("paired bootstrap of different test sets", "compare.py",
+     ["--paired_bootstrap", "{files}/eval_a.json", "{files}/eval_b.json"], [],
+     ["eval_a.json and", "eval_b.json scored different valid sets"]),
+    ("paired bootstrap without references", "compare.py",
+     ["--paired_bootstrap", "{files}/eval_a.json", "{files}/eval_old.json"], [],
+     ["eval_old.json: the valid split's references", "missing", "evaluate the run again"]),
+    ("paired bootstrap of run directories", "compare.py",
+     ["--paired_bootstrap", "{run}", "{run}"], [], ["is a directory; give the metrics JSON"]),
+    ("paired bootstrap of one evaluation", "compare.py",
+     ["--paired_bootstrap", "{files}/eval_a.json"], [], ["two or more evaluations"]),
+    ("paired bootstrap with a baseline", "compare.py",
+     ["--paired_bootstrap", "--baseline", "x", "{files}/eval_a.json", "{files}/eval_b.json"],
+     [], ["--baseline is for the report over run directories"]),
 ]
 
 
@@ -415,6 +467,15 @@ def files(tmp_path_factory):
   (files / "lm" / "short.py").write_text("x = 1")
   for name in ("lm.py", "sweep_lm.py"):  # train.py reads get_config() only
     (files / name).write_text(SWEEP_LM.format(dir=files / "lm"))
+  # For compare.py: runs without training, a sweep's report, evaluations of text splits.
+  fake_run(files / "untrained", 0.5, final=False)
+  fake_run(files / "reverse", 0.5, **{"task.name": "reverse"})
+  (files / "swept").mkdir()
+  (files / "swept" / "report.md").write_text("# Sweep configs/positions.py\n")
+  for name, references in (("eval_a", ["a b", "c d"]), ("eval_b", ["a b", "c e"]),
+                           ("eval_old", ["a b", "c d"])):
+    write_evaluation(files / f"{name}.json", ["a b", "c"], references)
+  os.remove(text_paths(str(files / "eval_old.json"), "valid")[1])
   return files
 
 
@@ -454,7 +515,7 @@ def others(tmp_path_factory, cli, run):
   """More workdirs, each named by its placeholder: a tiny language model's run (lm) and a
   ListOps classifier's (listops); copies of {run} whose config.json is cut short
   (truncated), a JSON list (jsonlist), a JSON string (jsonstring), or holds a bad value
-  (badvalue)."""
+  (badvalue); and a whole copy of {run} (copy)."""
   root = tmp_path_factory.mktemp("others")
   corpus = root / "corpus"
   corpus.mkdir()
@@ -476,6 +537,8 @@ def others(tmp_path_factory, cli, run):
     (root / name / "config.json").write_text(text)
     workdirs[name] = str(root / name)
   assert "-32" in open(root / "badvalue" / "config.json").read()
+  shutil.copytree(run, root / "copy")  # the same run in another directory
+  workdirs["copy"] = str(root / "copy")
   return workdirs
 
 

@@ -358,12 +358,12 @@ def test_pictures_of_each_family(tmp_path, arch):
 
 
 def test_sweep_plots_perplexity_by_length(tmp_path):
-  from transformer import pictures, report  # noqa: PLC0415
+  from transformer import pictures, report_plots  # noqa: PLC0415
   run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
                                       "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
                        for w in (64, 128) for s in ("", "_sliding")}
-  report._plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
-                                                           "rotary": [run(2.0)]}, 64)
+  report_plots.plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
+                                                                 "rotary": [run(2.0)]}, 64)
   assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()
 
 

@@ -15,6 +15,7 @@ from transformer import checkpoint, experiment
 from transformer.config import parse
 from transformer.data.tokenizer import RECORD_FILE, TOKENIZER_FILE, UNK_ID
 from transformer.errors import ConfigError
+from transformer.evaluation import text_paths
 from transformer.training import train_and_evaluate
 from transformer.workdir import METRICS_FILE
 
@@ -80,6 +81,9 @@ def test_text_run_trains_evaluates_and_resumes_with_its_tokenizer(tmp_path):
     assert results[split]["bleu_signature"].startswith("nrefs:1|case:mixed")
     with open(results[split]["predictions"], encoding="utf-8") as f:
       assert len(f.read().splitlines()) == 20
+    with open(results[split]["references"], encoding="utf-8") as f:  # the paired bootstrap's
+      assert f.read() == (tmp_path / "data" / f"{split}.de").read_text(encoding="utf-8")
+    assert results[split]["references"] == text_paths(path, split)[1]
 
   # Any source/reference file pair, no config edit: the valid files give the valid figures.
   data = config.data

@@ -30,6 +30,16 @@ def define_distributed_flags() -> None:
   flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
 
 
+def define_report_flags() -> None:
+  """The flags of a report's statistics (transformer/report.py): sweep.py and compare.py."""
+  flags.DEFINE_string("baseline", None, "The variant that the report's paired differences "
+                      "are against, e.g. model.position=sinusoidal (default: the first "
+                      "variant with results).")
+  flags.DEFINE_multi_string("success", [], "METRIC>=VALUE (or <=, >, <), e.g. "
+                            "'valid/exact_match>=0.9': the report gives each variant's rate "
+                            "of seeds that meet it (repeatable).")
+
+
 def start_distributed() -> None:
   """jax.distributed.initialize as the distributed flags say; must precede any other JAX
   call. Also starts JAX's preemption service, which StopSignals uses."""

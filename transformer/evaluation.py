@@ -197,14 +197,22 @@ def output_path(run: Run, output: str | None) -> str:
   return output
 
 
+def text_paths(output: str, split: str) -> tuple[str, str]:
+  """(hypotheses, references) of a text split, one line each, beside the metrics `output`:
+  the references make the file pair self-contained (compare.py's paired bootstrap checks
+  that two evaluations scored the same test set)."""
+  stem = output.removesuffix(".json")
+  return f"{stem}.{split}.txt", f"{stem}.{split}.references.txt"
+
+
 def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
                  files: tuple[str, str] | None = None, should_stop=lambda: False
                  ) -> tuple[int, dict, str]:
   """Evaluates every held-out split of a run restored by restore_run, or the (source,
   reference) text `files` instead, and writes the metrics as JSON (and, for text, the
-  detokenized predictions beside it, one file per split). Returns (step, metrics, metrics
-  path). A stop request (`should_stop`) during the evaluation raises Interrupted; nothing
-  is written then."""
+  detokenized predictions and the references beside it, one file each per split:
+  text_paths). Returns (step, metrics, metrics path). A stop request (`should_stop`)
+  during the evaluation raises Interrupted; nothing is written then."""
   exp, step = run.experiment, run.steps[-1]
   check_decoding(exp, beam_size)
   output = output_path(run, output)
@@ -217,9 +225,10 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
   try:
     for split, lines in hypotheses.items():
       if lines is not None:
-        path = f"{output.removesuffix('.json')}.{split}.txt"
-        storage.write(path, "".join(line + "\n" for line in lines))
-        results[split]["predictions"] = path
+        predictions, references = text_paths(output, split)
+        storage.write(predictions, "".join(line + "\n" for line in lines))
+        storage.write(references, "".join(line + "\n" for line in splits[split].references))
+        results[split].update(predictions=predictions, references=references)
     storage.write(output, json.dumps(
         {"step": step, "averaged_steps": run.steps, "workdir": storage.absolute(run.workdir),
          "beam_size": beam_size, "alpha": alpha, "splits": results}, indent=2))

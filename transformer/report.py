@@ -1,20 +1,21 @@
-"""The report of a sweep (transformer/sweep.py): a table of each variant's final held-out
-metrics over its seeds, the state of every run without results (failed, with the reason;
-stopped part-way; not trained yet), and plots of the training curves, the main metric and
-length extrapolation."""
+"""The report of a sweep (transformer/sweep.py) or of any runs (transformer/compare.py): a
+table of each variant's final held-out metrics over its seeds with their statistics
+(transformer/stats.py), the main metric's spread, success rates and paired differences
+against a baseline variant, the state of every run without results (failed, with the
+reason; stopped part-way; not trained yet), and plots (transformer/report_plots.py)."""
 
 import csv
+import dataclasses
 import io
-import itertools
+import json
 import os
 import re
 import subprocess
 from collections.abc import Sequence
 
-import numpy as np
 from etils import epath
 
-from transformer import checkpoint, pictures, storage, workdir as workdir_lib
+from transformer import checkpoint, report_plots, stats, storage, workdir as workdir_lib
 from transformer.errors import ConfigError
 from transformer.sweep import Run, is_finished, read_failure, runs as sweep_runs
 
@@ -30,10 +31,6 @@ SPLITS = ("valid", "test", "longer")
 def final_metrics(workdir: str) -> dict[str, dict]:
   """The last evaluation record of each held-out split in a run's metrics.jsonl."""
   return {r["split"]: r for r in workdir_lib.read_metrics(workdir) if r["split"] != "train"}
-
-
-def _train_curve(workdir: str) -> dict[int, float]:
-  return {r["step"]: r["loss"] for r in workdir_lib.read_metrics(workdir) if r["split"] == "train"}
 
 
 def run_state(run: Run) -> tuple[str, str]:
@@ -93,205 +90,281 @@ def _commit() -> str | None:
   return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
+  """Text as one markdown table cell."""
   return " ".join(str(text).split()).replace("|", "\\|")
 
 
 STATES = ("finished", "failed", "unfinished")
 
 
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """A run in a report: its name, variant (the runs of a variant differ only in their
+  seed), seed, workdir and training steps; its state (STATES) and, without results, why."""
+
+  name: str
+  variant: str
+  seed: int
+  workdir: str
+  steps: int
+  state: str = "finished"
+  note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Results:
+  """The final held-out metrics of a report's finished runs: `finals` {variant: {seed:
+  {split: metrics}}}, the variants in the entries' order and their seeds ascending; the
+  metric names in the table's order and the main one (order_metrics)."""
+
+  entries: list[Entry]
+  variants: dict[str, list[Entry]]
+  finals: dict[str, dict[int, dict]]
+  names: list[str]
+  main: str | None
+
+  @classmethod
+  def of(cls, entries: list[Entry], train_length: int | None) -> "Results":
+    variants: dict[str, list[Entry]] = {}
+    for entry in entries:
+      variants.setdefault(entry.variant, []).append(entry)
+    finals = {v: {e.seed: final_metrics(e.workdir)
+                  for e in sorted(es, key=lambda e: e.seed) if e.state == "finished"}
+              for v, es in variants.items()}
+    names, main = order_metrics({f"{split}/{key}" for runs in finals.values()
+                                 for r in runs.values() for split, m in r.items()
+                                 for key, value in m.items() if isinstance(value, float)
+                                 and key not in ("step", "eval_length")}, train_length)
+    return cls(entries, variants, finals, names, main)
+
+  def values(self, variant: str, name: str) -> dict[int, float]:
+    """{seed: value} of the metric `split/key` over the variant's finished runs."""
+    split, key = name.split("/", 1)
+    return {seed: r[split][key] for seed, r in self.finals[variant].items()
+            if key in r.get(split, {})}
+
+  def summary(self, variant: str, name: str) -> stats.Summary | None:
+    values = self.values(variant, name)
+    return stats.summary(list(values.values())) if values else None
+
+
+def check_baseline(baseline: str | None, variants: Sequence[str]) -> None:
+  """A ConfigError for a --baseline that names none of the variants (listing them)."""
+  if baseline is not None and baseline not in variants:
+    raise ConfigError(f"--baseline {baseline}: no such variant; the variants are: "
+                      f"{', '.join(variants)}")
+
+
+def check_thresholds(thresholds: Sequence[stats.Threshold], results: Results) -> None:
+  """A ConfigError for a --success threshold on a metric no finished run reports."""
+  for threshold in thresholds:
+    if results.names and threshold.metric not in results.names:
+      raise ConfigError(f"--success {threshold}: no run reports {threshold.metric}; the "
+                        f"metrics are: {', '.join(results.names)}")
+
+
+def _lower(name: str) -> bool:
+  return name.split("/")[1] in LOWER_IS_BETTER
+
+
+def statistics_lines(results: Results, baseline: str | None) -> list[str]:
+  """The header's lines saying what the numbers are."""
+  if not results.main:
+    return []
+  better = "lower" if _lower(results.main) else "higher"
+  lines = [f"- main metric: {results.main} ({better} is better); metrics are each run's final "
+           "held-out evaluation",
+           f"- statistics over a variant's finished seeds: mean [{stats.CONFIDENCE:.0%} "
+           "confidence interval of the mean: Student t, n − 1 degrees of freedom; none for one "
+           "seed]; std: the sample standard deviation (n − 1)"]
+  if baseline and len(results.variants) > 1:
+    lines.append(f"- paired differences: variant − {baseline} (the baseline) per shared seed, "
+                 f"their mean and {stats.CONFIDENCE:.0%} t interval; * where it excludes 0")
+  return lines
+
+
+def default_baseline(results: Results, baseline: str | None) -> str | None:
+  """The baseline variant: `baseline`, else the first variant with finished seeds."""
+  return baseline or next((v for v, f in results.finals.items() if f), None)
+
+
+def _num(x: float) -> str:
+  return f"{x:.4f}"
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+  return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""
+
+
+def _table_cell(summary: stats.Summary | None, seeds: int) -> str:
+  """mean [interval], and n where fewer seeds than the variant's report the metric."""
+  if summary is None:
+    return ""
+  text = f"{_num(summary.mean)} {_interval(summary.ci)}".strip()
+  return text + (f" (n={summary.n})" if summary.n != seeds else "")
+
+
+def markdown(results: Results, header: list[str], baseline: str | None,
+             thresholds: Sequence[stats.Threshold] = ()) -> str:
+  """The report as markdown: `header`, a row per variant with its run counts and each
+  metric's mean and interval; the main metric's spread per variant (n, mean, std, interval,
+  min, max, success rates, the values per seed); the main metric's paired differences
+  against `baseline`; the runs without results."""
+  counts = {v: {s: sum(e.state == s for e in es) for s in STATES}
+            for v, es in results.variants.items()}
+  names, main = results.names, results.main
+  columns = ["variant", "seeds", "failed", "unfinished"]
+  lines = header + ["| " + " | ".join(columns + names) + " |",
+                    "|---" * (len(columns) + len(names)) + "|"]
+  for variant in results.variants:
+    cells = [str(counts[variant][s]) for s in STATES]
+    cells += [_table_cell(results.summary(variant, n), counts[variant]["finished"])
+              for n in names]
+    lines.append(f"| {cell(variant)} | " + " | ".join(cells) + " |")
+  with_results = [v for v, f in results.finals.items() if f]
+  if main and with_results:
+    lines += ["", f"## {main} over seeds", "",
+              "| variant | n | mean | std | {:.0%} CI | min | max | ".format(stats.CONFIDENCE)
+              + "".join(f"{cell(t)} | " for t in thresholds) + "per seed |",
+              "|---" * (8 + len(thresholds)) + "|"]
+    for variant in with_results:
+      s, values = results.summary(variant, main), results.values(variant, main)
+      if s is None:
+        continue
+      rates = [stats.success_rate(list(results.values(variant, t.metric).values()), t)
+               for t in thresholds]
+      lines.append(f"| {cell(variant)} | {s.n} | {_num(s.mean)} | "
+                   f"{_num(s.std) if s.std is not None else ''} | {_interval(s.ci)} | "
+                   f"{_num(s.min)} | {_num(s.max)} | "
+                   + "".join(f"{k}/{n} | " for k, n in rates)
+                   + ", ".join(f"{seed}: {_num(v)}" for seed, v in values.items()) + " |")
+    if baseline and len(results.variants) > 1:
+      lines += ["", f"## Paired differences against {cell(baseline)} ({main})", "",
+                "| variant | shared seeds | mean difference | {:.0%} CI | excludes 0 |".format(
+                    stats.CONFIDENCE), "|---|---|---|---|---|"]
+      base = results.values(baseline, main)
+      for variant in results.variants:
+        if variant == baseline:
+          continue
+        pair = stats.paired(base, results.values(variant, main))
+        lines.append(f"| {cell(variant)} | " + (
+            f"{len(pair.seeds)} | {pair.mean:+.4f} | {_interval(pair.ci)} | "
+            f"{'*' if pair.excludes_zero else ''} |" if pair else "0 | | | |"))
+  without = [e for e in results.entries if e.state != "finished"]
+  if without:
+    lines += ["", "## Runs without results", "", "| run | state |", "|---|---|"]
+    lines += [f"| {cell(e.name)} | {cell(e.note)} |" for e in without]
+  return "\n".join(lines) + "\n"
+
+
+def table_csv(results: Results, baseline: str | None,
+              thresholds: Sequence[stats.Threshold] = ()) -> str:
+  """The report as CSV, a row per variant: its run counts and finished seeds; for every
+  metric the mean, sample std, interval, min, max, n and the values ({seed: value} as
+  JSON); the baseline and, for every metric, the paired differences' mean, interval and n;
+  the success rate of every threshold. Empty where a statistic does not exist."""
+  names = results.names
+  table = io.StringIO()
+  writer = csv.writer(table)
+  stat_columns = ("mean", "std", "ci_low", "ci_high", "min", "max", "n", "values")
+  writer.writerow(["variant", "seeds", "failed", "unfinished", "seed ids"]
+                  + [f"{n} {c}" for n in names for c in stat_columns] + ["baseline"]
+                  + [f"{n} diff {c}" for n in names for c in ("mean", "ci_low", "ci_high", "n")]
+                  + [f"success {t}" for t in thresholds])
+  for variant, entries in results.variants.items():
+    row = [variant] + [sum(e.state == s for e in entries) for s in STATES]
+    row.append(" ".join(str(seed) for seed in results.finals[variant]))
+    for name in names:
+      s, values = results.summary(variant, name), results.values(variant, name)
+      row += ([s.mean, _blank(s.std), *(s.ci or ("", "")), s.min, s.max, s.n,
+               json.dumps({str(k): v for k, v in values.items()})] if s else [""] * 7 + [0, ""])
+    row.append(baseline or "")
+    for name in names:
+      pair = (stats.paired(results.values(baseline, name), results.values(variant, name))
+              if baseline and variant != baseline else None)
+      row += [pair.mean, *(pair.ci or ("", "")), len(pair.seeds)] if pair else ["", "", "", ""]
+    for t in thresholds:
+      k, n = stats.success_rate(list(results.values(variant, t.metric).values()), t)
+      row.append(k / n if n else "")
+    writer.writerow(row)
+  return table.getvalue()
+
+
+def _blank(x):
+  return "" if x is None else x
+
+
+def save(out_dir: str, md: str, table: str, results: Results, train_length: int | None
+         ) -> tuple[str, str]:
+  """Writes report.md and report.csv into out_dir, and the plots of the finished runs
+  (report_plots.plot). Returns the table paths."""
+  md_path, csv_path = storage.join(out_dir, "report.md"), storage.join(out_dir, "report.csv")
+  storage.write(md_path, md)
+  storage.write(csv_path, table)
+  workdirs = {v: [e.workdir for e in es if e.state == "finished"]
+              for v, es in results.variants.items()}
+  workdirs = {v: dirs for v, dirs in workdirs.items() if dirs}
+  if workdirs:
+    main = None
+    if results.main:
+      summaries = {v: s for v in workdirs if (s := results.summary(v, results.main))}
+      main = results.main, summaries, _lower(results.main)
+    report_plots.plot(out_dir, workdirs, {v: list(results.finals[v].values()) for v in workdirs},
+                      main, train_length)
+  return md_path, csv_path
+
+
 def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
-          only: Sequence[str] = ()) -> tuple[str, str]:
+          only: Sequence[str] = (), baseline: str | None = None,
+          thresholds: Sequence[stats.Threshold] = ()) -> tuple[str, str]:
   """Writes under sweep_dir report.md and report.csv over the sweep's runs (those `only`
   selects, see sweep.select): a title naming the sweep file, its training steps, the
-  overrides and selection and the code's commit; a row per variant (the overrides other
-  than the seed) with its finished, failed and unfinished runs and each final held-out
-  metric as mean ± std over its finished seeds, the main metric first (order_metrics);
-  then every run without results and why (run_state). And PNG plots of the finished runs:
-  curves.png (training loss), final.png (the main metric) and, when runs report exact
-  match per length, extrapolation.png; for language models (perplexity per evaluation
-  length), perplexity.png (perplexity against the evaluation length, non-overlapping and
-  sliding windows) and position_loss.png (the loss by position in the longest windows).
-  Returns the table paths."""
+  overrides and selection, what the statistics are and the code's commit; a row per
+  variant (the overrides other than the seed) with its finished, failed and unfinished
+  runs and each final held-out metric's mean and t interval over its finished seeds, the
+  main metric first (order_metrics); the main metric's spread per variant, the success
+  rates of `thresholds`, and its paired differences against `baseline` (default: the
+  first variant with results); then every run without results and why (run_state). And
+  PNG plots of the finished runs (report_plots.plot). Returns the table paths."""
   all_runs = sweep_runs(config_path, sweep_dir, overrides, only)
   if not epath.Path(sweep_dir).is_dir():
     raise ConfigError(f"--sweep_dir {sweep_dir} does not exist: no run of this sweep has "
                       "started there")
-  states = {run.name: run_state(run) for run in all_runs}
-  variants: dict[str, list[Run]] = {}
-  for run in all_runs:
-    variants.setdefault(run.variant, []).append(run)
-  counts = {v: {s: sum(states[r.name][0] == s for r in rs) for s in STATES}
-            for v, rs in variants.items()}
-  finished = {v: [r.workdir for r in rs if states[r.name][0] == "finished"]
-              for v, rs in variants.items()}
-  finals = {v: [final_metrics(w) for w in workdirs] for v, workdirs in finished.items()}
+  check_baseline(baseline, list(dict.fromkeys(run.variant for run in all_runs)))
+  entries = [Entry(run.name, run.variant, run.config.seed, run.workdir,
+                   run.config.train.num_steps, *run_state(run)) for run in all_runs]
   first = all_runs[0].config
   train_length = first.source.train_length(first.data, first.task)
-  names, main = order_metrics({f"{split}/{key}" for runs in finals.values() for r in runs
-                               for split, m in r.items() for key, value in m.items()
-                               if isinstance(value, float) and key not in ("step", "eval_length")},
-                              train_length)
-  stats = _stats(finals, names)
-  md_path, csv_path = storage.join(sweep_dir, "report.md"), storage.join(sweep_dir, "report.csv")
-  columns = ["variant", "seeds", "failed", "unfinished"]
-  lines = _header(config_path, all_runs, counts, main, overrides, only)
-  lines += ["| " + " | ".join(columns + names) + " |", "|---" * (len(columns) + len(names)) + "|"]
-  for variant in variants:
-    cells = [str(counts[variant][s]) for s in STATES] + [_format(stats[variant, n]) for n in names]
-    lines.append(f"| {_cell(variant)} | " + " | ".join(cells) + " |")
-  without = [run for run in all_runs if states[run.name][0] != "finished"]
-  if without:
-    lines += ["", "## Runs without results", "", "| run | state |", "|---|---|"]
-    lines += [f"| {_cell(run.name)} | {_cell(states[run.name][1])} |" for run in without]
-  storage.write(md_path, "\n".join(lines) + "\n")
-  table = io.StringIO()
-  writer = csv.writer(table)
-  writer.writerow(columns + [f"{n} {stat}" for n in names for stat in ("mean", "std")])
-  for variant in variants:
-    writer.writerow([variant, *(counts[variant][s] for s in STATES)]
-                    + [x for n in names for x in (stats[variant, n] or ("", "", 0))[:2]])
-  storage.write(csv_path, table.getvalue())
-  with_results = {v: workdirs for v, workdirs in finished.items() if workdirs}
-  if with_results:
-    _plot(sweep_dir, with_results, {v: finals[v] for v in with_results}, stats, main,
-          train_length)
-  return md_path, csv_path
+  results = Results.of(entries, train_length)
+  check_thresholds(thresholds, results)
+  baseline = default_baseline(results, baseline)
+  header = [*_header(config_path, entries, overrides, only),
+            *statistics_lines(results, baseline), *commit_line(), ""]
+  md = markdown(results, header, baseline, thresholds)
+  return save(sweep_dir, md, table_csv(results, baseline, thresholds), results, train_length)
 
 
-def _stats(finals: dict[str, list[dict]], names: list[str]) -> dict:
-  """{(variant, name): (mean, std, seeds) of the metric over the variant's finished runs, or
-  None}."""
-  stats = {}
-  for variant, runs in finals.items():
-    for name in names:
-      split, key = name.split("/")
-      values = [r[split][key] for r in runs if key in r.get(split, {})]
-      stats[variant, name] = ((float(np.mean(values)), float(np.std(values)), len(values))
-                              if values else None)
-  return stats
+def steps_line(entries: Sequence[Entry]) -> str:
+  steps = sorted({e.steps for e in entries})
+  return (f"- training steps: {steps[0]}" if len(steps) == 1 else
+          f"- training steps: {steps[0]} to {steps[-1]} (see the variants)")
 
 
-def _format(stat) -> str:
-  if not stat:
-    return ""
-  mean, std, seeds = stat
-  return f"{mean:.4f} ± {std:.4f}" if seeds > 1 else f"{mean:.4f}"  # one seed: no spread
+def commit_line() -> list[str]:
+  commit = _commit()
+  return [f"- written by the code at git commit {commit}"] if commit else []
 
 
-def _header(config_path, all_runs, counts, main, overrides, only) -> list[str]:
+def _header(config_path, entries, overrides, only) -> list[str]:
   """The title and the facts that the table's numbers depend on."""
-  total = {s: sum(c[s] for c in counts.values()) for s in STATES}
-  steps = sorted({run.config.train.num_steps for run in all_runs})
+  total = {s: sum(e.state == s for e in entries) for s in STATES}
+  variants = len({e.variant for e in entries})
   lines = [f"# Sweep {config_path}", "",
-           f"- runs: {len(all_runs)} in {len(counts)} variant(s): "
-           + ", ".join(f"{total[s]} {s}" for s in STATES),
-           f"- training steps: {steps[0]}" if len(steps) == 1 else
-           f"- training steps: {steps[0]} to {steps[-1]} (see the variants)"]
-  if main:
-    better = "lower" if main.split("/")[1] in LOWER_IS_BETTER else "higher"
-    lines.append(f"- main metric: {main} ({better} is better); metrics are the final held-out "
-                 "evaluation, mean ± std over the finished seeds")
+           f"- runs: {len(entries)} in {variants} variant(s): "
+           + ", ".join(f"{total[s]} {s}" for s in STATES), steps_line(entries)]
   if overrides:
     lines.append("- every run: " + " ".join(f"--config.{k}={v}" for k, v in overrides.items()))
   if only:
     lines.append("- selected: " + " ".join(f"--only {o}" for o in only))
-  if commit := _commit():
-    lines.append(f"- written by the code at git commit {commit}")
-  return lines + [""]
-
-
-def curve_style(curves: list[list[float]]) -> tuple[str, str | None]:
-  """(y scale, marker) for training-loss curves: a log axis only when the losses span a
-  decade or more (else a linear one, on which a short run's few points are readable),
-  markers when a curve has few points."""
-  values = [v for c in curves for v in c if np.isfinite(v)]
-  spans_a_decade = bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
-  few = max((len(c) for c in curves), default=0) <= 20
-  return ("log" if spans_a_decade else "linear"), ("o" if few else None)
-
-
-def _plot(sweep_dir, variants, finals, stats, main, train_length) -> None:
-  plt = pictures.pyplot()
-  fig, ax = plt.subplots(figsize=(8, 5))
-  means = {}
-  for variant, workdirs in variants.items():
-    curves = [_train_curve(w) for w in workdirs]
-    steps = sorted(set.intersection(*(set(c) for c in curves)))
-    means[variant] = (steps, [float(np.mean([c[s] for c in curves])) for s in steps])
-  yscale, marker = curve_style([loss for _, loss in means.values()])
-  for variant, (steps, loss) in means.items():
-    ax.plot(steps, loss, marker=marker, markersize=4, label=variant)
-  ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale=yscale,
-         title="Learning curves")
-  ax.xaxis.get_major_locator().set_params(integer=True)  # steps, not 3.5
-  ax.legend(fontsize=7)
-  pictures.save(fig, storage.join(sweep_dir, "curves.png"), dpi=120, bbox_inches="tight")
-
-  if main:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    labels = [v for v in finals if stats[v, main]]
-    ax.bar(range(len(labels)), [stats[v, main][0] for v in labels],
-           yerr=[stats[v, main][1] for v in labels], capsize=4)
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
-    better = "lower" if main.split("/")[1] in LOWER_IS_BETTER else "higher"
-    ax.set(ylabel=f"{main} (mean ± std over seeds; {better} is better)",
-           title="Final held-out metric")
-    pictures.save(fig, storage.join(sweep_dir, "final.png"), dpi=120, bbox_inches="tight")
-
-  if any("exact_match_by_length" in m
-         for runs in finals.values() for r in runs for m in r.values()):
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for variant, runs in finals.items():
-      by_length: dict[int, list[float]] = {}
-      for r in runs:
-        for m in r.values():
-          for length, value in m.get("exact_match_by_length", {}).items():
-            by_length.setdefault(int(length), []).append(value)
-      lengths = sorted(by_length)
-      ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], marker="o", label=variant)
-    if train_length is not None:
-      ax.axvline(train_length + 0.5, color="gray", linestyle="--",
-                 label="longest training length")
-    ax.set(xlabel="input length", ylabel="exact match (mean over seeds)",
-           title="Length extrapolation")
-    ax.legend(fontsize=7)
-    pictures.save(fig, storage.join(sweep_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
-
-  if any("eval_length" in m for runs in finals.values() for r in runs for m in r.values()):
-    _plot_lengths(plt, sweep_dir, finals, train_length)
-
-
-def _plot_lengths(plt, sweep_dir, finals, train_length) -> None:
-  """perplexity.png and position_loss.png of language-model runs (see report)."""
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for (variant, runs), color in zip(finals.items(), itertools.cycle(plt.cm.tab10.colors)):
-    for sliding, style in ((False, "-"), (True, "--")):
-      by_length: dict[float, list[float]] = {}
-      for r in runs:
-        for split, m in r.items():
-          if "eval_length" in m and split.endswith("_sliding") == sliding:
-            by_length.setdefault(m["eval_length"], []).append(m["perplexity"])
-      lengths = sorted(by_length)
-      if lengths:
-        ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], style, marker="o",
-                color=color, label=f"{variant}{' (sliding)' if sliding else ''}")
-  ax.axvline(train_length, color="gray", linestyle=":", label="training length")
-  ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (mean over seeds)",
-         xscale="log", yscale="log", title="Length extrapolation")
-  ax.legend(fontsize=6, ncol=2)
-  pictures.save(fig, storage.join(sweep_dir, "perplexity.png"), dpi=120, bbox_inches="tight")
-
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for variant, runs in finals.items():
-    curves = [max(((m["eval_length"], m["loss_by_position"]) for split, m in r.items()
-                   if "eval_length" in m and not split.endswith("_sliding")),
-                  key=lambda x: x[0])[1] for r in runs]
-    positions = sorted(set.intersection(*(set(c) for c in curves)), key=int)
-    ax.plot([int(p) for p in positions], [np.mean([c[p] for c in curves]) for p in positions],
-            label=variant)
-  ax.axvline(train_length, color="gray", linestyle=":", label="training length")
-  ax.set(xlabel="position in the window", ylabel="loss (nats, mean over seeds)",
-         title="Loss by position, longest evaluation windows")
-  ax.legend(fontsize=7)
-  pictures.save(fig, storage.join(sweep_dir, "position_loss.png"), dpi=120, bbox_inches="tight")
+  return lines

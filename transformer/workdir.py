@@ -18,10 +18,11 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 
 
-def _flatten(d, prefix=""):
+def flatten(d: dict, prefix: str = "") -> dict:
+  """{dotted path: value} of a nested dict (a config as config.to_dict gives it)."""
   out = {}
   for k, v in d.items():
-    out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
   return out
 
 
@@ -43,7 +44,7 @@ def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) 
     return
   saved_raw = load_config(workdir)
   saved = fields.identity(_parse_saved(saved_raw, workdir))
-  present = set(_flatten(config_lib.migrate(saved_raw)))
+  present = set(flatten(config_lib.migrate(saved_raw)))
   new = fields.identity(cfg)
   changed = [k for k in saved if k in present and new.get(k) != saved[k]]
   if changed:
