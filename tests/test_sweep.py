@@ -15,7 +15,7 @@ import pytest
 
 from tests.clirun import CliRunner
 from tests.conftest import make_tiny_config
-from transformer import report, report_plots, sweep
+from transformer import report, report_plots, results, sweep
 from transformer.data.sources import SOURCES
 from transformer.errors import ConfigError
 
@@ -74,7 +74,7 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   with open(sweep_dir / "report.csv") as f:
     rows = {r["variant"]: r for r in csv.DictReader(f)}
   assert set(rows) == {"model.position=sinusoidal", "model.position=rotary"}
-  exact = [report.final_metrics(str(sweep_dir / f"model.position=rotary,seed={s}"))["valid"]
+  exact = [results.final_metrics(str(sweep_dir / f"model.position=rotary,seed={s}"))["valid"]
            ["exact_match"] for s in (0, 1)]
   row = rows["model.position=rotary"]
   assert row["seeds"] == "2"
@@ -87,7 +87,7 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   assert "| model.position=rotary | 2 |" in (sweep_dir / "report.md").read_text()
   for picture in ("curves.png", "final.png", "extrapolation.png"):
     assert (sweep_dir / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  final = report.final_metrics(str(first))  # exact match per length, training and longer ones
+  final = results.final_metrics(str(first))  # exact match per length, training and longer ones
   assert {"3", "4", "5"} <= set(final["valid"]["exact_match_by_length"]) <= set("12345")
   assert set(final["longer"]["exact_match_by_length"]) == {"6", "7"}
 
@@ -274,12 +274,12 @@ def test_only_selects_by_the_swept_values():
 
 def test_metric_order_and_curve_style():
   names = {"valid/loss", "test/bleu", "valid/chrf", "valid/bleu", "valid/accuracy", "test/loss"}
-  assert report.order_metrics(names, None) == (
+  assert results.order_metrics(names, None) == (
       ["valid/bleu", "valid/chrf", "valid/accuracy", "valid/loss", "test/bleu", "test/loss"],
       "valid/bleu")
   lm = {"len128/perplexity", "len64/loss", "len64/perplexity", "len128_sliding/perplexity",
         "len128/loss"}
-  assert report.order_metrics(lm, 64) == (
+  assert results.order_metrics(lm, 64) == (
       ["len64/perplexity", "len64/loss", "len128/perplexity", "len128/loss",
        "len128_sliding/perplexity"], "len64/perplexity")
   assert report_plots.curve_style([[2.8, 2.3]]) == ("linear", "o")  # a short run: two points

@@ -22,6 +22,7 @@ from transformer import checkpoint, config as config_lib, report, stats, storage
 from transformer import workdir as workdir_lib
 from transformer.errors import ConfigError
 from transformer.evaluation import text_paths
+from transformer.results import Entry, Results
 from transformer.sweep import read_failure, run_name
 
 log = logging.getLogger("transformer")
@@ -55,8 +56,8 @@ def _comparable(configs: dict[str, config_lib.Config]) -> None:
 
 
 def entries(paths: Sequence[str], ignore: Sequence[str] = ()
-            ) -> tuple[list[report.Entry], list[str], config_lib.Config]:
-  """(a report.Entry per run in `paths`, the fields that name the variants, the first run's
+            ) -> tuple[list[Entry], list[str], config_lib.Config]:
+  """(a Entry per run in `paths`, the fields that name the variants, the first run's
   config). Every path must be a run's workdir with its final evaluation, the runs of one
   data source and task, each run given once; else a ConfigError naming the path."""
   if not paths:
@@ -89,7 +90,7 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
       raise ConfigError(f"{other} and {path} are the same run (the same config and seed "
                         f"{cfg.seed}); give each run once")
     seen[variant, cfg.seed] = path
-    out.append(report.Entry(path, variant, cfg.seed, path, cfg.train.num_steps))
+    out.append(Entry(path, variant, cfg.seed, path, cfg.train.num_steps))
   return out, differ, next(iter(configs.values()))
 
 
@@ -127,7 +128,7 @@ def compare(paths: Sequence[str], output: str | None = None, baseline: str | Non
   report.check_baseline(baseline, list(dict.fromkeys(e.variant for e in runs)))
   replacing = check_output(output) if output else False
   train_length = first.source.train_length(first.data, first.task)
-  results = report.Results.of(runs, train_length)
+  results = Results.of(runs, train_length)
   report.check_thresholds(thresholds, results)
   baseline = report.default_baseline(results, baseline)
   task = getattr(first.task, "name", None)

@@ -5,33 +5,18 @@ against a baseline variant, the state of every run without results (failed, with
 reason; stopped part-way; not trained yet), and plots (transformer/report_plots.py)."""
 
 import csv
-import dataclasses
 import io
 import json
 import os
-import re
 import subprocess
 from collections.abc import Sequence
 
 from etils import epath
 
-from transformer import checkpoint, report_plots, stats, storage, workdir as workdir_lib
+from transformer import checkpoint, report_plots, stats, storage
 from transformer.errors import ConfigError
+from transformer.results import STATES, Entry, Results, lower_is_better
 from transformer.sweep import Run, is_finished, read_failure, runs as sweep_runs
-
-# The main metric, the first found: the column after the run counts and the bar chart.
-MAIN_METRICS = ("valid/bleu", "valid/exact_match", "valid/accuracy")
-# The order of the metrics of a split in the table; others follow by name.
-KEYS = ("bleu", "chrf", "exact_match", "accuracy", "macro_f1", "perplexity", "bits_per_token",
-        "loss")
-LOWER_IS_BETTER = ("perplexity", "bits_per_token", "loss")
-SPLITS = ("valid", "test", "longer")
-
-
-def final_metrics(workdir: str) -> dict[str, dict]:
-  """The last evaluation record of each held-out split in a run's metrics.jsonl."""
-  return {r["split"]: r for r in workdir_lib.read_metrics(workdir) if r["split"] != "train"}
-
 
 def run_state(run: Run) -> tuple[str, str]:
   """("finished" | "failed" | "unfinished", what to say of a run without results)."""
@@ -46,33 +31,6 @@ def run_state(run: Run) -> tuple[str, str]:
     return "unfinished", (f"checkpoint at step {steps[-1]} of {num_steps}: training, or "
                           "stopped (the sweep resumes it)")
   return "unfinished", "not trained yet"
-
-
-def _split_rank(split: str) -> tuple:
-  if split in SPLITS:
-    return (SPLITS.index(split), 0, "")
-  if match := re.fullmatch(r"len(\d+)(_sliding)?", split):  # language models: by length
-    return (len(SPLITS), int(match[1]), match[2] or "")
-  return (len(SPLITS) + 1, 0, split)
-
-
-def order_metrics(names: set[str], train_length: int | None) -> tuple[list[str], str | None]:
-  """(the `split/key` names in the table's order, the main metric): the main metric first
-  (valid BLEU, exact match or accuracy; a language model's perplexity at its training
-  length), then split by split (valid, test, longer, then by evaluation length), each
-  split's metrics in KEYS' order."""
-  main = next((n for n in MAIN_METRICS if n in names), None)
-  if main is None:
-    perplexities = sorted((n for n in names if n.endswith("/perplexity")),
-                          key=lambda n: _split_rank(n.split("/")[0]))
-    main = (f"len{train_length}/perplexity" if f"len{train_length}/perplexity" in names
-            else next(iter(perplexities), None))
-
-  def rank(name):
-    split, key = name.split("/", 1)
-    return (name != main, _split_rank(split), KEYS.index(key) if key in KEYS else len(KEYS), key)
-
-  return sorted(names, key=rank), main
 
 
 def _commit() -> str | None:
@@ -95,60 +53,6 @@ def cell(text: str) -> str:
   return " ".join(str(text).split()).replace("|", "\\|")
 
 
-STATES = ("finished", "failed", "unfinished")
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-  """A run in a report: its name, variant (the runs of a variant differ only in their
-  seed), seed, workdir and training steps; its state (STATES) and, without results, why."""
-
-  name: str
-  variant: str
-  seed: int
-  workdir: str
-  steps: int
-  state: str = "finished"
-  note: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Results:
-  """The final held-out metrics of a report's finished runs: `finals` {variant: {seed:
-  {split: metrics}}}, the variants in the entries' order and their seeds ascending; the
-  metric names in the table's order and the main one (order_metrics)."""
-
-  entries: list[Entry]
-  variants: dict[str, list[Entry]]
-  finals: dict[str, dict[int, dict]]
-  names: list[str]
-  main: str | None
-
-  @classmethod
-  def of(cls, entries: list[Entry], train_length: int | None) -> "Results":
-    variants: dict[str, list[Entry]] = {}
-    for entry in entries:
-      variants.setdefault(entry.variant, []).append(entry)
-    finals = {v: {e.seed: final_metrics(e.workdir)
-                  for e in sorted(es, key=lambda e: e.seed) if e.state == "finished"}
-              for v, es in variants.items()}
-    names, main = order_metrics({f"{split}/{key}" for runs in finals.values()
-                                 for r in runs.values() for split, m in r.items()
-                                 for key, value in m.items() if isinstance(value, float)
-                                 and key not in ("step", "eval_length")}, train_length)
-    return cls(entries, variants, finals, names, main)
-
-  def values(self, variant: str, name: str) -> dict[int, float]:
-    """{seed: value} of the metric `split/key` over the variant's finished runs."""
-    split, key = name.split("/", 1)
-    return {seed: r[split][key] for seed, r in self.finals[variant].items()
-            if key in r.get(split, {})}
-
-  def summary(self, variant: str, name: str) -> stats.Summary | None:
-    values = self.values(variant, name)
-    return stats.summary(list(values.values())) if values else None
-
-
 def check_baseline(baseline: str | None, variants: Sequence[str]) -> None:
   """A ConfigError for a --baseline that names none of the variants (listing them)."""
   if baseline is not None and baseline not in variants:
@@ -164,15 +68,11 @@ def check_thresholds(thresholds: Sequence[stats.Threshold], results: Results) ->
                         f"metrics are: {', '.join(results.names)}")
 
 
-def _lower(name: str) -> bool:
-  return name.split("/")[1] in LOWER_IS_BETTER
-
-
 def statistics_lines(results: Results, baseline: str | None) -> list[str]:
   """The header's lines saying what the numbers are."""
   if not results.main:
     return []
-  better = "lower" if _lower(results.main) else "higher"
+  better = "lower" if lower_is_better(results.main) else "higher"
   lines = [f"- main metric: {results.main} ({better} is better); metrics are each run's final "
            "held-out evaluation",
            f"- statistics over a variant's finished seeds: mean [{stats.CONFIDENCE:.0%} "
@@ -309,7 +209,7 @@ def save(out_dir: str, md: str, table: str, results: Results, train_length: int 
     main = None
     if results.main:
       summaries = {v: s for v in workdirs if (s := results.summary(v, results.main))}
-      main = results.main, summaries, _lower(results.main)
+      main = results.main, summaries, lower_is_better(results.main)
     report_plots.plot(out_dir, workdirs, {v: list(results.finals[v].values()) for v in workdirs},
                       main, train_length)
   return md_path, csv_path

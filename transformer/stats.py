@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-from scipy import stats as scipy_stats  # scipy comes with jax, which depends on it
+from scipy import stats as scipy_stats
 
 from transformer.errors import ConfigError
 
