@@ -15,6 +15,7 @@ class PositionalEncoding(nnx.Module):
   biases = False  # bias() is not zero: the attention kernel must add it
   content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
   causal_only = False  # defined only for causal self-attention: no encoder stack may use it
+  takes_positions = True  # its seams read the positions (model.random_positions may sample them)
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
@@ -54,6 +55,8 @@ class PositionalEncoding(nnx.Module):
 
 class NoPosition(PositionalEncoding):
   """`none`: the identity encoding, built like every registry entry."""
+
+  takes_positions = False
 
   def __init__(self, d_model: int, num_heads: int, max_len: int, *, causal: bool = False,
                settings=None, rngs: nnx.Rngs | None = None):

@@ -35,6 +35,7 @@ class CoPE(PositionalEncoding):
 
   content_biases = True
   causal_only = True
+  takes_positions = False  # it counts gated keys; the token positions only order them
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
