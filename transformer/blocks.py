@@ -14,12 +14,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
 from transformer.kernels import check_content_bias
 from transformer.layers import Dense, Dropout, LayerNorm, mesh_axes
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import (POSITIONS, PositionalEncoding, PositionSettings,
                                    make_positional_encoding)
+from transformer.positions.randomized import sample_positions
 from transformer.registry import lookup
 from transformer.vocab import PAD_ID
 
@@ -37,6 +39,10 @@ class ModelConfig:
   dropout: float = 0.1  # on embeddings+positions and on every sublayer output
   position: str = "sinusoidal"  # a key of positions.POSITIONS
   max_len: int = 512  # longest sequence the `learned` table covers
+  # Randomized positions (Ruoss et al. 2023; positions/randomized.py): each sequence's
+  # positions a sorted random sample of [0, max_position), in training and evaluation alike.
+  random_positions: bool = False
+  max_position: int = 2048  # random_positions: the range drawn from (and the learned table's rows)
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
   share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
   # a key of DTYPES: the computation's; parameters are always float32
@@ -55,10 +61,16 @@ class ModelConfig:
   def __post_init__(self):
     check_ranges(self, vocab_size=AT_LEAST_1, d_model=AT_LEAST_1, num_heads=AT_LEAST_1,
                  d_ff=AT_LEAST_1, num_encoder_layers=AT_LEAST_1, num_decoder_layers=AT_LEAST_1,
-                 dropout=FRACTION, max_len=AT_LEAST_1)
+                 dropout=FRACTION, max_len=AT_LEAST_1, max_position=AT_LEAST_1)
     check(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
           f"a divisor of d_model ({self.d_model})")
-    lookup(POSITIONS, self.position, "position")
+    encoding = lookup(POSITIONS, self.position, "position")
+    if self.random_positions:
+      check(encoding.takes_positions, "random_positions", True,
+            f"false for position {self.position!r}, which takes no positions")
+      check(self.attention.window == "full", "random_positions", True,
+            f"false with attention.window={self.attention.window!r} (a window of "
+            "±window_size positions would span sampled positions)")
     lookup(RESIDUALS, self.norm, "norm")
     lookup(DTYPES, self.dtype, "model dtype")
     lookup(POOLINGS, self.pooling, "model pooling")
@@ -159,12 +171,20 @@ class DecoderLayer(EncoderLayer):
 
 
 class Stack(nnx.Module):
-  """Positional encoding, embedding dropout, N layers and (pre-LN) a final LayerNorm."""
+  """Positional encoding, embedding dropout, N layers and (pre-LN) a final LayerNorm.
+
+  With cfg.random_positions, each call draws its sequences' positions
+  (positions/randomized.py) from the rngs' dropout stream (the train step folds it from seed
+  and step, so a resumed run draws the same ones), or from a fixed key when deterministic
+  (evaluation samples too, as Ruoss et al. do, and every evaluation the same)."""
 
   def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
+    self.max_position = cfg.max_position if cfg.random_positions else None
+    self.causal = layer.causal
+    # Sampled positions reach max_position - 1: a learned table (xPos's centre) covers them.
     self.position = make_positional_encoding(
-        cfg.position, cfg.d_model, cfg.num_heads, cfg.max_len, causal=layer.causal,
-        settings=cfg.position_settings, rngs=rngs)
+        cfg.position, cfg.d_model, cfg.num_heads, self.max_position or cfg.max_len,
+        causal=layer.causal, settings=cfg.position_settings, rngs=rngs)
     check_content_bias(cfg.attention.kernel, position=cfg.position,
                        content_biases=self.position.content_biases)
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
@@ -176,9 +196,40 @@ class Stack(nnx.Module):
     self.final_norm = LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
                                     rngs=rngs) if has_final else None
 
-  def __call__(self, x, mask: Mask, rngs, **cross):
+  def check_length(self, length: int) -> None:
+    """Raises ConfigError if sequences of `length` tokens cannot be encoded."""
+    if self.max_position is not None and length > self.max_position:
+      raise ConfigError(
+          f"sequence length {length} exceeds model.max_position={self.max_position}, the "
+          "range random positions are drawn from; raise model.max_position")
+    self.position.check_length(length)
+
+  def evaluation_key(self) -> jax.Array:
+    """The key of deterministic calls' random positions (one per kind of stack)."""
+    return jax.random.fold_in(jax.random.key(0), int(self.causal))
+
+  def draw_positions(self, mask: Mask, rngs) -> Mask:
+    """The self-attention `mask` at random positions (module docstring)."""
+    self.check_length(mask.q_positions.shape[1])
+    key = self.evaluation_key() if rngs is None else rngs.dropout()
+    positions = sample_positions(key, mask.q_positions, mask.q_segments, self.max_position)
+    return dataclasses.replace(mask, q_positions=positions, k_positions=positions)
+
+  def slot_positions(self, batch: int, max_len: int, repeat: int = 1) -> jax.Array:
+    """The positions [batch·repeat, max_len] of cached decoding's slots: 0..max_len-1, or
+    with random positions those a deterministic call draws for rows of max_len tokens."""
+    positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (batch, max_len))
+    if self.max_position is not None:
+      positions = sample_positions(self.evaluation_key(), positions, jnp.ones_like(positions),
+                                   self.max_position)
+    return jnp.repeat(positions, repeat, axis=0)
+
+  def __call__(self, x, mask: Mask, rngs, *, drawn: bool = False, **cross):
     """x [b, t, d_model] at positions mask.q_positions; `mask` is the self-attention's, to
-    which the stack adds its window."""
+    which the stack adds its window. With random positions, `drawn`: the mask's positions
+    are already drawn (cached decoding's slot_positions); otherwise the stack draws them."""
+    if self.max_position is not None and not drawn:
+      mask = self.draw_positions(mask, rngs)
     x = self.position.embed(x, mask.q_positions)
     x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
     mask = dataclasses.replace(mask, window=self.window(self.window_size))

@@ -120,6 +120,6 @@ def check_length(model: ModelFamily, length: int, what: str) -> None:
   tokens that a stack's positional encoding cannot encode (a learned table)."""
   for stack in model.stacks().values():
     try:
-      stack.position.check_length(length)
+      stack.check_length(length)
     except ConfigError as e:
       raise ConfigError(f"{what} gives sequences of {length} tokens: {e}") from None

@@ -74,17 +74,13 @@ class ModelFamily(nnx.Module):
     raise NotImplementedError(f"{type(self).__name__} neither decodes nor generates")
 
 
-def cached_mask(batch: int, length: int, index, max_len: int) -> Mask:
-  """The causal self-attention mask of `length` new tokens at positions index.. against the
-  max_len cache slots (slot p holds position p)."""
-  positions = index + jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  key_positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (batch, max_len))
+def cached_mask(length: int, index, slots: jax.Array) -> Mask:
+  """The causal self-attention mask of `length` new tokens in slots index.. against all the
+  cache slots, slot p at position slots[:, p] (Stack.slot_positions: p, or drawn)."""
+  batch, max_len = slots.shape
+  positions = jax.lax.dynamic_slice_in_dim(slots, index, length, axis=1)
   return Mask(jnp.ones((batch, length), jnp.int32), jnp.ones((batch, max_len), jnp.int32),
-              positions, key_positions, causal=True)
-
-
-def _cache_length(stack: Stack) -> int:
-  return stack.layers[0].self_attention.cache.k.shape[1]
+              positions, slots, causal=True)
 
 
 class SourceContext(nnx.Module):
@@ -113,6 +109,7 @@ class EncoderDecoder(ModelFamily):
     self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
     self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs)
     self.source_context: SourceContext | None = nnx.data(None)  # set by init_decoding
+    self.slots: nnx.Cache | None = nnx.data(None)  # cache slots' positions, set by init_decoding
 
   def encode(self, inputs, positions=None, segments=None, *, rngs=None):
     """inputs [b, s] -> encoded [b, s, d_model]."""
@@ -175,18 +172,19 @@ class EncoderDecoder(ModelFamily):
     encoded = self.encode(inputs, positions, segments)
     expand = lambda x: jnp.repeat(x, repeat, axis=0)  # noqa: E731  [b, ...] -> [b*repeat, ...]
     encoded, segments, positions = expand(encoded), expand(segments), expand(positions)
-    self.decoder.position.check_length(max_len)
+    self.decoder.check_length(max_len)
+    self.slots = nnx.Cache(self.decoder.slot_positions(inputs.shape[0], max_len, repeat))
     for layer in self.decoder.layers:
       layer.self_attention.init_self_cache(encoded.shape[0], max_len, encoded.dtype)
       layer.cross_attention.init_cross_cache(encoded, positions, NO_POSITION)
     self.source_context = SourceContext(segments, positions)
 
   def decode_step(self, tokens, index):
-    (b, t), source = tokens.shape, self.source_context
-    mask = cached_mask(b, t, index, _cache_length(self.decoder))
+    source = self.source_context
+    mask = cached_mask(tokens.shape[1], index, self.slots[...])
     cross_mask = Mask(mask.q_segments, source.segments[...], mask.q_positions,
                       source.positions[...])
-    y = self.decoder(self.embeddings.target(tokens), mask, None, encoded=None,
+    y = self.decoder(self.embeddings.target(tokens), mask, None, drawn=True, encoded=None,
                      cross_mask=cross_mask)
     return self.embeddings.logits(y).astype(jnp.float32)
 
@@ -244,6 +242,7 @@ class DecoderOnly(ModelFamily):
     self.cfg = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
     self.decoder = Stack(cfg, CausalLayer, cfg.num_decoder_layers, rngs=rngs)
+    self.slots: nnx.Cache | None = nnx.data(None)  # cache slots' positions, set by init_decoding
 
   def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
     """[b, t, d_model] of batch["inputs"] (and optional positions/segmentation)."""
@@ -262,14 +261,15 @@ class DecoderOnly(ModelFamily):
 
   def init_decoding(self, batch, max_len, repeat=1):
     """Empty self-attention caches of max_len positions for the prompts batch["inputs"]."""
-    self.decoder.position.check_length(max_len)
+    self.decoder.check_length(max_len)
+    self.slots = nnx.Cache(self.decoder.slot_positions(batch["inputs"].shape[0], max_len, repeat))
     for layer in self.decoder.layers:
       layer.self_attention.init_self_cache(batch["inputs"].shape[0] * repeat, max_len,
                                            compute_dtype(self.cfg))
 
   def decode_step(self, tokens, index):
-    mask = cached_mask(*tokens.shape, index, _cache_length(self.decoder))
-    y = self.decoder(self.embeddings.target(tokens), mask, None)
+    mask = cached_mask(tokens.shape[1], index, self.slots[...])
+    y = self.decoder(self.embeddings.target(tokens), mask, None, drawn=True)
     return self.embeddings.logits(y).astype(jnp.float32)
 
 

@@ -72,7 +72,10 @@ def draw(run: Run, sentences: list[str], plot_dir: str,
   elif sentences:  # one sequence, nothing decoded
     captions = captions or sentence_predictions(run, sentences)
     paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir, captions)
-  positions = draw_positions(model, exp.model.max_len, storage.join(plot_dir, "positions.png"))
+  length = exp.model.max_len
+  if exp.model.random_positions:  # positions are drawn from [0, max_position)
+    length = min(length, exp.model.max_position)
+  positions = draw_positions(model, length, storage.join(plot_dir, "positions.png"))
   return paths + ([positions] if positions else [])
 
 
