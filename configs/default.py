@@ -47,6 +47,11 @@ def get_config() -> ml_collections.ConfigDict:
   # none | sinusoidal | learned | rotary | alibi | t5 | xpos | kerple | fire
   config.model.position = "sinusoidal"
   config.model.max_len = 64  # rows of the `learned` position table
+  # Randomized positions (Ruoss et al. 2023): each sequence's positions a sorted random
+  # sample of [0, max_position), in training and evaluation; the learned table gets
+  # max_position rows. Not for position none or cope, nor with window=local.
+  config.model.random_positions = False
+  config.model.max_position = 2048
   config.model.norm = "post"  # post | pre
   config.model.share_embeddings = True
   config.model.dtype = "float32"  # float32 | bfloat16 (computation; parameters stay float32)
