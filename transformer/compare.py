@@ -23,7 +23,7 @@ from transformer import workdir as workdir_lib
 from transformer.errors import ConfigError
 from transformer.evaluation import text_paths
 from transformer.results import Entry, Results
-from transformer.sweep import read_failure, run_name
+from transformer.sweep import has_final_evaluation, read_failure, run_name
 
 log = logging.getLogger("transformer")
 TITLE = "# Comparison of "  # how a report.md written here begins (save refuses others')
@@ -33,8 +33,7 @@ PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "posi
 def _without_results(workdir: str, num_steps: int) -> str | None:
   """Why the run in `workdir` has no final held-out evaluation at num_steps; None if it has
   one (its checkpoints may have been deleted since: the metrics are what count here)."""
-  if any(r["step"] == num_steps and r["split"] != "train"
-         for r in workdir_lib.read_metrics(workdir)):
+  if has_final_evaluation(workdir, num_steps):
     return None
   if failure := read_failure(workdir):
     return f"it failed: {failure['error']}"
@@ -75,11 +74,12 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
     flat[path] = workdir_lib.flatten(config_lib.to_dict(cfg))
     del flat[path]["seed"]
   _comparable(configs)
+  under = lambda key, field: key == field or key.startswith(field + ".")  # noqa: E731
   for field in ignore:
-    if not any(k == field or k.startswith(field + ".") for f in flat.values() for k in f):
+    if not any(under(k, field) for f in flat.values() for k in f):
       raise ConfigError(f"--ignore {field}: the runs' configs have no field {field!r}")
   for f in flat.values():
-    for k in [k for k in f if any(k == i or k.startswith(i + ".") for i in ignore)]:
+    for k in [k for k in f if any(under(k, i) for i in ignore)]:
       del f[k]
   fields = list(dict.fromkeys(k for f in flat.values() for k in f))
   differ = [k for k in fields if len({json.dumps(f.get(k)) for f in flat.values()}) > 1]

@@ -15,7 +15,7 @@ from etils import epath
 
 from transformer import checkpoint, report_plots, stats, storage
 from transformer.errors import ConfigError
-from transformer.results import STATES, Entry, Results, lower_is_better
+from transformer.results import STATES, Entry, Results, lower_is_better, state_counts
 from transformer.sweep import Run, is_finished, read_failure, runs as sweep_runs
 
 def run_state(run: Run) -> tuple[str, str]:
@@ -111,8 +111,7 @@ def markdown(results: Results, header: list[str], baseline: str | None,
   metric's mean and interval; the main metric's spread per variant (n, mean, std, interval,
   min, max, success rates, the values per seed); the main metric's paired differences
   against `baseline`; the runs without results."""
-  counts = {v: {s: sum(e.state == s for e in es) for s in STATES}
-            for v, es in results.variants.items()}
+  counts = {v: state_counts(es) for v, es in results.variants.items()}
   names, main = results.names, results.main
   columns = ["variant", "seeds", "failed", "unfinished"]
   lines = header + ["| " + " | ".join(columns + names) + " |",
@@ -173,7 +172,7 @@ def table_csv(results: Results, baseline: str | None,
                   + [f"{n} diff {c}" for n in names for c in ("mean", "ci_low", "ci_high", "n")]
                   + [f"success {t}" for t in thresholds])
   for variant, entries in results.variants.items():
-    row = [variant] + [sum(e.state == s for e in entries) for s in STATES]
+    row = [variant, *state_counts(entries).values()]
     row.append(" ".join(str(seed) for seed in results.finals[variant]))
     for name in names:
       s, values = results.summary(variant, name), results.values(variant, name)
@@ -258,7 +257,7 @@ def commit_line() -> list[str]:
 
 def _header(config_path, entries, overrides, only) -> list[str]:
   """The title and the facts that the table's numbers depend on."""
-  total = {s: sum(e.state == s for e in entries) for s in STATES}
+  total = state_counts(entries)
   variants = len({e.variant for e in entries})
   lines = [f"# Sweep {config_path}", "",
            f"- runs: {len(entries)} in {variants} variant(s): "

@@ -52,6 +52,11 @@ def order_metrics(names: set[str], train_length: int | None) -> tuple[list[str],
 STATES = ("finished", "failed", "unfinished")
 
 
+def state_counts(entries) -> dict[str, int]:
+  """{state: how many of the entries are in it}, for every one of STATES."""
+  return {s: sum(e.state == s for e in entries) for s in STATES}
+
+
 @dataclasses.dataclass(frozen=True)
 class Entry:
   """A run in a report: its name, variant (the runs of a variant differ only in their

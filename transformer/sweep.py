@@ -123,12 +123,16 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
   return config
 
 
-def is_finished(workdir: str, num_steps: int) -> bool:
-  """Whether the run trained to num_steps and its final evaluation is recorded."""
-  if checkpoint.steps(workdir)[-1:] != [num_steps]:
-    return False
+def has_final_evaluation(workdir: str, num_steps: int) -> bool:
+  """Whether the run's metrics record a held-out evaluation at num_steps."""
   return any(r["step"] == num_steps and r["split"] != "train"
              for r in workdir_lib.read_metrics(workdir))
+
+
+def is_finished(workdir: str, num_steps: int) -> bool:
+  """Whether the run trained to num_steps and its final evaluation is recorded."""
+  return (checkpoint.steps(workdir)[-1:] == [num_steps]
+          and has_final_evaluation(workdir, num_steps))
 
 
 @dataclasses.dataclass(frozen=True)
