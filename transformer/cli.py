@@ -15,7 +15,7 @@ from absl import logging as absl_logging
 from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
-from transformer import logs
+from transformer import errors, logs
 from transformer.errors import ConfigError, RunError
 
 
@@ -262,9 +262,5 @@ def _override_error(config: config_dict.ConfigDict, name: str, value: str | None
 
 
 def one_line(e: BaseException) -> str:
-  """The message alone where it is written for the user (absl's flag errors, ConfigError),
-  else the exception's type and its message's first line."""
-  if isinstance(e, (flags.Error, ConfigError)):
-    return str(e)
-  lines = str(e).strip().splitlines()
-  return f"{type(e).__name__}: {lines[0] if lines else ''}"
+  """errors.one_line, with absl's flag errors written for the user too."""
+  return errors.one_line(e, (flags.Error,))

@@ -23,7 +23,7 @@ from transformer import workdir as workdir_lib
 from transformer.errors import ConfigError
 from transformer.evaluation import text_paths
 from transformer.results import Entry, Results
-from transformer.sweep import has_final_evaluation, read_failure, run_name
+from transformer.sweep import read_failure, run_name
 
 log = logging.getLogger("transformer")
 TITLE = "# Comparison of "  # how a report.md written here begins (save refuses others')
@@ -33,7 +33,7 @@ PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "posi
 def _without_results(workdir: str, num_steps: int) -> str | None:
   """Why the run in `workdir` has no final held-out evaluation at num_steps; None if it has
   one (its checkpoints may have been deleted since: the metrics are what count here)."""
-  if has_final_evaluation(workdir, num_steps):
+  if workdir_lib.has_evaluation(workdir, num_steps):
     return None
   if failure := read_failure(workdir):
     return f"it failed: {failure['error']}"

@@ -13,3 +13,12 @@ class RunError(RuntimeError):
 
 class Interrupted(Exception):  # noqa: N818 - a stop request, not a failure
   """A stop signal arrived during work that cannot be saved half-done (an evaluation)."""
+
+
+def one_line(e: BaseException, written_for_user: tuple[type, ...] = ()) -> str:
+  """An exception in one line: the message alone where it is written for the user (a
+  ConfigError, or one of `written_for_user`), else its type and its message's first line."""
+  if isinstance(e, (ConfigError, *written_for_user)):
+    return " ".join(str(e).split())
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"

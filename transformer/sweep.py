@@ -24,7 +24,7 @@ from etils import epath
 
 from transformer import checkpoint, config as config_lib, experiment, lock, sharding, storage
 from transformer import workdir as workdir_lib
-from transformer.errors import ConfigError, RunError
+from transformer.errors import ConfigError, RunError, one_line
 from transformer.training import train_and_evaluate
 
 log = logging.getLogger("transformer")
@@ -48,15 +48,6 @@ def run_name(overrides: dict) -> str:
   return ",".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or "base"
 
 
-def _one_line(e: BaseException) -> str:
-  """A config file's exception in one line: a ConfigError's message, else the type and the
-  message's first line."""
-  if isinstance(e, ConfigError):
-    return " ".join(str(e).split())
-  lines = str(e).strip().splitlines()
-  return f"{type(e).__name__}: {lines[0] if lines else ''}"
-
-
 def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
   """(base config, override sets) of a sweep config file. `file.py:ARG`, as with
   ml_collections' config flags, calls get_config(ARG) and get_sweep(ARG). Whatever the
@@ -72,7 +63,7 @@ def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
   try:
     spec.loader.exec_module(module)
   except Exception as e:  # noqa: BLE001 - the file's own error, in one line
-    raise ConfigError(f"sweep config file {shown}: {_one_line(e)}") from None
+    raise ConfigError(f"sweep config file {shown}: {one_line(e)}") from None
   for function in ("get_config", "get_sweep"):
     if not hasattr(module, function):
       raise ConfigError(f"{path} defines no {function}(); a sweep config file defines "
@@ -82,7 +73,7 @@ def load(path: str) -> tuple[ml_collections.ConfigDict, list[dict]]:
     try:
       calls[function] = getattr(module, function)(*args)
     except Exception as e:  # noqa: BLE001 - whatever the config file raises
-      raise ConfigError(f"sweep config file {shown}: {function}() raised {_one_line(e)}"
+      raise ConfigError(f"sweep config file {shown}: {function}() raised {one_line(e)}"
                         ) from None
   check_sweep(calls["get_sweep"], shown)
   return calls["get_config"], [dict(overrides) for overrides in calls["get_sweep"]]
@@ -123,16 +114,10 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
   return config
 
 
-def has_final_evaluation(workdir: str, num_steps: int) -> bool:
-  """Whether the run's metrics record a held-out evaluation at num_steps."""
-  return any(r["step"] == num_steps and r["split"] != "train"
-             for r in workdir_lib.read_metrics(workdir))
-
-
 def is_finished(workdir: str, num_steps: int) -> bool:
   """Whether the run trained to num_steps and its final evaluation is recorded."""
   return (checkpoint.steps(workdir)[-1:] == [num_steps]
-          and has_final_evaluation(workdir, num_steps))
+          and workdir_lib.has_evaluation(workdir, num_steps))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -192,16 +192,12 @@ class _Loop:
     when num_steps was lowered), and what is left to do."""
     if self.step < self.cfg.num_steps:
       return
-    todo = ("evaluating" if self.step == self.cfg.num_steps and not self._evaluated()
+    evaluated = workdir_lib.has_evaluation(self.workdir, self.step)
+    todo = ("evaluating" if self.step == self.cfg.num_steps and not evaluated
             else "nothing to do")
     past = (f", past train.num_steps={self.cfg.num_steps}" if self.step > self.cfg.num_steps
             else "")
     log.info("already finished at step %d%s; %s", self.step, past, todo)
-
-  def _evaluated(self) -> bool:
-    """Whether the held-out metrics of the current step are recorded."""
-    return any(r["step"] == self.step and r["split"] != "train"
-               for r in workdir_lib.read_metrics(self.workdir))
 
   def _is_eval_step(self, step: int) -> bool:
     return step == self.cfg.num_steps or bool(self.cfg.eval_every
@@ -311,5 +307,5 @@ class _Loop:
       self.tensorboard.scalars(record["split"], record["step"], record)
 
   def _evaluate_if_missing(self) -> None:
-    if not sharding.process0_decides(self._evaluated()):
+    if not sharding.process0_decides(workdir_lib.has_evaluation(self.workdir, self.step)):
       self._evaluate()

@@ -118,6 +118,11 @@ def read_metrics(workdir: str) -> list[dict]:
   return records
 
 
+def has_evaluation(workdir: str, step: int) -> bool:
+  """Whether the run's metrics record a held-out evaluation at `step`."""
+  return any(r["step"] == step and r["split"] != "train" for r in read_metrics(workdir))
+
+
 def append_metrics(workdir: str, *records: dict) -> None:
   """Appends the records in one write (process 0): the records of one evaluation, a split
   each, are there together or not at all, so a run killed in between is not taken for
