@@ -81,6 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 64
   config.train.num_steps = 2000
+  config.train.schedule = "rsqrt"  # rsqrt (the paper's warmup then 1/sqrt) | constant
   config.train.learning_rate = 0.25
   config.train.warmup_steps = 200
   config.train.label_smoothing = 0.1  # also damps the late Adam spikes of this converged task

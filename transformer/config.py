@@ -15,7 +15,7 @@ from typing import Any
 
 import ml_collections
 
-from transformer import fields
+from transformer import fields, optim
 from transformer.blocks import ModelConfig
 from transformer.data.sources import SOURCES
 from transformer.errors import ConfigError
@@ -31,7 +31,10 @@ class TrainConfig:
 
   batch_size: int = 64  # rows per step over all devices and processes
   num_steps: int = 2000
-  learning_rate: float = 1.0  # scale of lr = scale · d_model^-0.5 · min(n^-0.5, n·warmup^-1.5)
+  schedule: str = "rsqrt"  # rsqrt | constant (optim.SCHEDULES)
+  # rsqrt: lr = learning_rate · d_model^-0.5 · min(n^-0.5, n·warmup^-1.5);
+  # constant: lr = learning_rate · min(1, n/warmup)
+  learning_rate: float = 1.0
   warmup_steps: int = 4000
   label_smoothing: float = 0.1
   weight_decay: float = 0.0
@@ -47,6 +50,7 @@ class TrainConfig:
   profile_steps: int = 0  # steps traced by jax.profiler into WORKDIR/profile; 0: none
 
   def __post_init__(self):
+    lookup(optim.SCHEDULES, self.schedule, "train.schedule")
     check_ranges(self, batch_size=AT_LEAST_1, num_steps=AT_LEAST_1, learning_rate=POSITIVE,
                  warmup_steps=AT_LEAST_1, label_smoothing=FRACTION, weight_decay=AT_LEAST_0,
                  grad_clip_norm=AT_LEAST_0, accumulation_steps=AT_LEAST_1,

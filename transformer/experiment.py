@@ -70,7 +70,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
                       f"{cfg.data.source!r} ({source.targets.value}); it needs one of: "
                       f"{', '.join(fitting)}")
   family.check_targets(cfg.model, source.targets, cfg.data.source)
-  schedule = optim.rsqrt_schedule(cfg.model.d_model, cfg.train.warmup_steps,
+  schedule = optim.SCHEDULES[cfg.train.schedule](cfg.model.d_model, cfg.train.warmup_steps,
                                   cfg.train.learning_rate)
   optimizer = optim.make_optimizer(schedule, weight_decay=cfg.train.weight_decay,
                                    grad_clip_norm=cfg.train.grad_clip_norm)

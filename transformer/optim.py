@@ -1,4 +1,6 @@
-"""The paper's optimizer: Adam(β1=0.9, β2=0.98, ε=1e-9) with warmup then inverse-sqrt decay."""
+"""The paper's optimizer: Adam(β1=0.9, β2=0.98, ε=1e-9) with warmup then inverse-sqrt decay
+(train.schedule "rsqrt"), or a constant rate after a linear warmup ("constant": the
+algorithmic tasks' protocol, Delétang et al. 2023, trains at a constant Adam rate)."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,20 @@ def rsqrt_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax
     return scale * d_model ** -0.5 * jnp.minimum(n ** -0.5, n * warmup_steps ** -1.5)
 
   return schedule
+
+
+def constant_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+  """lr(step) = scale · min(1, n / warmup) with n = step + 1: `scale` is the rate itself."""
+  del d_model
+
+  def schedule(step):
+    n = jnp.asarray(step, jnp.float32) + 1.0
+    return scale * jnp.minimum(1.0, n / warmup_steps)
+
+  return schedule
+
+
+SCHEDULES = {"rsqrt": rsqrt_schedule, "constant": constant_schedule}  # train.schedule
 
 
 def make_optimizer(schedule: optax.Schedule, *, weight_decay: float = 0.0,

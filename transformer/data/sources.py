@@ -1,6 +1,7 @@
 """The data-source registry: `config.data.source` names one of SOURCES. Every entry meets
 data.base.DataSource; tests/test_sources.py checks each against it."""
 
+from transformer.data.algorithmic import AlgorithmicSource
 from transformer.data.base import DataSource
 from transformer.data.labelled import LabelledSource
 from transformer.data.lm import LanguageModelSource
@@ -13,4 +14,5 @@ SOURCES: dict[str, type[DataSource]] = {
     "tfds": TfdsSource,  # a prepared TFDS translation dataset
     "labelled": LabelledSource,  # ListOps, duplicates (an encoder's labels)
     "lm": LanguageModelSource,  # long documents (a causal language model)
+    "algorithmic": AlgorithmicSource,  # Delétang et al. / Ruoss et al.'s 15 tasks (an encoder)
 }

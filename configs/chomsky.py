@@ -1,0 +1,69 @@
+"""The length-generalisation protocol of Delétang et al. 2023 ("Neural Networks and the
+Chomsky Hierarchy") and Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length
+Generalization of Transformers"): train an encoder on input lengths 1..40, test it on
+longer ones, score the accuracy per test length averaged over the lengths.
+
+  python train.py --config configs/chomsky.py --workdir workdirs/reverse_string
+  python train.py --config configs/chomsky.py --workdir workdirs/sort \\
+      --config.task.name=bucket_sort --config.model.position=rotary \\
+      --config.model.random_positions=True
+  python sweep.py --config configs/chomsky.py:cpu --sweep_dir sweeps/chomsky_cpu   # hours, CPU
+  python sweep.py --config configs/chomsky.py --sweep_dir sweeps/chomsky          # accelerators
+
+The model is the papers' (DeepMind's code): an encoder of 5 post-LN layers, d_model 64,
+8 heads, feed-forward 256, dropout 0.1, reading the input followed by one answer slot per
+output symbol (data/algorithmic.py); Adam at a constant rate. Randomized positions sample
+from [0, 2048) (their noise_max_length). `get_config()` is the papers' protocol (test
+lengths 41..500, batch 128; the papers train 2M steps at rates 1e-4, 3e-4, 5e-4 — the sweep
+uses 100k, still GPU-sized); `cpu` is a laptop-sized variant: test lengths 41..100, batch
+32, 2000 steps at one rate, and its sweep is 6 tasks × 4 encodings × {plain, randomized} ×
+3 seeds. Differences from the papers: each training row draws its own length (theirs: one
+length per batch); Adam's β2 is 0.98 (theirs 0.999); the randomized positions of an
+evaluation are one fixed draw per stack (theirs: a fresh draw per batch).
+"""
+
+import ml_collections
+
+from configs import default
+from transformer.data.chomsky import TASKS
+from transformer.sweep import axis, product
+
+# The encodings the papers compare (sinusoidal, learned, rotary, ALiBi, T5's relative bias,
+# and none), in this codebase's names.
+ENCODINGS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5"]
+CPU_TASKS = ["reverse_string", "duplicate_string", "odds_first", "bucket_sort",
+             "missing_duplicate_string", "binary_addition"]
+CPU_ENCODINGS = ["none", "sinusoidal", "rotary", "alibi"]
+
+
+def get_config(arg: str = ""):
+  if arg not in ("", "cpu"):
+    raise ValueError(f"configs/chomsky.py takes '' or 'cpu', not {arg!r}")
+  config = default.get_config()
+  config.data.source = "algorithmic"
+  # Only the fields every task has: a sweep over task.name keeps each task's own defaults.
+  config.task = ml_collections.ConfigDict(dict(
+      name="reverse_string", min_len=1, max_len=40, test_max_len=500))
+  config.model.update(arch="encoder", pooling="none", d_model=64, num_heads=8, d_ff=256,
+                      num_encoder_layers=5, dropout=0.1, position="sinusoidal",
+                      max_len=1536, max_position=2048, norm="post")
+  config.train.update(batch_size=128, num_steps=100_000, schedule="constant",
+                      learning_rate=3e-4, warmup_steps=1, label_smoothing=0.0,
+                      eval_every=10_000, checkpoint_every=10_000, loss_chunks=1)
+  config.eval.update(num_examples=4600, batch_size=128)  # 10 per test length
+  if arg == "cpu":
+    config.task.test_max_len = 100
+    config.model.max_len = 320  # the longest CPU row: duplicate_string at 100, 300 tokens
+    config.train.update(batch_size=32, num_steps=2000, learning_rate=1e-3, eval_every=0,
+                        checkpoint_every=1000)
+    config.eval.update(num_examples=600, batch_size=100)  # 10 per test length
+  return config
+
+
+def get_sweep(arg: str = ""):
+  if arg == "cpu":
+    return product(axis("task.name", CPU_TASKS), axis("model.position", CPU_ENCODINGS),
+                   axis("model.random_positions", [False, True]), axis("seed", [0, 1, 2]))
+  return product(axis("task.name", sorted(TASKS)), axis("model.position", ENCODINGS),
+                 axis("model.random_positions", [False, True]),
+                 axis("train.learning_rate", [1e-4, 3e-4, 5e-4]), axis("seed", [0, 1, 2]))

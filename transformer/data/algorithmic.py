@@ -1,0 +1,157 @@
+"""data.source "algorithmic": the length-generalisation tasks of Delétang et al. 2023 and
+Ruoss et al. 2023 (data/chomsky), cast as the papers cast them for a Transformer: an
+encoder (model.arch=encoder, pooling none) reads the input string followed by one answer
+slot per output symbol and predicts every output symbol at its slot in one pass.
+
+A row is [input symbols…, SLOT × output_length(n)]: input symbol s is token NUM_RESERVED + s
+and SLOT the token after them; `targets` hold the output symbols (classes) at the slots,
+which are the only weighted positions (the loss is over every slot, as in DeepMind's code).
+Training rows draw their length uniformly from task.min_len..task.max_len, one per row
+(the papers draw one per batch); example i of a split is a pure function of (seed, split,
+i), so batches are resumable and identical on any number of processes.
+
+Held-out splits spread config.eval.num_examples evenly over their lengths: `valid` over the
+training lengths, `test` over task.max_len+1..task.test_max_len. Besides loss and accuracy
+(pooled over every slot) each split reports the papers' metric: accuracy per input length
+over the slots the task scores (base.Task.accuracy_mask), `accuracy_by_length`, and its
+mean over the split's lengths, `mean_accuracy` (their score on the test lengths).
+"""
+
+import grain
+import numpy as np
+
+from transformer.data import SourceArgs, Targets, pipeline
+from transformer.data.base import DataSource, Example, Split, SplitResult
+from transformer.data.chomsky import TASKS
+from transformer.data.labelled import label_batch
+from transformer.errors import ConfigError
+from transformer.fields import Chosen, check
+from transformer.vocab import NUM_RESERVED, RESERVED_PIECES
+
+_TRAIN_STREAM = 0  # evaluation splits use 1, 2, ...
+SPLITS = ("valid", "test")
+
+
+def slot_id(task) -> int:
+  """The answer slot's token id, after the input symbols'."""
+  return NUM_RESERVED + task.input_size
+
+
+def example_at(task, seed: int, split: int, index: int, length: int):
+  """(tokens, labels, weights) of one example of `length` input symbols: the row layout of
+  the module docstring."""
+  symbols, answer = task.sample(np.random.default_rng([seed, split, index]), length)
+  slots = len(answer)
+  tokens = np.concatenate([symbols + NUM_RESERVED, np.full(slots, slot_id(task), np.int32)])
+  labels = np.concatenate([np.zeros(length, np.int32), answer]).astype(np.int32)
+  weights = np.concatenate([np.zeros(length, np.int32), np.ones(slots, np.int32)])
+  return tokens, labels, weights
+
+
+def split_lengths(task) -> dict[str, range]:
+  """Input lengths of each held-out split (the test split only past the training ones)."""
+  lengths = {"valid": range(task.min_len, task.max_len + 1),
+             "test": range(task.max_len + 1, task.test_max_len + 1)}
+  return {name: r for name, r in lengths.items() if len(r)}
+
+
+def row_length(task, lengths) -> int:
+  """Tokens of the longest row of any of these input lengths."""
+  return max(n + task.output_length(n) for n in lengths)
+
+
+def length_accuracy(task, split: Split, predictions: np.ndarray) -> dict[int, float]:
+  """{input length: accuracy over the slots the task scores}, pooled over the split's rows
+  of that length (DeepMind's per-length accuracy)."""
+  inputs, targets = split.arrays["inputs"], split.arrays["targets"]
+  slots = inputs == slot_id(task)
+  lengths = ((inputs != 0) & ~slots).sum(1)
+  correct: dict[int, list[int]] = {}
+  for row in range(len(inputs)):
+    answer, predicted = targets[row, slots[row]], predictions[row, slots[row]]
+    scored = task.accuracy_mask(answer)
+    sums = correct.setdefault(int(lengths[row]), [0, 0])
+    sums[0] += int((scored & (answer == predicted)).sum())
+    sums[1] += int(scored.sum())
+  return {n: hits / total for n, (hits, total) in sorted(correct.items())}
+
+
+class AlgorithmicSource(DataSource):
+  """data.source "algorithmic": config.task names a task of data/chomsky (its fields: that
+  task's dataclass), for an encoder with a label per token."""
+
+  Task = Chosen(TASKS, "name", "algorithmic task")
+  targets = Targets.TOKEN_LABELS
+
+  def __init__(self, data, task, args: SourceArgs):
+    super().__init__(data, task, args)
+    check(args.eval_examples >= 1, "config.eval.num_examples", args.eval_examples,
+          "≥ 1 for a generated task")
+
+  @classmethod
+  def output_sizes(cls, data, task) -> tuple[int, int]:
+    return slot_id(task) + 1, task.output_size
+
+  @classmethod
+  def train_length(cls, data, task) -> int:
+    return task.max_len
+
+  @classmethod
+  def example(cls, directory: str) -> Example:
+    del directory
+    task = dict(name="reverse_string", min_len=1, max_len=4, test_max_len=6)
+    return Example({"data": {"source": "algorithmic"}, "task": task,
+                    "model": {"arch": "encoder", "pooling": "none"}}, "0 1 1")
+
+  def max_lengths(self) -> dict[str, int]:
+    lengths = split_lengths(self.task)
+    fields = {"valid": "task.max_len", "test": "task.test_max_len"}
+    return {fields[name]: row_length(self.task, r) for name, r in lengths.items()}
+
+  def train_batches(self) -> grain.IterDataset:
+    """Endless batches; batch `step` is a pure function of (seed, step), this process's rows."""
+    task, seed = self.task, self.args.seed
+    width = row_length(task, range(task.min_len, task.max_len + 1))
+
+    def row(i):
+      length = np.random.default_rng([seed, _TRAIN_STREAM, i, 1]).integers(
+          task.min_len, task.max_len + 1)
+      return example_at(task, seed, _TRAIN_STREAM, i, int(length))
+
+    return pipeline.generated_batches(
+        self.args.batch_size, row, lambda exs: label_batch(exs, width)
+    ).to_iter_dataset(pipeline.READ_OPTIONS)
+
+  def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
+    """`valid` and `test`: num_examples rows each (0: config.eval.num_examples), spread
+    evenly over the split's input lengths (at least one of each)."""
+    n = num_examples or self.args.eval_examples
+    splits = {}
+    for split_id, (name, lengths) in enumerate(split_lengths(self.task).items(), start=1):
+      rows = max(n, len(lengths))
+      examples = [example_at(self.task, self.args.seed, split_id, i, lengths[i % len(lengths)])
+                  for i in range(rows)]
+      splits[name] = Split(label_batch(examples, row_length(self.task, lengths)))
+    return splits
+
+  def split_results(self, name, split, outputs) -> SplitResult:
+    by_length = length_accuracy(self.task, split, outputs["predictions"])
+    return SplitResult({"mean_accuracy": float(np.mean(list(by_length.values()))),
+                        "accuracy_by_length": by_length})
+
+  def encode(self, text: str) -> np.ndarray:
+    """Space-separated input pieces (e.g. "0 1 1") -> the input's tokens and answer slots."""
+    pieces = self.task.pieces()
+    words = text.split()
+    if not words or any(w not in pieces for w in words):
+      raise ConfigError(f"{self.task.name} input {text!r}: give space-separated symbols of "
+                        f"{' '.join(pieces)}, e.g. {' '.join(pieces[:2])!r}")
+    symbols = np.array([pieces.index(w) for w in words], np.int32)
+    slots = np.full(self.task.output_length(len(words)), slot_id(self.task), np.int32)
+    return np.concatenate([symbols + NUM_RESERVED, slots])
+
+  def pieces(self, ids) -> list[str]:
+    """A label per token id: its input symbol, `?` for an answer slot, or <pad>."""
+    names = dict(enumerate(self.task.pieces(), start=NUM_RESERVED)) | {
+        slot_id(self.task): "?"}
+    return [names.get(i, RESERVED_PIECES.get(i, "<unk>")) for i in np.asarray(ids).tolist()]

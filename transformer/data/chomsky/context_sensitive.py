@@ -1,0 +1,138 @@
+"""The context-sensitive tasks of Delétang et al. 2023 (their Table 1, "CS")."""
+
+import dataclasses
+
+import numpy as np
+
+from transformer.data.chomsky.base import Task, strings, up_to_termination
+from transformer.fields import Range, check_ranges
+
+
+@dataclasses.dataclass(frozen=True)
+class _StringTask(Task):
+  """A task over strings of num_symbols symbols whose output has those symbols too."""
+
+  num_symbols: int = 2
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_ranges(self, num_symbols=Range(2))
+
+  @property
+  def input_size(self) -> int:
+    return self.num_symbols
+
+  @property
+  def output_size(self) -> int:
+    return self.num_symbols
+
+
+@dataclasses.dataclass(frozen=True)
+class DuplicateString(_StringTask):
+  """s → s s (the papers: binary strings)."""
+
+  name: str = "duplicate_string"
+
+  def output_length(self, n: int) -> int:
+    return 2 * n
+
+  def sample(self, rng, n):
+    s = strings(rng, n, self.num_symbols)
+    return s, np.concatenate([s, s])
+
+
+@dataclasses.dataclass(frozen=True)
+class OddsFirst(_StringTask):
+  """s_1 s_2 … s_n → s_1 s_3 s_5 … s_2 s_4 … (1-based odd positions first; binary)."""
+
+  name: str = "odds_first"
+
+  def output_length(self, n: int) -> int:
+    return n
+
+  def sample(self, rng, n):
+    s = strings(rng, n, self.num_symbols)
+    return s, np.concatenate([s[0::2], s[1::2]])
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketSort(_StringTask):
+  """s → its symbols in increasing order (the papers: 5 symbols)."""
+
+  name: str = "bucket_sort"
+  num_symbols: int = 5
+
+  def output_length(self, n: int) -> int:
+    return n
+
+  def sample(self, rng, n):
+    s = strings(rng, n, self.num_symbols)
+    return s, np.sort(s)
+
+
+@dataclasses.dataclass(frozen=True)
+class MissingDuplicate(Task):
+  """A binary string w of length n//2 written twice, w w, with one symbol replaced by the
+  placeholder 2 (and, for odd n, the padding symbol 3 at the end); the answer is the
+  replaced symbol. Length 1 (no w) is the input "1" with answer 1, as in DeepMind's code."""
+
+  name: str = "missing_duplicate_string"
+  input_pieces = ("0", "1", "_", "#")  # _: the missing symbol, #: padding of odd lengths
+
+  input_size = 4
+  output_size = 2
+
+  def sample(self, rng, n):
+    if n == 1:
+      return np.ones(1, np.int32), np.ones(1, np.int32)
+    w = strings(rng, n // 2, 2)
+    doubled = np.concatenate([w, w])
+    at = int(rng.integers(len(doubled)))
+    answer = doubled[at]
+    doubled[at] = 2
+    return np.concatenate([doubled, np.full(n % 2, 3, np.int32)]), np.array([answer], np.int32)
+
+
+def little_endian(value: int, width: int = 0) -> list[int]:
+  """The binary digits of value, least significant first, at least `width` of them (0 is
+  one digit)."""
+  return [int(b) for b in reversed(f"{value:b}".zfill(width))]
+
+
+@dataclasses.dataclass(frozen=True)
+class BinaryAddition(Task):
+  """"a+b" in little-endian binary (n symbols in all, "+" is 2; a and b have 1..n−2 and
+  n−1−len(a) digits, no zero value) → a+b in little-endian binary without leading zeros, the
+  termination symbol 2, and zeros to n+1 symbols; the accuracy counts up to the
+  termination. Inputs of length ≤ 2 are one number below 2^n − 1 in n digits, answered by
+  itself, as in DeepMind's code."""
+
+  name: str = "binary_addition"
+  input_pieces = ("0", "1", "+")
+
+  input_size = 3
+  output_size = 3
+
+  def output_length(self, n: int) -> int:
+    return n + 1
+
+  def sample(self, rng, n):
+    if n <= 2:
+      value = int(rng.integers(0, 2 ** n - 1))
+      expression, total = little_endian(value, n), value
+    else:
+      len_a = int(rng.integers(1, n - 1))
+      len_b = n - 1 - len_a
+      a, b = (int(rng.integers(1, 2 ** k)) for k in (len_a, len_b))
+      expression, total = little_endian(a, len_a) + [2] + little_endian(b, len_b), a + b
+    answer = little_endian(total) + [2]
+    answer += [0] * (n + 1 - len(answer))
+    return np.array(expression, np.int32), np.array(answer, np.int32)
+
+  def accuracy_mask(self, output):
+    return up_to_termination(output, 2)
+
+
+TASKS = {"duplicate_string": DuplicateString, "odds_first": OddsFirst,
+         "bucket_sort": BucketSort, "missing_duplicate_string": MissingDuplicate,
+         "binary_addition": BinaryAddition}

@@ -1,0 +1,3 @@
+"""The regular tasks of Delétang et al. 2023 (their Table 1, "R")."""
+
+TASKS: dict = {}
