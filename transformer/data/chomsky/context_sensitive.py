@@ -99,6 +99,14 @@ def little_endian(value: int, width: int = 0) -> list[int]:
   return [int(b) for b in reversed(f"{value:b}".zfill(width))]
 
 
+def positive_below_power_of_2(rng: np.random.Generator, bits: int) -> int:
+  """Uniform in 1..2^bits − 1, a Python int of any size (numpy's integers stop at 2^63)."""
+  while True:
+    value = int("".join(map(str, rng.integers(0, 2, bits))), 2)
+    if value:
+      return value
+
+
 @dataclasses.dataclass(frozen=True)
 class BinaryAddition(Task):
   """"a+b" in little-endian binary (n symbols in all, "+" is 2; a and b have 1..n−2 and
@@ -123,7 +131,7 @@ class BinaryAddition(Task):
     else:
       len_a = int(rng.integers(1, n - 1))
       len_b = n - 1 - len_a
-      a, b = (int(rng.integers(1, 2 ** k)) for k in (len_a, len_b))
+      a, b = (positive_below_power_of_2(rng, k) for k in (len_a, len_b))
       expression, total = little_endian(a, len_a) + [2] + little_endian(b, len_b), a + b
     answer = little_endian(total) + [2]
     answer += [0] * (n + 1 - len(answer))
