@@ -1,3 +1,117 @@
 """The regular tasks of Delétang et al. 2023 (their Table 1, "R")."""
 
-TASKS: dict = {}
+import dataclasses
+
+import numpy as np
+
+from transformer.data.chomsky.base import Task, strings
+from transformer.fields import Range, check_ranges
+
+
+@dataclasses.dataclass(frozen=True)
+class EvenPairs(Task):
+  """A binary string → 1 if it has an odd number of unequal neighbours (01 and 10 pairs),
+  else 0; i.e. whether its first and last symbols differ (length 1: always 0)."""
+
+  name: str = "even_pairs"
+
+  input_size = 2
+  output_size = 2
+
+  def sample(self, rng, n):
+    s = strings(rng, n, 2)
+    return s, np.array([s[0] != s[-1]], np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityCheck(Task):
+  """A binary string → its number of 1s modulo 2."""
+
+  name: str = "parity_check"
+
+  input_size = 2
+  output_size = 2
+
+  def sample(self, rng, n):
+    s = strings(rng, n, 2)
+    return s, np.array([s.sum() % 2], np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleNavigation(Task):
+  """Moves on a cycle of cycle_length positions, symbol s moving by s − 1 (0: one step
+  back, 1: stay, 2: one step forward) → the final position, starting at 0."""
+
+  name: str = "cycle_navigation"
+  cycle_length: int = 5
+  input_pieces = ("-1", "0", "+1")
+
+  input_size = 3
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_ranges(self, cycle_length=Range(2))
+
+  @property
+  def output_size(self) -> int:
+    return self.cycle_length
+
+  def sample(self, rng, n):
+    s = strings(rng, n, 3)
+    return s, np.array([(s - 1).sum() % self.cycle_length], np.int32)
+
+
+PLUS, MINUS, TIMES, BLANK = range(4)  # the operators' symbols minus the modulus (DeepMind's)
+
+
+def evaluate(expression, modulus: int) -> int:
+  """The value modulo `modulus` of numbers 0..modulus−1 alternating with operators
+  modulus + PLUS/MINUS/TIMES, multiplications first; a trailing BLANK is ignored."""
+  total, sign, product = 0, 1, int(expression[0])
+  for op, number in zip(expression[1::2], expression[2::2]):
+    op, number = int(op) - modulus, int(number)
+    if op == TIMES:
+      product = product * number % modulus
+    else:
+      total += sign * product
+      sign, product = (1 if op == PLUS else -1), number
+  return (total + sign * product) % modulus
+
+
+@dataclasses.dataclass(frozen=True)
+class ModularArithmetic(Task):
+  """An expression of numbers 0..modulus−1 (symbols 0..modulus−1) alternating with
+  operators + − × (modulus, modulus+1, modulus+2), all uniform → its value modulo modulus,
+  multiplications first. An even length n has, as in DeepMind's code, an expression of
+  n − 1 symbols; the n-th is the blank `_` (modulus+3, in DeepMind's input alphabet but
+  never drawn there; their evaluator reads it as +, which leaves the value unchanged)."""
+
+  name: str = "modular_arithmetic"
+  modulus: int = 5
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_ranges(self, modulus=Range(2))
+
+  @property
+  def input_size(self) -> int:
+    return self.modulus + 4
+
+  @property
+  def output_size(self) -> int:
+    return self.modulus
+
+  @property
+  def input_pieces(self) -> tuple[str, ...]:
+    return (*(str(i) for i in range(self.modulus)), "+", "-", "*", "_")
+
+  def sample(self, rng, n):
+    terms = (n - 1) // 2  # operators; the expression has 2 * terms + 1 symbols
+    expression = np.full(n, self.modulus + BLANK, np.int32)
+    expression[0:2 * terms + 1:2] = strings(rng, terms + 1, self.modulus)
+    expression[1:2 * terms:2] = self.modulus + strings(rng, terms, 3)  # + − ×
+    return expression, np.array([evaluate(expression, self.modulus)], np.int32)
+
+
+TASKS = {"even_pairs": EvenPairs, "modular_arithmetic": ModularArithmetic,
+         "parity_check": ParityCheck, "cycle_navigation": CycleNavigation}
