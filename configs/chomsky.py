@@ -13,11 +13,12 @@ longer ones, score the accuracy per test length averaged over the lengths.
 The model is the papers' (DeepMind's code): an encoder of 5 post-LN layers, d_model 64,
 8 heads, feed-forward 256, dropout 0.1, reading the input followed by one answer slot per
 output symbol (data/algorithmic.py); Adam at a constant rate. Randomized positions sample
-from [0, 2048) (their noise_max_length). `get_config()` is the papers' protocol (test
-lengths 41..500, batch 128; the papers train 2M steps at rates 1e-4, 3e-4, 5e-4 — the sweep
-uses 100k, still GPU-sized); `cpu` is a laptop-sized variant (about an hour on 2 cores):
-3 layers, batch 16, 1500 steps at one rate, test lengths 41..100, and its sweep is 5 tasks ×
-4 encodings × {plain, randomized} (none: plain only) × 3 seeds. Differences from the papers: each training row draws its own length (theirs: one
+from [0, 2048) (their noise_max_length). `get_config()` is the papers' protocol for an
+accelerator: test lengths 41..500, batch 128, rates 1e-4, 3e-4, 5e-4, 100k steps (their
+example script trains 10k; the papers train far longer). `cpu` is a laptop-sized variant
+(about an hour on 2 cores): 3 layers, batch 16, 1500 steps at one rate, test lengths
+41..100; its sweep is 5 tasks × 4 encodings × {plain, randomized} (none: plain only) × 3
+seeds. Differences from the papers: each training row draws its own length (theirs: one
 length per batch); Adam's β2 is 0.98 (theirs 0.999); the randomized positions of an
 evaluation are one fixed draw per stack (theirs: a fresh draw per batch).
 """

@@ -86,3 +86,16 @@ def up_to_termination(output: np.ndarray, terminator: int) -> np.ndarray:
 def strings(rng: np.random.Generator, n: int, num_symbols: int) -> np.ndarray:
   """n uniform symbols 0..num_symbols-1."""
   return rng.integers(0, num_symbols, size=n, dtype=np.int32)
+
+
+def uniform_int(rng: np.random.Generator, low: int, high: int) -> int:
+  """A uniform Python int in [low, high), of any size (rng.integers stops at 2**63): random
+  bits of the span's width, redrawn while past the span (less than half the time)."""
+  span = high - low
+  if span < 1:
+    raise ValueError(f"empty range [{low}, {high})")
+  bits = (span - 1).bit_length()
+  while True:
+    drawn = int.from_bytes(rng.bytes((bits + 7) // 8), "little") >> (-bits % 8)
+    if drawn < span:
+      return low + drawn

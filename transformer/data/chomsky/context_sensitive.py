@@ -1,10 +1,11 @@
 """The context-sensitive tasks of Delétang et al. 2023 (their Table 1, "CS")."""
 
 import dataclasses
+import math
 
 import numpy as np
 
-from transformer.data.chomsky.base import Task, strings, up_to_termination
+from transformer.data.chomsky.base import Task, strings, uniform_int, up_to_termination
 from transformer.fields import Range, check_ranges
 
 
@@ -99,12 +100,9 @@ def little_endian(value: int, width: int = 0) -> list[int]:
   return [int(b) for b in reversed(f"{value:b}".zfill(width))]
 
 
-def positive_below_power_of_2(rng: np.random.Generator, bits: int) -> int:
-  """Uniform in 1..2^bits − 1, a Python int of any size (numpy's integers stop at 2^63)."""
-  while True:
-    value = int("".join(map(str, rng.integers(0, 2, bits))), 2)
-    if value:
-      return value
+def big_endian(value: int, width: int = 0) -> list[int]:
+  """The binary digits of value, most significant first, at least `width` of them."""
+  return [int(b) for b in f"{value:b}".zfill(width)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +129,7 @@ class BinaryAddition(Task):
     else:
       len_a = int(rng.integers(1, n - 1))
       len_b = n - 1 - len_a
-      a, b = (positive_below_power_of_2(rng, k) for k in (len_a, len_b))
+      a, b = (uniform_int(rng, 1, 2 ** k) for k in (len_a, len_b))
       expression, total = little_endian(a, len_a) + [2] + little_endian(b, len_b), a + b
     answer = little_endian(total) + [2]
     answer += [0] * (n + 1 - len(answer))
@@ -141,6 +139,60 @@ class BinaryAddition(Task):
     return up_to_termination(output, 2)
 
 
+@dataclasses.dataclass(frozen=True)
+class BinaryMultiplication(Task):
+  """"a*b" in little-endian binary (n symbols in all, "*" is 2; a and b have 1..n−2 and
+  n−1−len(a) digits, no zero value) → a·b in little-endian binary without leading zeros, the
+  termination symbol 2, and zeros to n symbols; the accuracy counts up to the termination.
+  Inputs of length ≤ 2 are one number below 2^n − 1 in n digits, answered by n−1 zeros and
+  the termination (not their value), as in DeepMind's code."""
+
+  name: str = "binary_multiplication"
+  input_pieces = ("0", "1", "*")
+
+  input_size = 3
+  output_size = 3
+
+  def output_length(self, n: int) -> int:
+    return n
+
+  def sample(self, rng, n):
+    if n <= 2:
+      expression = little_endian(int(rng.integers(0, 2 ** n - 1)), n)
+      digits = [0] * (n - 1)
+    else:
+      len_a = int(rng.integers(1, n - 1))
+      len_b = n - 1 - len_a
+      a, b = (uniform_int(rng, 1, 2 ** k) for k in (len_a, len_b))
+      expression = little_endian(a, len_a) + [2] + little_endian(b, len_b)
+      digits = little_endian(a * b)
+    answer = digits + [2] + [0] * (n - 1 - len(digits))
+    return np.array(expression, np.int32), np.array(answer, np.int32)
+
+  def accuracy_mask(self, output):
+    return up_to_termination(output, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeSqrt(Task):
+  """A number in 1..2^n − 1 in big-endian binary of n digits (leading zeros kept) → the floor
+  of its square root in big-endian binary of ⌈n/2⌉ digits."""
+
+  name: str = "compute_sqrt"
+
+  input_size = 2
+  output_size = 2
+
+  def output_length(self, n: int) -> int:
+    return -(-n // 2)
+
+  def sample(self, rng, n):
+    value = uniform_int(rng, 1, 2 ** n)
+    return (np.array(big_endian(value, n), np.int32),
+            np.array(big_endian(math.isqrt(value), self.output_length(n)), np.int32))
+
+
 TASKS = {"duplicate_string": DuplicateString, "odds_first": OddsFirst,
          "bucket_sort": BucketSort, "missing_duplicate_string": MissingDuplicate,
-         "binary_addition": BinaryAddition}
+         "binary_addition": BinaryAddition, "binary_multiplication": BinaryMultiplication,
+         "compute_sqrt": ComputeSqrt}
