@@ -11,7 +11,7 @@ import pytest
 from ml_collections import config_dict
 
 from configs import chomsky
-from transformer import optim, workdir as workdir_lib
+from transformer import optim, pictures, report_plots, workdir as workdir_lib
 from transformer.config import parse
 from transformer.data import SourceArgs
 from transformer.data.algorithmic import AlgorithmicSource, length_accuracy, slot_id
@@ -293,3 +293,16 @@ def test_the_protocol_sweeps_cover_the_papers_grid():
           node = node[part]
         node[field] = value
       parse(variant)  # every planned run is a valid config
+
+
+def test_length_curves_are_plotted_in_panels_by_task(tmp_path):
+  variants = [f"task.name={t},model.position={p}" for t in ("a", "b") for p in "wxyzv"]
+  assert report_plots.panels(variants) == {
+      f"task.name={t}": [v for v in variants if v.startswith(f"task.name={t},")]
+      for t in ("a", "b")}
+  assert report_plots.panels(variants[:5]) == {"": variants[:5]}  # few: one panel
+  finals = {v: [{"test": {"accuracy_by_length": {"41": 0.5 + s / 10, "42": 0.5}}}
+                for s in range(3)] for v in variants}
+  report_plots.plot_by_length(pictures.pyplot(), str(tmp_path), finals,
+                              "accuracy_by_length", 40)
+  assert os.path.getsize(tmp_path / "extrapolation.png") > 0

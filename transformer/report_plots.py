@@ -1,12 +1,13 @@
 """The plots of a report (transformer/report.py) over finished runs: training curves, the
-main metric with its confidence intervals, exact match against length and, for language
-models, perplexity against the evaluation length and the loss by position."""
+main metric with its confidence intervals, exact match or accuracy against the input length
+and, for language models, perplexity against the evaluation length and the loss by
+position."""
 
 import itertools
 
 import numpy as np
 
-from transformer import pictures, storage, workdir as workdir_lib
+from transformer import pictures, stats, storage, workdir as workdir_lib
 from transformer.stats import CONFIDENCE
 
 
@@ -29,8 +30,8 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
   """Writes into out_dir curves.png (the mean training loss of each variant's `workdirs`),
   final.png (`main`: (metric, {variant: stats.Summary}, lower is better), as bars of the
   mean with the t interval), extrapolation.png when the `finals` (each variant's final
-  held-out metrics per run) have exact match by length, and for language models
-  perplexity.png and position_loss.png (plot_lengths)."""
+  held-out metrics per run) have a curve over the input length (plot_by_length), and for
+  language models perplexity.png and position_loss.png (plot_lengths)."""
   plt = pictures.pyplot()
   fig, ax = plt.subplots(figsize=(8, 5))
   means = {}
@@ -62,27 +63,61 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
            title=f"Final held-out metric: mean (bar), seeds (dots), {CONFIDENCE:.0%} t interval")
     pictures.save(fig, storage.join(out_dir, "final.png"), dpi=120, bbox_inches="tight")
 
-  if any("exact_match_by_length" in m
-         for runs in finals.values() for r in runs for m in r.values()):
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for variant, runs in finals.items():
-      by_length: dict[int, list[float]] = {}
-      for r in runs:
-        for m in r.values():
-          for length, value in m.get("exact_match_by_length", {}).items():
-            by_length.setdefault(int(length), []).append(value)
-      lengths = sorted(by_length)
-      ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], marker="o", label=variant)
-    if train_length is not None:
-      ax.axvline(train_length + 0.5, color="gray", linestyle="--",
-                 label="longest training length")
-    ax.set(xlabel="input length", ylabel="exact match (mean over seeds)",
-           title="Length extrapolation")
-    ax.legend(fontsize=7)
-    pictures.save(fig, storage.join(out_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
+  curve = next((key for key in BY_LENGTH for runs in finals.values() for r in runs
+                for m in r.values() if key in m), None)
+  if curve:
+    plot_by_length(plt, out_dir, finals, curve, train_length)
 
   if any("eval_length" in m for runs in finals.values() for r in runs for m in r.values()):
     plot_lengths(plt, out_dir, finals, train_length)
+
+
+# Metrics that are curves over the input length: {length: value} in a split's record.
+BY_LENGTH = {"exact_match_by_length": "exact match", "accuracy_by_length": "accuracy"}
+_PANEL_AT = 8  # more variants than this are split into panels by their first field
+
+
+def panels(variants) -> dict[str, list[str]]:
+  """{panel title: its variants}: one panel, or with more than _PANEL_AT variants one per
+  value of their first field (e.g. task.name=...) when it takes several."""
+  first = {v: v.split(",", 1)[0] for v in variants}
+  if len(first) <= _PANEL_AT or len(set(first.values())) < 2:
+    return {"": list(variants)}
+  out: dict[str, list[str]] = {}
+  for variant, title in first.items():
+    out.setdefault(title, []).append(variant)
+  return out
+
+
+def plot_by_length(plt, out_dir, finals, key, train_length) -> None:
+  """extrapolation.png: each variant's metric `key` (a BY_LENGTH curve) against the input
+  length, mean over seeds over any split that has it, with its t interval as a band where
+  there are several seeds; the longest training length marked."""
+  groups = panels(finals)
+  fig, axes = plt.subplots(len(groups), 1, figsize=(8, 4.5 * len(groups)), squeeze=False)
+  for ax, (title, variants) in zip(axes[:, 0], groups.items()):
+    for variant in variants:
+      by_length: dict[int, list[float]] = {}
+      for r in finals[variant]:
+        for m in r.values():
+          for length, value in m.get(key, {}).items():
+            by_length.setdefault(int(length), []).append(value)
+      lengths = sorted(by_length)
+      means = [np.mean(by_length[n]) for n in lengths]
+      label = variant[len(title) + 1:] if title else variant
+      line, = ax.plot(lengths, means, marker="o" if len(lengths) <= 30 else None,
+                      markersize=3, label=label or variant)
+      cis = [stats.summary(by_length[n]).ci for n in lengths]
+      if all(cis):
+        ax.fill_between(lengths, [c[0] for c in cis], [c[1] for c in cis],
+                        color=line.get_color(), alpha=0.15)
+    if train_length is not None:
+      ax.axvline(train_length + 0.5, color="gray", linestyle="--",
+                 label="longest training length")
+    ax.set(xlabel="input length", ylabel=f"{BY_LENGTH[key]} (mean over seeds)",
+           title=f"Length extrapolation{': ' + title if title else ''}")
+    ax.legend(fontsize=7)
+  pictures.save(fig, storage.join(out_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
 
 
 def plot_lengths(plt, out_dir, finals, train_length) -> None:

@@ -9,10 +9,11 @@ import re
 from transformer import stats, workdir as workdir_lib
 
 # The main metric, the first found: the column after the run counts and the bar chart.
-MAIN_METRICS = ("valid/bleu", "valid/exact_match", "valid/accuracy")
+# (test/mean_accuracy: the algorithmic tasks' score, accuracy averaged over the test lengths)
+MAIN_METRICS = ("test/mean_accuracy", "valid/bleu", "valid/exact_match", "valid/accuracy")
 # The order of the metrics of a split in the table; others follow by name.
-KEYS = ("bleu", "chrf", "exact_match", "accuracy", "macro_f1", "perplexity", "bits_per_token",
-        "loss")
+KEYS = ("bleu", "chrf", "exact_match", "mean_accuracy", "accuracy", "macro_f1", "perplexity",
+        "bits_per_token", "loss")
 LOWER_IS_BETTER = ("perplexity", "bits_per_token", "loss")
 SPLITS = ("valid", "test", "longer")
 
