@@ -41,7 +41,7 @@ def get_config(arg: str = ""):
   if arg not in ("", "cpu"):
     raise ValueError(f"configs/chomsky.py takes '' or 'cpu', not {arg!r}")
   config = default.get_config()
-  config.data.source = "algorithmic"
+  config.data = ml_collections.ConfigDict(dict(source="algorithmic", cast="slots"))
   # Only the fields every task has: a sweep over task.name keeps each task's own defaults.
   config.task = ml_collections.ConfigDict(dict(
       name="reverse_string", min_len=1, max_len=40, test_max_len=500))

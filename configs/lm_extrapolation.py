@@ -6,6 +6,11 @@ windows and with a sliding window of stride L.
   python train.py --config configs/lm_extrapolation.py --workdir workdirs/lm      # one run
   python eval.py --workdir workdirs/lm                 # perplexity by length, per position
   python sweep.py --config configs/lm_extrapolation.py --sweep_dir sweeps/lm_extrapolation
+  python sweep.py --config configs/lm_extrapolation.py:t5_distance --sweep_dir sweeps/t5
+
+`:t5_distance` is the controlled experiment on T5's bias: max_distance 128 (T5's), 64 and
+32, all else equal. With L = 64 the causal buckets of distances 64..max_distance and the
+shared last bucket are never trained under 128; under 32 every bucket is trained at L.
 
 The corpus is pinned: the top-level .py modules of Python 3.11's standard library
 (data.python_version; another version is another corpus: override it knowingly), 1 in 10
@@ -23,7 +28,9 @@ from transformer.sweep import axis, product
 POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
 
 
-def get_config():
+def get_config(arg: str = ""):
+  if arg not in ("", "t5_distance"):
+    raise ValueError(f"configs/lm_extrapolation.py takes '' or 't5_distance', not {arg!r}")
   config = default.get_config()
   # Every field of the lm source's section (so each can be overridden), from its dataclass.
   config.data = ml_collections.ConfigDict(fields.to_dict(LMData(
@@ -39,5 +46,9 @@ def get_config():
   return config
 
 
-def get_sweep():
+def get_sweep(arg: str = ""):
+  if arg == "t5_distance":
+    return product(axis("model.position", ["t5"]),
+                   axis("model.position_settings.t5.max_distance", [128, 64, 32]),
+                   axis("seed", [0, 1]))
   return product(axis("model.position", POSITIONS), axis("seed", [0, 1]))

@@ -14,13 +14,14 @@ from configs import chomsky
 from transformer import optim, pictures, report_plots, workdir as workdir_lib
 from transformer.config import parse
 from transformer.data import SourceArgs
-from transformer.data.algorithmic import AlgorithmicSource, length_accuracy, slot_id
+from transformer.data.algorithmic import (AlgorithmicData, AlgorithmicSource, length_accuracy,
+                                          slot_id)
 from transformer.data.base import Split
 from transformer.data.chomsky import TASKS
 from transformer.data.chomsky.base import up_to_termination
 from transformer.errors import ConfigError
 from transformer.training import train_and_evaluate
-from transformer.vocab import NUM_RESERVED
+from transformer.vocab import EOS_ID, NUM_RESERVED
 
 LENGTHS = [1, 2, 3, 4, 5, 7, 40, 41, 100]
 
@@ -145,9 +146,10 @@ def test_a_bad_task_field_is_refused():
 # --------------------------------------------------------------------------- the source
 
 
-def _source(seed=0, eval_examples=20, batch_size=8, **task):
+def _source(seed=0, eval_examples=20, batch_size=8, cast="slots", **task):
   task = TASKS[task.pop("name", "binary_addition")](**task)
-  return AlgorithmicSource(None, task, SourceArgs(seed, batch_size, eval_examples))
+  return AlgorithmicSource(AlgorithmicData("algorithmic", cast), task,
+                           SourceArgs(seed, batch_size, eval_examples))
 
 
 def test_rows_are_inputs_then_answer_slots():
@@ -166,6 +168,31 @@ def test_rows_are_inputs_then_answer_slots():
         len(tokens) - real)
     assert labels[n:real].tolist() == _reference("binary_addition", tokens[:n] - NUM_RESERVED)
     assert batch["inputs_positions"][row, :real].tolist() == list(range(real))
+
+
+def test_seq2seq_rows_are_the_input_and_the_answer():
+  source = _source(cast="seq2seq", min_len=3, max_len=6, test_max_len=9)
+  assert source.targets.name == "SEQUENCE" and source.output_sizes(source.data, source.task) == (
+      NUM_RESERVED + 3, 0)
+  batch = next(iter(source.train_batches()))
+  assert batch["inputs"].shape == batch["targets"].shape == (8, 6 + 2)  # 7 answer symbols, EOS
+  for row in range(8):
+    tokens, target = batch["inputs"][row], batch["targets"][row]
+    n = int((tokens != 0).sum()) - 1
+    assert tokens[n] == EOS_ID and target[n + 1] == EOS_ID
+    assert (target[:n + 1] - NUM_RESERVED).tolist() == _reference(
+        "binary_addition", tokens[:n] - NUM_RESERVED)
+  split = source.eval_splits()["test"]
+  predictions = split.arrays["targets"].copy()
+  predictions[:, 0] = EOS_ID  # the first answer symbol wrong in every row
+  got = length_accuracy(source.task, split, predictions, "seq2seq")
+  for n, value in got.items():
+    counted = [r for r in range(len(predictions))
+               if (split.arrays["inputs"][r] != 0).sum() - 1 == n]
+    terminator = 2 + NUM_RESERVED  # the answer's termination symbol 2, as a token
+    ends = [list(split.arrays["targets"][r]).index(terminator) + 1 for r in counted]
+    assert value == pytest.approx(1 - len(counted) / sum(ends))
+  assert source.encode("1 + 1").tolist() == [4, 5, 4, EOS_ID]
 
 
 def test_training_batches_are_a_function_of_seed_and_step():
@@ -250,8 +277,11 @@ def test_constant_schedule_formula():
 # --------------------------------------------------------------------------- end to end
 
 
-def _protocol_config(arg="cpu", **train):
+def _protocol_config(arg="cpu", cast="slots", **train):
   config = chomsky.get_config(arg)
+  config.data.cast = cast
+  if cast == "seq2seq":
+    config.model.update(arch="encoder_decoder", num_decoder_layers=1)
   config.task.update(name="missing_duplicate_string", max_len=6, test_max_len=9)
   config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, max_len=16,
                       max_position=32, random_positions=True, position="rotary")
@@ -261,8 +291,9 @@ def _protocol_config(arg="cpu", **train):
   return config
 
 
-def test_the_protocol_config_trains_end_to_end(tmp_path):
-  train_and_evaluate(parse(_protocol_config()), str(tmp_path))
+@pytest.mark.parametrize("cast", ["slots", "seq2seq"])
+def test_the_protocol_config_trains_end_to_end(cast, tmp_path):
+  train_and_evaluate(parse(_protocol_config(cast=cast)), str(tmp_path))
   finals = {r["split"]: r for r in workdir_lib.read_metrics(str(tmp_path))
             if r["split"] != "train"}
   assert set(finals) == {"valid", "test"}

@@ -112,7 +112,8 @@ def test_workers_split_the_runs_and_commands_are_printed(tmp_path):
 
 @pytest.mark.parametrize("name,count", [("positions", 27), ("scorers", 15), ("heads", 12),
                                         ("heads.py:gpu", 12), ("heads.py:cpu", 4),
-                                        ("chomsky.py:cpu", 105)])
+                                        ("chomsky.py:cpu", 105),
+                                        ("lm_extrapolation.py:t5_distance", 6)])
 def test_shipped_sweeps_build_every_run(name, count):
   base, runs = sweep.load(os.path.join(ROOT, "configs", name if ".py" in name else f"{name}.py"))
   assert len(runs) == count and len({sweep.run_name(r) for r in runs}) == count
