@@ -178,6 +178,43 @@ def test_variants_baseline_and_ignored_fields(runs, tmp_path):
   assert _rows(md, "")["all runs"][0] == "4"
 
 
+def test_a_field_baseline_pairs_each_variant_with_its_twin_and_grids_the_main_metric(tmp_path):
+  # position × norm, 3 seeds each
+  exact = {("rotary", "post"): [0.5, 0.6, 0.7], ("rotary", "pre"): [0.55, 0.75, 0.95],
+           ("alibi", "post"): [0.4, 0.5, 0.45], ("alibi", "pre"): [0.42, 0.52, 0.47]}
+  paths = [fake_run(tmp_path / f"{p}-{n}-{seed}", value, seed,
+                    **{"model.position": p, "model.norm": n})
+           for (p, n), values in exact.items() for seed, value in enumerate(values)]
+  out = tmp_path / "out"
+  md = compare.compare(paths, str(out), baseline="model.norm=post")
+  assert "variant − the same variant with model.norm=post per shared seed" in md
+  paired = _rows(md, "## Paired differences against the same variant with model.norm=post "
+                     "(valid/exact_match)")
+  assert len(paired) == 2 and all("model.norm=pre" in v for v in paired)
+  for position in ("rotary", "alibi"):
+    d = np.subtract(exact[(position, "pre")], exact[(position, "post")])
+    row = next(cells for v, cells in paired.items() if f"model.position={position}" in v)
+    assert row[:2] == ["3", f"{d.mean():+.4f}"]
+    if d.std() > 0:
+      lo, hi = scipy_stats.t.interval(0.95, 2, loc=d.mean(), scale=scipy_stats.sem(d))
+      assert row[2] == f"[{lo:.4f}, {hi:.4f}]"
+  with open(out / "report.csv") as f:
+    rows = {r["variant"]: r for r in csv.DictReader(f)}
+  for variant, row in rows.items():
+    twin = variant.replace("model.norm=pre", "model.norm=post")
+    assert row["baseline"] == twin
+    assert (row["valid/exact_match diff n"] == "") == (twin == variant)
+  grid = _rows(md, "## valid/exact_match by model.position: mean [95% CI]")
+  for position in ("rotary", "alibi"):
+    for cell, norm in zip(grid[position], ("post", "pre")):
+      values = exact[(position, norm)]
+      lo, hi = scipy_stats.t.interval(0.95, 2, loc=np.mean(values),
+                                      scale=scipy_stats.sem(values))
+      assert cell == f"{np.mean(values):.4f} [{lo:.4f}, {hi:.4f}]"
+  with pytest.raises(ConfigError, match="--baseline model.norm=mid: no such variant"):
+    compare.compare(paths, baseline="model.norm=mid")
+
+
 def test_runs_that_cannot_be_compared_are_refused(runs, tmp_path):
   unfinished = fake_run(tmp_path / "unfinished", 0.5, 5, final=False)
   with pytest.raises(ConfigError, match="unfinished has no results: its metrics.jsonl has no "
@@ -188,8 +225,9 @@ def test_runs_that_cannot_be_compared_are_refused(runs, tmp_path):
   reverse = fake_run(tmp_path / "reverse", 0.5, 0, **{"task.name": "reverse"})
   with pytest.raises(ConfigError, match=r"different tasks \(copy and reverse\)"):
     compare.compare([runs[0], reverse])
-  with pytest.raises(ConfigError, match="--baseline rope: no such variant; the variants are: "
-                                        "model.position=sinusoidal, model.position=rotary"):
+  with pytest.raises(ConfigError, match="--baseline rope: no such variant, nor a FIELD=VALUE "
+                                        "of one; the variants are: model.position=sinusoidal, "
+                                        "model.position=rotary"):
     compare.compare(runs, baseline="rope")
   sweep_report = tmp_path / "sweep"
   sweep_report.mkdir()

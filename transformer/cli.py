@@ -34,7 +34,8 @@ def define_report_flags() -> None:
   """The flags of a report's statistics (transformer/report.py): sweep.py and compare.py."""
   flags.DEFINE_string("baseline", None, "The variant that the report's paired differences "
                       "are against, e.g. model.position=sinusoidal (default: the first "
-                      "variant with results).")
+                      "variant with results); or a FIELD=VALUE of the variants: each against "
+                      "the same variant with that value, e.g. model.random_positions=False.")
   flags.DEFINE_multi_string("success", [], "METRIC>=VALUE (or <=, >, <), e.g. "
                             "'valid/exact_match>=0.9': the report gives each variant's rate "
                             "of seeds that meet it (repeatable).")

@@ -54,10 +54,31 @@ def cell(text: str) -> str:
 
 
 def check_baseline(baseline: str | None, variants: Sequence[str]) -> None:
-  """A ConfigError for a --baseline that names none of the variants (listing them)."""
-  if baseline is not None and baseline not in variants:
-    raise ConfigError(f"--baseline {baseline}: no such variant; the variants are: "
-                      f"{', '.join(variants)}")
+  """A ConfigError for a --baseline that names none of the variants and is no FIELD=VALUE
+  of theirs (listing the variants)."""
+  if baseline is None or baseline in variants:
+    return
+  if "=" in baseline and any(baseline in v.split(",") for v in variants):
+    if any(baseline_of(baseline, v, variants) not in (None, v) for v in variants):
+      return
+    raise ConfigError(f"--baseline {baseline}: no variant differs from another only in "
+                      f"{baseline.split('=')[0]}; the variants are: {', '.join(variants)}")
+  raise ConfigError(f"--baseline {baseline}: no such variant, nor a FIELD=VALUE of one; the "
+                    f"variants are: {', '.join(variants)}")
+
+
+def baseline_of(baseline: str | None, variant: str, variants: Sequence[str]) -> str | None:
+  """The variant that `variant` is compared with: `baseline` when it is a variant; when it
+  is a FIELD=VALUE of the variants (e.g. model.random_positions=False), the variant equal
+  to `variant` but for that field's value (None where there is none)."""
+  if baseline is None or baseline in variants:
+    return baseline
+  field = baseline.split("=", 1)[0]
+  parts = variant.split(",")
+  if not any(p.split("=", 1)[0] == field for p in parts):
+    return None
+  match = ",".join(baseline if p.split("=", 1)[0] == field else p for p in parts)
+  return match if match in variants else None
 
 
 def check_thresholds(thresholds: Sequence[stats.Threshold], results: Results) -> None:
@@ -79,7 +100,9 @@ def statistics_lines(results: Results, baseline: str | None) -> list[str]:
            "confidence interval of the mean: Student t, n − 1 degrees of freedom; none for one "
            "seed]; std: the sample standard deviation (n − 1)"]
   if baseline and len(results.variants) > 1:
-    lines.append(f"- paired differences: variant − {baseline} (the baseline) per shared seed, "
+    against = (f"{baseline} (the baseline)" if baseline in results.variants else
+               f"the same variant with {baseline}")
+    lines.append(f"- paired differences: variant − {against} per shared seed, "
                  f"their mean and {stats.CONFIDENCE:.0%} t interval; * where it excludes 0")
   return lines
 
@@ -105,12 +128,28 @@ def _table_cell(summary: stats.Summary | None, seeds: int) -> str:
   return text + (f" (n={summary.n})" if summary.n != seeds else "")
 
 
+def grid(variants) -> tuple[str, dict[str, dict[str, str]]] | None:
+  """(the variants' first field, {its value: {the other fields: variant}}) when the first
+  field and the others each take several values (e.g. task × encoding); None otherwise."""
+  parts = {v: v.split(",", 1) for v in variants}
+  if any(len(p) < 2 for p in parts.values()):
+    return None
+  fields = {p[0].split("=", 1)[0] for p in parts.values()}
+  rows: dict[str, dict[str, str]] = {}
+  for variant, (first, rest) in parts.items():
+    rows.setdefault(first.split("=", 1)[1], {})[rest] = variant
+  if len(fields) > 1 or len(rows) < 2 or len({c for r in rows.values() for c in r}) < 2:
+    return None
+  return fields.pop(), rows
+
+
 def markdown(results: Results, header: list[str], baseline: str | None,
              thresholds: Sequence[stats.Threshold] = ()) -> str:
   """The report as markdown: `header`, a row per variant with its run counts and each
-  metric's mean and interval; the main metric's spread per variant (n, mean, std, interval,
-  min, max, success rates, the values per seed); the main metric's paired differences
-  against `baseline`; the runs without results."""
+  metric's mean and interval; the main metric as a grid of the first field's values by the
+  other fields' when the variants form one (grid); the main metric's spread per variant
+  (n, mean, std, interval, min, max, success rates, the values per seed); its paired
+  differences against `baseline` (baseline_of); the runs without results."""
   counts = {v: state_counts(es) for v, es in results.variants.items()}
   names, main = results.names, results.main
   columns = ["variant", "seeds", "failed", "unfinished"]
@@ -122,6 +161,16 @@ def markdown(results: Results, header: list[str], baseline: str | None,
               for n in names]
     lines.append(f"| {cell(variant)} | " + " | ".join(cells) + " |")
   with_results = [v for v, f in results.finals.items() if f]
+  if main and with_results and (table := grid(results.variants)):
+    field, rows = table
+    columns = list(dict.fromkeys(c for r in rows.values() for c in r))
+    lines += ["", f"## {main} by {field}: mean [{stats.CONFIDENCE:.0%} CI]", "",
+              f"| {field} | " + " | ".join(cell(c) for c in columns) + " |",
+              "|---" * (len(columns) + 1) + "|"]
+    for value, row in rows.items():
+      lines.append(f"| {cell(value)} | " + " | ".join(
+          _table_cell(results.summary(row[c], main), counts[row[c]]["finished"])
+          if c in row else "" for c in columns) + " |")
   if main and with_results:
     lines += ["", f"## {main} over seeds", "",
               "| variant | n | mean | std | {:.0%} CI | min | max | ".format(stats.CONFIDENCE)
@@ -139,14 +188,17 @@ def markdown(results: Results, header: list[str], baseline: str | None,
                    + "".join(f"{k}/{n} | " for k, n in rates)
                    + ", ".join(f"{seed}: {_num(v)}" for seed, v in values.items()) + " |")
     if baseline and len(results.variants) > 1:
-      lines += ["", f"## Paired differences against {cell(baseline)} ({main})", "",
+      variants = list(results.variants)
+      against = (cell(baseline) if baseline in variants else
+                 f"the same variant with {cell(baseline)}")
+      lines += ["", f"## Paired differences against {against} ({main})", "",
                 "| variant | shared seeds | mean difference | {:.0%} CI | excludes 0 |".format(
                     stats.CONFIDENCE), "|---|---|---|---|---|"]
-      base = results.values(baseline, main)
-      for variant in results.variants:
-        if variant == baseline:
+      for variant in variants:
+        base = baseline_of(baseline, variant, variants)
+        if base in (None, variant):
           continue
-        pair = stats.paired(base, results.values(variant, main))
+        pair = stats.paired(results.values(base, main), results.values(variant, main))
         lines.append(f"| {cell(variant)} | " + (
             f"{len(pair.seeds)} | {pair.mean:+.4f} | {_interval(pair.ci)} | "
             f"{'*' if pair.excludes_zero else ''} |" if pair else "0 | | | |"))
@@ -178,10 +230,11 @@ def table_csv(results: Results, baseline: str | None,
       s, values = results.summary(variant, name), results.values(variant, name)
       row += ([s.mean, _blank(s.std), *(s.ci or ("", "")), s.min, s.max, s.n,
                json.dumps({str(k): v for k, v in values.items()})] if s else [""] * 7 + [0, ""])
-    row.append(baseline or "")
+    base = baseline_of(baseline, variant, list(results.variants))
+    row.append(base or "")
     for name in names:
-      pair = (stats.paired(results.values(baseline, name), results.values(variant, name))
-              if baseline and variant != baseline else None)
+      pair = (stats.paired(results.values(base, name), results.values(variant, name))
+              if base and variant != base else None)
       row += [pair.mean, *(pair.ci or ("", "")), len(pair.seeds)] if pair else ["", "", "", ""]
     for t in thresholds:
       k, n = stats.success_rate(list(results.values(variant, t.metric).values()), t)
