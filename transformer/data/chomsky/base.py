@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from transformer.fields import AT_LEAST_1, check, check_ranges
+from transformer.fields import AT_LEAST_1, Range, check, check_ranges
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,57 @@ class Task:
   def pieces(self) -> tuple[str, ...]:
     """A name per input symbol (pictures, eval.py --sentence); the digits by default."""
     return self.input_pieces or tuple(str(i) for i in range(self.input_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class StringTask(Task):
+  """A task over strings of num_symbols symbols whose output has those symbols too."""
+
+  num_symbols: int = 2
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_ranges(self, num_symbols=Range(2))
+
+  @property
+  def input_size(self) -> int:
+    return self.num_symbols
+
+  @property
+  def output_size(self) -> int:
+    return self.num_symbols
+
+  def output_length(self, n: int) -> int:
+    return n
+
+
+@dataclasses.dataclass(frozen=True)
+class ModularTask(Task):
+  """A task over digits 0..modulus−1 followed by the symbols OPERATORS names, whose answer
+  is a value modulo `modulus` (the papers: 5)."""
+
+  modulus: int = 5
+  OPERATORS: ClassVar[tuple[str, ...]] = ()  # the input symbols after the digits
+
+  def __post_init__(self):
+    super().__post_init__()
+    check_ranges(self, modulus=Range(2))
+
+  @property
+  def input_size(self) -> int:
+    return self.modulus + len(self.OPERATORS)
+
+  @property
+  def output_size(self) -> int:
+    return self.modulus
+
+  @property
+  def input_pieces(self) -> tuple[str, ...]:
+    return (*map(str, range(self.modulus)), *self.OPERATORS)
+
+  def symbol(self, piece: str) -> int:
+    """The input symbol of an operator piece."""
+    return self.modulus + self.OPERATORS.index(piece)
 
 
 def up_to_termination(output: np.ndarray, terminator: int) -> np.ndarray:

@@ -4,31 +4,16 @@ import dataclasses
 
 import numpy as np
 
-from transformer.data.chomsky.base import Task, strings, up_to_termination
-from transformer.fields import Range, check, check_ranges
+from transformer.data.chomsky.base import (ModularTask, StringTask, Task, strings,
+                                           up_to_termination)
+from transformer.fields import check
 
 
 @dataclasses.dataclass(frozen=True)
-class ReverseString(Task):
+class ReverseString(StringTask):
   """s_1 … s_n → s_n … s_1 (the papers: binary strings)."""
 
   name: str = "reverse_string"
-  num_symbols: int = 2
-
-  def __post_init__(self):
-    super().__post_init__()
-    check_ranges(self, num_symbols=Range(2))
-
-  @property
-  def input_size(self) -> int:
-    return self.num_symbols
-
-  @property
-  def output_size(self) -> int:
-    return self.num_symbols
-
-  def output_length(self, n: int) -> int:
-    return n
 
   def sample(self, rng, n):
     s = strings(rng, n, self.num_symbols)
@@ -91,42 +76,29 @@ def bracket_expression(rng: np.random.Generator, n: int, modulus: int, operators
 
 
 @dataclasses.dataclass(frozen=True)
-class ModularArithmeticBrackets(Task):
+class ModularArithmeticBrackets(ModularTask):
   """An expression of n symbols (bracket_expression: digits 0..modulus−1, then +, −, *, (, ),
   and x, which never occurs, as in DeepMind's alphabet) → its value mod modulus. Lengths 1..4
   are d, −d, (d), (−d), as in DeepMind's code. The papers: modulus 5 with * (their
   constants.py)."""
 
   name: str = "modular_arithmetic_brackets"
-  modulus: int = 5
   mult: bool = True
+  OPERATORS = ("+", "-", "*", "(", ")", "x")
 
   def __post_init__(self):
     super().__post_init__()
-    check_ranges(self, modulus=Range(2))
     check(isinstance(self.mult, bool), "mult", self.mult, "true or false")
 
-  @property
-  def input_size(self) -> int:
-    return self.modulus + 6
-
-  @property
-  def output_size(self) -> int:
-    return self.modulus
-
-  @property
-  def input_pieces(self) -> tuple[str, ...]:
-    return (*map(str, range(self.modulus)), "+", "-", "*", "(", ")", "x")
-
   def sample(self, rng, n):
-    m = self.modulus
-    symbol = {"+": m, "-": m + 1, "*": m + 2, "(": m + 3, ")": m + 4}
-    symbols, value = bracket_expression(rng, n, m, "+-*" if self.mult else "+-", symbol)
+    symbol = {p: self.symbol(p) for p in "+-*()"}
+    symbols, value = bracket_expression(rng, n, self.modulus, "+-*" if self.mult else "+-",
+                                        symbol)
     return np.array(symbols, np.int32), np.array([value], np.int32)
 
 
 @dataclasses.dataclass(frozen=True)
-class SolveEquation(Task):
+class SolveEquation(ModularTask):
   """An expression of n−2 symbols (bracket_expression with + and − only) with one digit
   replaced by x, then "=" and the expression's value (digits 0..modulus−1, then +, −, (, ),
   x, =, DeepMind's alphabet) → the replaced digit, the one solution (x occurs once, with
@@ -136,36 +108,19 @@ class SolveEquation(Task):
   every solution)."""
 
   name: str = "solve_equation"
-  modulus: int = 5
-
-  def __post_init__(self):
-    super().__post_init__()
-    check_ranges(self, modulus=Range(2))
-
-  @property
-  def input_size(self) -> int:
-    return self.modulus + 6
-
-  @property
-  def output_size(self) -> int:
-    return self.modulus
-
-  @property
-  def input_pieces(self) -> tuple[str, ...]:
-    return (*map(str, range(self.modulus)), "+", "-", "(", ")", "x", "=")
+  OPERATORS = ("+", "-", "(", ")", "x", "=")
 
   def sample(self, rng, n):
     if n < 3:
       return np.zeros(n, np.int32), np.zeros(1, np.int32)
     m = self.modulus
-    symbol = {"+": m, "-": m + 1, "(": m + 2, ")": m + 3}
-    symbols, value = bracket_expression(rng, n - 2, m, "+-", symbol)
+    symbols, value = bracket_expression(rng, n - 2, m, "+-", {p: self.symbol(p) for p in "+-()"})
     at = int(rng.integers(n - 2))
     while symbols[at] >= m:  # not a digit
       at = (at + 1) % (n - 2)
     answer = symbols[at]
-    symbols[at] = m + 4  # x
-    return np.array(symbols + [m + 5, value], np.int32), np.array([answer], np.int32)
+    symbols[at] = self.symbol("x")
+    return np.array(symbols + [self.symbol("="), value], np.int32), np.array([answer], np.int32)
 
 
 TASKS = {"reverse_string": ReverseString, "stack_manipulation": StackManipulation,

@@ -5,31 +5,12 @@ import math
 
 import numpy as np
 
-from transformer.data.chomsky.base import Task, strings, uniform_int, up_to_termination
-from transformer.fields import Range, check_ranges
+from transformer.data.chomsky.base import (StringTask, Task, strings, uniform_int,
+                                           up_to_termination)
 
 
 @dataclasses.dataclass(frozen=True)
-class _StringTask(Task):
-  """A task over strings of num_symbols symbols whose output has those symbols too."""
-
-  num_symbols: int = 2
-
-  def __post_init__(self):
-    super().__post_init__()
-    check_ranges(self, num_symbols=Range(2))
-
-  @property
-  def input_size(self) -> int:
-    return self.num_symbols
-
-  @property
-  def output_size(self) -> int:
-    return self.num_symbols
-
-
-@dataclasses.dataclass(frozen=True)
-class DuplicateString(_StringTask):
+class DuplicateString(StringTask):
   """s → s s (the papers: binary strings)."""
 
   name: str = "duplicate_string"
@@ -43,13 +24,10 @@ class DuplicateString(_StringTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class OddsFirst(_StringTask):
+class OddsFirst(StringTask):
   """s_1 s_2 … s_n → s_1 s_3 s_5 … s_2 s_4 … (1-based odd positions first; binary)."""
 
   name: str = "odds_first"
-
-  def output_length(self, n: int) -> int:
-    return n
 
   def sample(self, rng, n):
     s = strings(rng, n, self.num_symbols)
@@ -57,14 +35,11 @@ class OddsFirst(_StringTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class BucketSort(_StringTask):
+class BucketSort(StringTask):
   """s → its symbols in increasing order (the papers: 5 symbols)."""
 
   name: str = "bucket_sort"
   num_symbols: int = 5
-
-  def output_length(self, n: int) -> int:
-    return n
 
   def sample(self, rng, n):
     s = strings(rng, n, self.num_symbols)

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from transformer.data.chomsky.base import Task, strings
+from transformer.data.chomsky.base import ModularTask, Task, strings
 from transformer.fields import Range, check_ranges
 
 
@@ -79,7 +79,7 @@ def evaluate(expression, modulus: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModularArithmetic(Task):
+class ModularArithmetic(ModularTask):
   """An expression of numbers 0..modulus−1 (symbols 0..modulus−1) alternating with
   operators + − × (modulus, modulus+1, modulus+2), all uniform → its value modulo modulus,
   multiplications first. An even length n has, as in DeepMind's code, an expression of
@@ -87,23 +87,7 @@ class ModularArithmetic(Task):
   never drawn there; their evaluator reads it as +, which leaves the value unchanged)."""
 
   name: str = "modular_arithmetic"
-  modulus: int = 5
-
-  def __post_init__(self):
-    super().__post_init__()
-    check_ranges(self, modulus=Range(2))
-
-  @property
-  def input_size(self) -> int:
-    return self.modulus + 4
-
-  @property
-  def output_size(self) -> int:
-    return self.modulus
-
-  @property
-  def input_pieces(self) -> tuple[str, ...]:
-    return (*(str(i) for i in range(self.modulus)), "+", "-", "*", "_")
+  OPERATORS = ("+", "-", "*", "_")  # PLUS, MINUS, TIMES, BLANK
 
   def sample(self, rng, n):
     terms = (n - 1) // 2  # operators; the expression has 2 * terms + 1 symbols
