@@ -1,5 +1,6 @@
 """Evaluates a trained run: python eval.py --workdir DIR [--step N] [--output FILE]
-[--beam_size K --alpha A] [--average N] [--source_file F --reference_file R].
+[--beam_size K --alpha A | --temperature T [--top_k K] [--top_p P] [--min_p M] [--sample_seed S]]
+[--average N] [--source_file F --reference_file R].
 
 Restores the config saved in DIR and its checkpoint (the latest by default), reports loss,
 token accuracy, exact match and (text) sacreBLEU/chrF on every held-out split, and writes
@@ -9,16 +10,24 @@ does (a run that decodes: model.arch=encoder_decoder), and --average 5
 averages the last 5 checkpoints' parameters as it does. --source_file/--reference_file
 evaluate any parallel text (e.g. a new test set) with the run's vocabulary.
 
+Sampling: --temperature T > 0 samples what is otherwise decoded greedily (the metrics and
+the pictures of a run that decodes, --generate): each token is drawn from softmax(logits / T)
+restricted in turn to the --top_k most likely tokens, the nucleus of probability --top_p and
+the tokens at least --min_p times as likely as the most likely one, renormalised;
+--sample_seed S repeats the same draws.
+
 Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
-self, decoder self, cross) of S and its greedy translation, or for a run that does not
-decode prints the predicted label(s) (a language model: the next token) and draws its
-self-attention; and positions.png the positional encoding, into --plot_dir (default
+self, decoder self, cross) of S and its greedy (or sampled) translation, or for a run that
+does not decode prints the predicted label(s) (a language model: the next token) and draws
+its self-attention; and positions.png the positional encoding, into --plot_dir (default
 DIR/plots; the pictures of an earlier draw there are replaced), from the same parameters
 as the metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
   python eval.py --workdir DIR --sentence "[MAX 2 9 [MIN 4 7 ] 0 ]" --nometrics  # ListOps
   python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics  # an LM
+  python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics \
+      --temperature 0.8 --top_p 0.95 --sample_seed 1                              # sampled
 """
 
 import os
@@ -28,9 +37,11 @@ from absl import app, flags
 
 from transformer import cli, pictures
 from transformer.errors import ConfigError, Interrupted
-from transformer.evaluation import (check_decoding, check_prompts, continue_prompts,
-                                    evaluate_run, format_table, output_path, restore_run,
-                                    sentence_predictions)
+from transformer.evaluation import (check_decoding, check_prompts, check_sampling,
+                                    continue_prompts, evaluate_run, format_table, output_path,
+                                    restore_run, sentence_predictions)
+from transformer.fields import FieldError
+from transformer.sampling import Sampling
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the latest).")
@@ -47,13 +58,23 @@ flags.DEFINE_multi_string("sentence", [], "Draw attention maps for this input (r
 flags.DEFINE_string("plot_dir", None, "Where pictures go (default DIR/plots); given without "
                     "--sentence, only the positional-encoding heatmap.")
 flags.DEFINE_integer("generate", 0, "Language models: continue each --sentence by this many "
-                     "tokens (KV-cached greedy) and print it.")
+                     "tokens (KV-cached, greedy or sampled) and print it.")
+flags.DEFINE_float("temperature", 0.0, "0: greedy decoding and generation; T > 0: sample "
+                   "each token from softmax(logits / T), filtered by the three below.")
+flags.DEFINE_integer("top_k", 0, "Sampling: only among the K most likely tokens; 0: off.")
+flags.DEFINE_float("top_p", 1.0, "Sampling: only within the nucleus, the most likely tokens "
+                   "whose probability reaches P (the top one always); 1: off.")
+flags.DEFINE_float("min_p", 0.0, "Sampling: only tokens at least M times as likely as the "
+                   "most likely one; 0: off.")
+flags.DEFINE_integer("sample_seed", 0, "Sampling: the seed of the draws.")
 flags.DEFINE_bool("metrics", True, "Evaluate the held-out splits; --nometrics only draws.")
 flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
 flags.register_validator("beam_size", lambda n: n >= 1, "--beam_size must be at least 1")
 flags.register_validator("alpha", lambda a: a >= 0, "--alpha must be at least 0")
 flags.register_validator("generate", lambda n: n >= 0, "--generate must be at least 0")
+flags.register_validator("sample_seed", lambda n: n >= 0,
+                         "--sample_seed must be at least 0")
 flags.register_multi_flags_validator(
     ["generate", "sentence"], lambda f: not f["generate"] or f["sentence"],
     "--generate N continues each --sentence: give at least one")
@@ -71,6 +92,21 @@ def check_metrics_flags() -> None:
     raise ConfigError(f"{given[0]} applies to the metrics, which --nometrics skips")
 
 
+def sampling_flags() -> Sampling:
+  """The sampling that the flags ask for; a FieldError naming the flag (`--top_p=0.0 is not
+  allowed; ...`) for a value out of range; a ConfigError for --sample_seed without
+  sampling."""
+  f = flags.FLAGS
+  try:
+    sampling = Sampling(f.temperature, f.top_k, f.top_p, f.min_p)
+  except FieldError as e:
+    raise FieldError(f"--{e.field}", e.value, e.allowed) from None
+  if f["sample_seed"].present and sampling.greedy:
+    raise ConfigError("--sample_seed applies to sampling, which --temperature 0 (greedy) does "
+                      "not do; give --temperature > 0")
+  return sampling
+
+
 def main(argv):
   cli.no_arguments(argv)
   cli.setup_logging()
@@ -78,12 +114,14 @@ def main(argv):
   files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.StopSignals() as stop, cli.one_line_errors():
     check_metrics_flags()
+    sampling = sampling_flags()
     run = restore_run(f.workdir, f.step, f.average)  # one restore serves metrics and pictures
     exp = run.experiment
     plot_dir = f.plot_dir or os.path.join(f.workdir, "plots")
     # Everything the flags ask is checked before the work: nothing fails after it.
+    check_sampling(exp, sampling, f.metrics, bool(f.sentence), bool(f.generate))
     if f.metrics:
-      check_decoding(exp, f.beam_size)
+      check_decoding(exp, f.beam_size, sampling)
       output_path(run, f.output)  # a path that cannot be written fails before the work
     if f.generate:
       check_prompts(exp, f.sentence, f.generate)
@@ -91,7 +129,8 @@ def main(argv):
       pictures.check_writable(run, f.sentence, plot_dir)
     try:
       if f.metrics:
-        step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop)
+        step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop,
+                                           sampling, f.sample_seed)
         print(f"step {step}")
         print(format_table(results))
         print(f"metrics written to {path}")
@@ -100,10 +139,11 @@ def main(argv):
         captions = sentence_predictions(run, f.sentence)
         for sentence, caption in zip(f.sentence, captions):
           print(f"--- {sentence!r}: {caption}")
-      for text in continue_prompts(run, f.sentence, f.generate) if f.generate else []:
+      for text in (continue_prompts(run, f.sentence, f.generate, sampling, f.sample_seed)
+                   if f.generate else []):
         print(f"--- generated:\n{text}")
       if f.sentence or f.plot_dir:
-        paths = pictures.draw(run, f.sentence, plot_dir, captions)
+        paths = pictures.draw(run, f.sentence, plot_dir, captions, sampling, f.sample_seed)
         print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
     except Interrupted:
       print("stopped by a signal; the metrics were not written", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Autoregressive decoding with a KV cache: greedy and beam search.
+"""Autoregressive decoding with a KV cache: greedy or sampled (transformer/sampling.py),
+and beam search.
 
 The encoder runs once; cross-attention K/V are projected once per source sentence; each
 step feeds one token through the decoder against the self-attention caches. The loops are
@@ -10,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.families import ModelFamily
+from transformer.sampling import GREEDY, Sampling, next_tokens
 from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 NEG_INF = -1.0e9
@@ -30,17 +32,21 @@ def _start(model: ModelFamily, batch: dict[str, jax.Array], max_len: int, repeat
   return step_fn, cache
 
 
-def greedy_decode(model: ModelFamily, batch: dict[str, jax.Array], max_len: int) -> jax.Array:
-  """Greedy decoding.
+def greedy_decode(model: ModelFamily, batch: dict[str, jax.Array], max_len: int,
+                  sampling: Sampling = GREEDY, key: jax.Array | None = None) -> jax.Array:
+  """Greedy decoding, or each token drawn as `sampling` says.
 
   Args:
     model: the Transformer (run deterministically).
     batch: `inputs` [b, s] and optionally `inputs_positions`, `inputs_segmentation`.
     max_len: number of output slots, EOS included.
+    sampling: how each token is chosen (static under jit); the default is the argmax.
+    key: the draws' PRNG key, folded with each step (default: key 0).
   Returns:
     tokens [b, max_len]: each row ends at its first EOS, followed by PAD.
   """
   b = batch["inputs"].shape[0]
+  key = jax.random.key(0) if key is None else key
   step_fn, cache = _start(model, batch, max_len)
 
   def not_finished(state):
@@ -50,7 +56,7 @@ def greedy_decode(model: ModelFamily, batch: dict[str, jax.Array], max_len: int)
   def step(state):
     t, last, out, done, cache = state
     logits, cache = step_fn(cache, last, t)
-    token = jnp.where(done, PAD_ID, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+    token = jnp.where(done, PAD_ID, next_tokens(logits, jax.random.fold_in(key, t), sampling))
     return t + 1, token, out.at[:, t].set(token), done | (token == EOS_ID), cache
 
   state = (jnp.zeros((), jnp.int32), jnp.full((b,), BOS_ID, jnp.int32),
@@ -152,21 +158,26 @@ def beam_search(model: ModelFamily, batch: dict[str, jax.Array], max_len: int,
   return tokens, jnp.where(has_finished, s["finished_scores"][:, 0], alive_scores)
 
 
-def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
+def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int,
+             sampling: Sampling = GREEDY, key: jax.Array | None = None
              ) -> tuple[jax.Array, jax.Array]:
-  """KV-cached greedy continuation of prompts by a family that generates (DecoderOnly).
+  """KV-cached continuation of prompts by a family that generates (DecoderOnly): greedy,
+  or each token drawn as `sampling` says.
 
   Args:
     model: the language model (run deterministically).
     prompts: [b, p] token ids; row i's prompt is its first lengths[i] ≥ 1 tokens.
     lengths: [b] prompt lengths.
     max_len: tokens in each output row, prompt included (the cache size).
+    sampling: how each token is chosen (static under jit); the default is the argmax.
+    key: the draws' PRNG key, folded with each step (default: key 0).
   Returns:
-    tokens [b, max_len]: the prompt, then the greedy continuation (never PAD, which is
-    no language model's target); and the logits
+    tokens [b, max_len]: the prompt, then the continuation (never PAD, which is no
+    language model's target); and the logits
     [b, max_len - 1, vocab] with which each position's successor was predicted.
   """
   b = prompts.shape[0]
+  key = jax.random.key(0) if key is None else key
   model = nnx.clone(model)  # the caches go on a copy
   model.init_decoding({"inputs": prompts}, max_len)
   graphdef, cache, rest = nnx.split(model, nnx.Cache, ...)
@@ -178,9 +189,10 @@ def generate(model, prompts: jax.Array, lengths: jax.Array, max_len: int
     m = nnx.merge(graphdef, cache, rest)
     token = jax.lax.dynamic_slice_in_dim(tokens, t, 1, axis=1)
     logits = m.decode_step(token, t)[:, 0]
-    greedy = jnp.argmax(logits.at[:, PAD_ID].set(NEG_INF), axis=-1).astype(jnp.int32)
+    chosen = next_tokens(logits.at[:, PAD_ID].set(NEG_INF), jax.random.fold_in(key, t),
+                         sampling)
     forced = jax.lax.dynamic_index_in_dim(prompts, t + 1, axis=1, keepdims=False)
-    nxt = jnp.where(t + 1 < lengths, forced, greedy)
+    nxt = jnp.where(t + 1 < lengths, forced, chosen)
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, nxt[:, None], t + 1, axis=1)
     all_logits = jax.lax.dynamic_update_slice_in_dim(all_logits, logits[:, None], t, axis=1)
     return tokens, all_logits, nnx.state(m, nnx.Cache)

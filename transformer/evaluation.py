@@ -1,6 +1,6 @@
 """Held-out evaluation: teacher-forced loss and token accuracy of every split; decoded
-predictions (greedy or beam search) for a family that decodes, each position's most likely
-output and loss otherwise; then the data source's own metrics of those outputs."""
+predictions (greedy, sampled or beam search) for a family that decodes, each position's most
+likely output and loss otherwise; then the data source's own metrics of those outputs."""
 
 import dataclasses
 import functools
@@ -21,16 +21,20 @@ from transformer.decoding import beam_search, generate, greedy_decode
 from transformer.errors import ConfigError, Interrupted, RunError
 from transformer.families import ARCHS
 from transformer.metrics import exact_matches, token_metrics, token_nll
+from transformer.sampling import GREEDY, Sampling
 
 log = logging.getLogger("transformer")
 
 
 class Evaluator:
   """Jitted evaluation of an experiment's model, given its params, over padded batches:
-  teacher-forced loss and accuracy, then decoding (greedy, or beam search when
-  beam_size > 1) if the family decodes, and the source's metrics (source.split_results)."""
+  teacher-forced loss and accuracy, then decoding (greedy or as `sampling` says, or beam
+  search when beam_size > 1) if the family decodes, and the source's metrics
+  (source.split_results). Sampling draws each batch with the key of `seed` folded with the
+  batch's number."""
 
-  def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6):
+  def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6,
+               sampling: Sampling = GREEDY, seed: int = 0):
     self.exp, self.batch_size, graphdef = exp, exp.eval.batch_size, exp.graphdef
 
     @jax.jit
@@ -39,10 +43,11 @@ class Evaluator:
       return token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
 
     @functools.partial(jax.jit, static_argnums=2)
-    def predict(params, batch, max_len):
+    def predict(params, batch, max_len, number):
       model = nnx.merge(graphdef, params)
       if beam_size == 1:
-        return greedy_decode(model, batch, max_len)
+        key = jax.random.fold_in(jax.random.key(seed), number)
+        return greedy_decode(model, batch, max_len, sampling, key)
       return beam_search(model, batch, max_len, beam_size, alpha)[0]
 
     @jax.jit
@@ -69,9 +74,9 @@ class Evaluator:
               should_stop=lambda: False, progress: "logs.Progress | None" = None) -> np.ndarray:
     """Decoded tokens [n, decode_len] of every row."""
     predictions = []
-    for batch in self._batches(arrays, progress):
+    for number, batch in enumerate(self._batches(arrays, progress)):
       _check_stop(should_stop)
-      predictions.append(np.asarray(self._predict(params, batch, decode_len)))
+      predictions.append(np.asarray(self._predict(params, batch, decode_len, number)))
     return np.concatenate(predictions)[:len(arrays["inputs"])]
 
   def evaluate_split(self, params, arrays: dict[str, np.ndarray], decode_len: int,
@@ -206,21 +211,23 @@ def text_paths(output: str, split: str) -> tuple[str, str]:
 
 
 def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
-                 files: tuple[str, str] | None = None, should_stop=lambda: False
-                 ) -> tuple[int, dict, str]:
+                 files: tuple[str, str] | None = None, should_stop=lambda: False,
+                 sampling: Sampling = GREEDY, seed: int = 0) -> tuple[int, dict, str]:
   """Evaluates every held-out split of a run restored by restore_run, or the (source,
   reference) text `files` instead, and writes the metrics as JSON (and, for text, the
   detokenized predictions and the references beside it, one file each per split:
-  text_paths). Returns (step, metrics, metrics path). A stop request (`should_stop`)
-  during the evaluation raises Interrupted; nothing is written then."""
+  text_paths). A family that decodes decodes greedily, with beam search (beam_size > 1)
+  or as `sampling` says (its draws from `seed`). Returns (step, metrics, metrics path). A
+  stop request (`should_stop`) during the evaluation raises Interrupted; nothing is written
+  then."""
   exp, step = run.experiment, run.steps[-1]
-  check_decoding(exp, beam_size)
+  check_decoding(exp, beam_size, sampling)
   output = output_path(run, output)
   splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
   check_split_lengths(exp, splits)
   log.info("evaluating step %d of %s: %s", step, run.workdir,
            ", ".join(f"{name} ({len(split)} examples)" for name, split in splits.items()))
-  evaluator = Evaluator(exp, beam_size, alpha)
+  evaluator = Evaluator(exp, beam_size, alpha, sampling, seed)
   results, hypotheses = evaluator.evaluate(run.params, splits, should_stop)
   try:
     for split, lines in hypotheses.items():
@@ -231,23 +238,46 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
         results[split].update(predictions=predictions, references=references)
     storage.write(output, json.dumps(
         {"step": step, "averaged_steps": run.steps, "workdir": storage.absolute(run.workdir),
-         "beam_size": beam_size, "alpha": alpha, "splits": results}, indent=2))
+         "beam_size": beam_size, "alpha": alpha, "sampling": {
+             **dataclasses.asdict(sampling), "seed": seed}, "splits": results}, indent=2))
   except OSError as e:
     raise RunError(f"cannot write the metrics to {output}: {e.strerror}; the results were: "
                    f"{json.dumps(results)}") from None
   return step, results, output
 
 
-def check_decoding(exp: experiment.Experiment, beam_size: int) -> None:
+def check_decoding(exp: experiment.Experiment, beam_size: int,
+                   sampling: Sampling = GREEDY) -> None:
   """A ConfigError for beam search (beam_size > 1) on a family that does not decode: its
   held-out splits are scored position by position (nothing is searched), so the option
-  would be recorded beside metrics it did not change."""
+  would be recorded beside metrics it did not change; and for beam search with sampling,
+  which beam search does not do."""
   if beam_size > 1 and not exp.family.decodes:
     decoding = " or ".join(name for name, family in ARCHS.items() if family.decodes)
-    greedy = ", and --generate is greedy" if exp.family.generates else ""
+    greedy = ", and --generate is greedy or sampled" if exp.family.generates else ""
     raise ConfigError(f"--beam_size {beam_size}: this run's model.arch {exp.model.arch!r} does "
                       f"not decode (its held-out splits are scored token by token{greedy}); "
                       f"beam search is for model.arch {decoding}")
+  if beam_size > 1 and not sampling.greedy:
+    raise ConfigError(f"--beam_size {beam_size} with sampling ({sampling}): beam search keeps "
+                      "the most likely hypotheses and draws nothing; sample with --beam_size 1")
+
+
+def check_sampling(exp: experiment.Experiment, sampling: Sampling, metrics: bool,
+                   sentences: bool, generate: bool) -> None:
+  """A ConfigError for sampling (temperature > 0) where nothing eval.py is asked to do
+  would sample: it samples the decoding of the metrics and of the pictures' `sentences`
+  by a family that decodes, and a language model's continuations (`generate`); the
+  held-out splits of the other families are scored token by token."""
+  if sampling.greedy or generate or (exp.family.decodes and (metrics or sentences)):
+    return
+  if exp.family.decodes:
+    why = "nothing is decoded with --nometrics and no --sentence"
+  else:
+    generating = "; a language model samples with --generate" if exp.family.generates else ""
+    why = (f"this run's model.arch {exp.model.arch!r} does not decode (its held-out splits "
+           f"are scored token by token){generating}")
+  raise ConfigError(f"sampling ({sampling}) would change nothing: {why}")
 
 
 def check_prompts(exp: experiment.Experiment, prompts: list[str], num_tokens: int
@@ -266,9 +296,10 @@ def check_prompts(exp: experiment.Experiment, prompts: list[str], num_tokens: in
   return encoded
 
 
-def continue_prompts(run: Run, prompts: list[str], num_tokens: int) -> list[str]:
-  """A language model's KV-cached greedy continuation of each prompt by num_tokens tokens,
-  as text (prompt included)."""
+def continue_prompts(run: Run, prompts: list[str], num_tokens: int,
+                     sampling: Sampling = GREEDY, seed: int = 0) -> list[str]:
+  """A language model's KV-cached continuation of each prompt by num_tokens tokens, greedy
+  or as `sampling` says (its draws from `seed`), as text (prompt included)."""
   exp = run.experiment
   encoded = check_prompts(exp, prompts, num_tokens)
   lengths = np.array([len(e) for e in encoded], np.int32)
@@ -277,7 +308,8 @@ def continue_prompts(run: Run, prompts: list[str], num_tokens: int) -> list[str]
     padded[row, :len(e)] = e
   max_len = int(lengths.max()) + num_tokens
   model = nnx.merge(exp.graphdef, run.params)
-  tokens, _ = nnx.jit(generate, static_argnums=3)(model, padded, lengths, max_len)
+  tokens, _ = nnx.jit(generate, static_argnums=(3, 4))(model, padded, lengths, max_len,
+                                                       sampling, jax.random.key(seed))
   return [exp.source.detokenize(row[:n + num_tokens])
           for row, n in zip(np.asarray(tokens), lengths)]
 

@@ -2,10 +2,11 @@
 heatmaps, as PNG files (eval.py --sentence ... --plot_dir DIR).
 
 Attention maps come from a teacher-forced pass over (sentence, the model's greedy
-translation of it) in which every attention layer's kernel is replaced by one that records
-the weights, computed by the formula whatever the run's kernel, and each kind (encoder self,
-decoder self, cross) is drawn as a grid of layers × heads with the tokens on the axes. The
-attention layers themselves know nothing of pictures.
+translation of it, or a sampled one: eval.py --temperature) in which every attention layer's
+kernel is replaced by one that records the weights, computed by the formula whatever the
+run's kernel, and each kind (encoder self, decoder self, cross) is drawn as a grid of
+layers × heads with the tokens on the axes. The attention layers themselves know nothing of
+pictures.
 """
 
 import functools
@@ -29,6 +30,7 @@ from transformer.errors import ConfigError
 from transformer.evaluation import Evaluator, Run, sentence_predictions
 from transformer.kernels import attention_weights as formula_weights
 from transformer.positions import PositionalEncoding
+from transformer.sampling import GREEDY, Sampling
 from transformer.vocab import BOS_ID, EOS_ID
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
@@ -49,12 +51,14 @@ def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
                       "--plot_dir")
 
 
-def draw(run: Run, sentences: list[str], plot_dir: str,
-         captions: list[str] | None = None) -> list[str]:
+def draw(run: Run, sentences: list[str], plot_dir: str, captions: list[str] | None = None,
+         sampling: Sampling = GREEDY, seed: int = 0) -> list[str]:
   """Writes into plot_dir the attention maps of `sentences` and positions.png for a run
   restored by evaluation.restore_run, in place of the pictures an earlier draw left there
   (earlier_pictures). A family that does not decode has each sentence's prediction in its
-  titles: `captions`, or evaluation.sentence_predictions. Returns the paths written."""
+  titles: `captions`, or evaluation.sentence_predictions; one that decodes draws them against
+  its greedy translation, or one drawn as `sampling` says (from `seed`). Returns the paths
+  written."""
   exp = run.experiment
   check_writable(run, sentences, plot_dir)  # a bad sentence fails before any writing
   encoded = [exp.source.encode(s) for s in sentences]
@@ -67,7 +71,8 @@ def draw(run: Run, sentences: list[str], plot_dir: str,
   model = nnx.merge(exp.graphdef, run.params)
   paths = []
   if sentences and exp.family.decodes:  # attention from what is decoded to the sentence
-    paths += draw_attention(model, exp.source, Evaluator(exp), run.params, sentences, encoded,
+    evaluator = Evaluator(exp, sampling=sampling, seed=seed)
+    paths += draw_attention(model, exp.source, evaluator, run.params, sentences, encoded,
                             plot_dir)
   elif sentences:  # one sequence, nothing decoded
     captions = captions or sentence_predictions(run, sentences)
@@ -140,8 +145,9 @@ def _until_eos(ids: np.ndarray) -> np.ndarray:
 
 def draw_attention(model, source, evaluator, params, sentences: list[str],
                    encoded: list[np.ndarray], plot_dir: str) -> list[str]:
-  """For each sentence i (token ids `encoded[i]`): decodes it greedily, then writes
-  attention_{i}_{kind}.png for the three kinds of attention. Returns the paths."""
+  """For each sentence i (token ids `encoded[i]`): decodes it as the evaluator does (greedy
+  or sampled), then writes attention_{i}_{kind}.png for the three kinds of attention.
+  Returns the paths."""
   length = max(len(e) for e in encoded)
   split = Split(pad_batch([(e, np.zeros_like(e)) for e in encoded], length))
   predictions = evaluator.predict(params, split.arrays, source.decode_length(split))
