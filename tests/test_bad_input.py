@@ -437,7 +437,8 @@ CASES = [
     ("compare a copy of a run", "compare.py", ["{run}", "{copy}"], [],
      ["are the same run (the same config and seed 0)"]),
     ("compare unknown baseline", "compare.py", ["{run}", "--baseline", "rotary"], [],
-     ["--baseline rotary: no such variant; the variants are: all runs"]),
+     ["--baseline rotary: no such variant, nor a FIELD=VALUE of one; the variants are: "
+      "all runs"]),
     ("compare success without a comparison", "compare.py",
      ["{run}", "--success", "valid/exact_match=0.9"], [],
      ["--success 'valid/exact_match=0.9'", "METRIC>=VALUE"]),
