@@ -115,7 +115,8 @@ def plot_by_length(plt, out_dir, finals, key, train_length) -> None:
       ax.axvline(train_length + 0.5, color="gray", linestyle="--",
                  label="longest training length")
     ax.set(xlabel="input length", ylabel=f"{BY_LENGTH[key]} (mean over seeds)",
-           title=f"Length extrapolation{': ' + title if title else ''}")
+           title=f"Length extrapolation{': ' + title if title else ''}",
+           ylim=(-0.02, 1.02))  # a fraction: a wide interval (2 seeds) is clipped, not scaled
     ax.legend(fontsize=7)
   pictures.save(fig, storage.join(out_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
 
