@@ -15,7 +15,7 @@ from etils import epath
 
 from transformer import checkpoint, report_plots, stats, storage
 from transformer.errors import ConfigError
-from transformer.results import STATES, Entry, Results, lower_is_better, state_counts
+from transformer.results import STATES, Entry, Results, grid, lower_is_better, state_counts
 from transformer.sweep import Run, is_finished, read_failure, runs as sweep_runs
 
 def run_state(run: Run) -> tuple[str, str]:
@@ -128,26 +128,11 @@ def _table_cell(summary: stats.Summary | None, seeds: int) -> str:
   return text + (f" (n={summary.n})" if summary.n != seeds else "")
 
 
-def grid(variants) -> tuple[str, dict[str, dict[str, str]]] | None:
-  """(the variants' first field, {its value: {the other fields: variant}}) when the first
-  field and the others each take several values (e.g. task × encoding); None otherwise."""
-  parts = {v: v.split(",", 1) for v in variants}
-  if any(len(p) < 2 for p in parts.values()):
-    return None
-  fields = {p[0].split("=", 1)[0] for p in parts.values()}
-  rows: dict[str, dict[str, str]] = {}
-  for variant, (first, rest) in parts.items():
-    rows.setdefault(first.split("=", 1)[1], {})[rest] = variant
-  if len(fields) > 1 or len(rows) < 2 or len({c for r in rows.values() for c in r}) < 2:
-    return None
-  return fields.pop(), rows
-
-
 def markdown(results: Results, header: list[str], baseline: str | None,
              thresholds: Sequence[stats.Threshold] = ()) -> str:
   """The report as markdown: `header`, a row per variant with its run counts and each
   metric's mean and interval; the main metric as a grid of the first field's values by the
-  other fields' when the variants form one (grid); the main metric's spread per variant
+  other fields' when the variants form one (results.grid); the main metric's spread per variant
   (n, mean, std, interval, min, max, success rates, the values per seed); its paired
   differences against `baseline` (baseline_of); the runs without results."""
   counts = {v: state_counts(es) for v, es in results.variants.items()}

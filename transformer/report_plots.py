@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 
 from transformer import pictures, stats, storage, workdir as workdir_lib
+from transformer.results import grid
 from transformer.stats import CONFIDENCE
 
 
@@ -78,15 +79,13 @@ _PANEL_AT = 8  # more variants than this are split into panels by their first fi
 
 
 def panels(variants) -> dict[str, list[str]]:
-  """{panel title: its variants}: one panel, or with more than _PANEL_AT variants one per
-  value of their first field (e.g. task.name=...) when it takes several."""
-  first = {v: v.split(",", 1)[0] for v in variants}
-  if len(first) <= _PANEL_AT or len(set(first.values())) < 2:
+  """{panel title: its variants}: one panel, or with more than _PANEL_AT variants that form
+  a grid (results.grid, e.g. task × encoding) one per value of its first field."""
+  table = grid(variants) if len(variants) > _PANEL_AT else None
+  if table is None:
     return {"": list(variants)}
-  out: dict[str, list[str]] = {}
-  for variant, title in first.items():
-    out.setdefault(title, []).append(variant)
-  return out
+  field, rows = table
+  return {f"{field}={value}": list(row.values()) for value, row in rows.items()}
 
 
 def plot_by_length(plt, out_dir, finals, key, train_length) -> None:

@@ -50,6 +50,21 @@ def order_metrics(names: set[str], train_length: int | None) -> tuple[list[str],
   return sorted(names, key=rank), main
 
 
+def grid(variants) -> tuple[str, dict[str, dict[str, str]]] | None:
+  """(the variants' first field, {its value: {the other fields: variant}}) when the first
+  field and the others each take several values (e.g. task × encoding); None otherwise."""
+  parts = {v: v.split(",", 1) for v in variants}
+  if any(len(p) < 2 for p in parts.values()):
+    return None
+  fields = {p[0].split("=", 1)[0] for p in parts.values()}
+  rows: dict[str, dict[str, str]] = {}
+  for variant, (first, rest) in parts.items():
+    rows.setdefault(first.split("=", 1)[1], {})[rest] = variant
+  if len(fields) > 1 or len(rows) < 2 or len({c for r in rows.values() for c in r}) < 2:
+    return None
+  return fields.pop(), rows
+
+
 STATES = ("finished", "failed", "unfinished")
 
 
