@@ -14,7 +14,10 @@ Sampling: --temperature T > 0 samples what is otherwise decoded greedily (the me
 the pictures of a run that decodes, --generate): each token is drawn from softmax(logits / T)
 restricted in turn to the --top_k most likely tokens, the nucleus of probability --top_p and
 the tokens at least --min_p times as likely as the most likely one, renormalised;
---sample_seed S repeats the same draws.
+--sample_seed S repeats the same draws. Without these flags, the run's config.eval.sampling
+and config.eval.sample_seed apply (greedy unless the config sets a temperature; training's
+own evaluations decode with them too); a flag replaces its field, and --temperature 0 alone
+decodes greedily.
 
 Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
 self, decoder self, cross) of S and its greedy (or sampled) translation, or for a run that
@@ -38,9 +41,11 @@ from absl import app, flags
 from transformer import cli, pictures
 from transformer.errors import ConfigError, Interrupted
 from transformer.evaluation import (check_decoding, check_prompts, check_sampling,
-                                    continue_prompts, evaluate_run, format_table, output_path,
-                                    restore_run, sentence_predictions)
+                                    chosen_sampling, continue_prompts, evaluate_run,
+                                    format_table, output_path, restore_run,
+                                    sentence_predictions)
 from transformer.fields import FieldError
+from transformer.config import EvalConfig
 from transformer.sampling import Sampling
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
@@ -92,19 +97,19 @@ def check_metrics_flags() -> None:
     raise ConfigError(f"{given[0]} applies to the metrics, which --nometrics skips")
 
 
-def sampling_flags() -> Sampling:
-  """The sampling that the flags ask for; a FieldError naming the flag (`--top_p=0.0 is not
-  allowed; ...`) for a value out of range; a ConfigError for --sample_seed without
-  sampling."""
+def sampling_flags(defaults: EvalConfig) -> tuple[Sampling, int, bool]:
+  """(sampling, seed, given): evaluation.chosen_sampling of the run's config.eval and the
+  sampling flags given on the command line, and whether any was given; a FieldError names
+  the flag (`--top_p=0.0 is not allowed; ...`)."""
   f = flags.FLAGS
+  given = {name: f[name].value for name in ("temperature", "top_k", "top_p", "min_p")
+           if f[name].present}
+  seed = f.sample_seed if f["sample_seed"].present else None
   try:
-    sampling = Sampling(f.temperature, f.top_k, f.top_p, f.min_p)
+    sampling, seed = chosen_sampling(defaults, given, seed)
   except FieldError as e:
     raise FieldError(f"--{e.field}", e.value, e.allowed) from None
-  if f["sample_seed"].present and sampling.greedy:
-    raise ConfigError("--sample_seed applies to sampling, which --temperature 0 (greedy) does "
-                      "not do; give --temperature > 0")
-  return sampling
+  return sampling, seed, bool(given) or f["sample_seed"].present
 
 
 def main(argv):
@@ -114,12 +119,13 @@ def main(argv):
   files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.StopSignals() as stop, cli.one_line_errors():
     check_metrics_flags()
-    sampling = sampling_flags()
     run = restore_run(f.workdir, f.step, f.average)  # one restore serves metrics and pictures
     exp = run.experiment
+    sampling, seed, sampling_given = sampling_flags(exp.eval)
     plot_dir = f.plot_dir or os.path.join(f.workdir, "plots")
     # Everything the flags ask is checked before the work: nothing fails after it.
-    check_sampling(exp, sampling, f.metrics, bool(f.sentence), bool(f.generate))
+    if sampling_given:  # the config's default applies where it can, silently elsewhere
+      check_sampling(exp, sampling, f.metrics, bool(f.sentence), bool(f.generate))
     if f.metrics:
       check_decoding(exp, f.beam_size, sampling)
       output_path(run, f.output)  # a path that cannot be written fails before the work
@@ -130,7 +136,7 @@ def main(argv):
     try:
       if f.metrics:
         step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop,
-                                           sampling, f.sample_seed)
+                                           sampling, seed)
         print(f"step {step}")
         print(format_table(results))
         print(f"metrics written to {path}")
@@ -139,11 +145,11 @@ def main(argv):
         captions = sentence_predictions(run, f.sentence)
         for sentence, caption in zip(f.sentence, captions):
           print(f"--- {sentence!r}: {caption}")
-      for text in (continue_prompts(run, f.sentence, f.generate, sampling, f.sample_seed)
+      for text in (continue_prompts(run, f.sentence, f.generate, sampling, seed)
                    if f.generate else []):
         print(f"--- generated:\n{text}")
       if f.sentence or f.plot_dir:
-        paths = pictures.draw(run, f.sentence, plot_dir, captions, sampling, f.sample_seed)
+        paths = pictures.draw(run, f.sentence, plot_dir, captions, sampling, seed)
         print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
     except Interrupted:
       print("stopped by a signal; the metrics were not written", file=sys.stderr)

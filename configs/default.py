@@ -106,4 +106,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.num_examples = 512  # per held-out split
   config.eval.batch_size = 256
+  # Decoding (and an LM's eval.py --generate): greedy at temperature 0; T > 0 draws each
+  # token from softmax(logits / T) after top_k (0: off), top_p (1: off), min_p (0: off).
+  # eval.py's --temperature/--top_k/--top_p/--min_p/--sample_seed override these.
+  config.eval.sampling = ml_collections.ConfigDict(
+      {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0})
+  config.eval.sample_seed = 0
   return config

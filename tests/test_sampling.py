@@ -234,3 +234,62 @@ def test_encoder_decoder_decoding_at_top_1_is_greedy_and_sampled_rows_end_at_eos
     ends = np.flatnonzero(row == EOS_ID)
     if len(ends):
       assert np.all(row[ends[0] + 1:] == PAD_ID)
+
+
+# ------------------------------------------------------------------ config defaults (config.eval)
+
+SAMPLED = Sampling(temperature=0.8, top_p=0.9)
+
+
+@pytest.mark.parametrize("defaults, overrides, seed, expected", [
+    (Sampling(), {}, None, (Sampling(), 5)),  # the config's, its seed
+    (SAMPLED, {}, None, (SAMPLED, 5)),
+    (SAMPLED, {"top_k": 3}, 1, (Sampling(0.8, 3, 0.9), 1)),  # a flag replaces its field
+    (SAMPLED, {"temperature": 0.0}, None, (Sampling(), 5)),  # greedy drops the config's filters
+    (Sampling(), {"temperature": 1.0, "min_p": 0.1}, None, (Sampling(1.0, min_p=0.1), 5)),
+])
+def test_flags_replace_the_configs_sampling_field_by_field(defaults, overrides, seed, expected):
+  from transformer.config import EvalConfig  # noqa: PLC0415
+  from transformer.evaluation import chosen_sampling  # noqa: PLC0415
+
+  cfg = EvalConfig(sampling=defaults, sample_seed=5)
+  assert chosen_sampling(cfg, overrides, seed) == expected
+
+
+def test_a_filter_without_a_temperature_and_a_seed_for_greedy_decoding_are_refused():
+  from transformer.config import EvalConfig  # noqa: PLC0415
+  from transformer.errors import ConfigError  # noqa: PLC0415
+  from transformer.evaluation import chosen_sampling  # noqa: PLC0415
+
+  with pytest.raises(FieldError, match="top_k=4"):
+    chosen_sampling(EvalConfig(), {"top_k": 4})
+  with pytest.raises(ConfigError, match="--sample_seed applies to sampling"):
+    chosen_sampling(EvalConfig(sampling=SAMPLED), {"temperature": 0.0}, seed=2)
+
+
+def test_training_evaluates_with_the_configs_sampling(tmp_path, monkeypatch, tiny_config):
+  """The run's config.eval.sampling and sample_seed reach the evaluations during training;
+  a family that neither decodes nor generates refuses a temperature in its config."""
+  from transformer import training  # noqa: PLC0415
+  from transformer.config import parse  # noqa: PLC0415
+  from transformer.errors import ConfigError  # noqa: PLC0415
+  from transformer.experiment import build  # noqa: PLC0415
+
+  seen = []
+
+  class Recording(training.Evaluator):
+    def __init__(self, exp, **kwargs):
+      seen.append(kwargs)
+      super().__init__(exp, **kwargs)
+
+  monkeypatch.setattr(training, "Evaluator", Recording)
+  config = tiny_config(**{"train.num_steps": 2, "eval.sampling.temperature": 0.7,
+                          "eval.sampling.top_k": 3, "eval.sample_seed": 9})
+  training.train_and_evaluate(parse(config), str(tmp_path / "run"))
+  assert seen == [{"sampling": Sampling(0.7, top_k=3), "seed": 9}]
+
+  config = tiny_config(**{"eval.sampling.temperature": 0.7})
+  config.data.source, config.model.arch, config.model.pooling = "labelled", "encoder", "cls"
+  config.task = {"name": "listops"}
+  with pytest.raises(ConfigError, match=r"eval.sampling \(temperature=0.7\) would change nothing"):
+    build(parse(config))

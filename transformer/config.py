@@ -23,6 +23,7 @@ from transformer.families import ARCHS
 from transformer.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check_ranges,
                                 dataclass_from, execution)
 from transformer.registry import lookup
+from transformer.sampling import Sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,9 +67,14 @@ class EvalConfig:
 
   num_examples: int = 0  # per held-out split; 0: all (text sources)
   batch_size: int = 128
+  # How decoding (a family that decodes) and eval.py --generate (a language model) pick each
+  # token: greedy by default; eval.py's --temperature, --top_k, --top_p, --min_p and
+  # --sample_seed override these per evaluation.
+  sampling: Sampling = dataclasses.field(default_factory=Sampling)
+  sample_seed: int = 0  # the seed of the draws
 
   def __post_init__(self):
-    check_ranges(self, num_examples=AT_LEAST_0, batch_size=AT_LEAST_1)
+    check_ranges(self, num_examples=AT_LEAST_0, batch_size=AT_LEAST_1, sample_seed=AT_LEAST_0)
 
 
 @dataclasses.dataclass(frozen=True)

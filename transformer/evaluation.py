@@ -19,6 +19,7 @@ from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.decoding import beam_search, generate, greedy_decode
 from transformer.errors import ConfigError, Interrupted, RunError
+from transformer.config import EvalConfig
 from transformer.families import ARCHS
 from transformer.metrics import exact_matches, token_metrics, token_nll
 from transformer.sampling import GREEDY, Sampling
@@ -261,6 +262,21 @@ def check_decoding(exp: experiment.Experiment, beam_size: int,
   if beam_size > 1 and not sampling.greedy:
     raise ConfigError(f"--beam_size {beam_size} with sampling ({sampling}): beam search keeps "
                       "the most likely hypotheses and draws nothing; sample with --beam_size 1")
+
+
+def chosen_sampling(defaults: EvalConfig, overrides: dict, seed: int | None = None
+                    ) -> tuple[Sampling, int]:
+  """(sampling, seed) of an evaluation: the run's config.eval.sampling with the fields in
+  `overrides` ({"temperature": 0.8, ...}, eval.py's flags) in their place, and `seed` or
+  config.eval.sample_seed. An override of temperature 0 decodes greedily (the config's
+  filters are dropped with it). A FieldError for a value out of range; a ConfigError for a
+  seed given to greedy decoding."""
+  base = GREEDY if overrides.get("temperature") == 0 else defaults.sampling
+  sampling = dataclasses.replace(base, **overrides)
+  if seed is not None and sampling.greedy:
+    raise ConfigError("--sample_seed applies to sampling, which --temperature 0 (greedy) does "
+                      "not do; give --temperature > 0")
+  return sampling, defaults.sample_seed if seed is None else seed
 
 
 def check_sampling(exp: experiment.Experiment, sampling: Sampling, metrics: bool,

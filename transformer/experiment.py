@@ -70,6 +70,11 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
                       f"{cfg.data.source!r} ({source.targets.value}); it needs one of: "
                       f"{', '.join(fitting)}")
   family.check_targets(cfg.model, source.targets, cfg.data.source)
+  sampling = cfg.eval.sampling
+  if not (sampling.greedy or family.decodes or family.generates):
+    raise ConfigError(f"config.eval.sampling ({sampling}) would change nothing: model.arch "
+                      f"{cfg.model.arch!r} neither decodes nor generates (its held-out splits "
+                      "are scored token by token); set config.eval.sampling.temperature=0")
   schedule = optim.SCHEDULES[cfg.train.schedule](cfg.model.d_model, cfg.train.warmup_steps,
                                   cfg.train.learning_rate)
   optimizer = optim.make_optimizer(schedule, weight_decay=cfg.train.weight_decay,

@@ -164,7 +164,7 @@ class _Loop:
     self.unchecked: list[tuple[int, dict]] = []  # steps not yet checked for non-finite sums
     self.in_a_row = 0  # non-finite steps in a row
     self.last_loss = float("inf")
-    self.evaluator = Evaluator(exp)
+    self.evaluator = Evaluator(exp, sampling=exp.eval.sampling, seed=exp.eval.sample_seed)
     n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
     log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
 
