@@ -89,12 +89,17 @@ flags.register_multi_flags_validator(
 
 
 def check_metrics_flags() -> None:
-  """A ConfigError for a flag that only the metrics use, given with --nometrics."""
+  """A ConfigError for a flag that only the metrics use, given with --nometrics, and for
+  --alpha without beam search."""
   f = flags.FLAGS
   given = [f"--{name}" for name in ("output", "beam_size", "alpha", "source_file")
            if f[name].present]
   if given and not f.metrics:
     raise ConfigError(f"{given[0]} applies to the metrics, which --nometrics skips")
+  if f["alpha"].present and f.beam_size == 1:
+    raise ConfigError(f"--alpha {f.alpha} is the length penalty of beam search, which "
+                      "--beam_size 1 (greedy or sampled decoding) does not do; give "
+                      "--beam_size > 1")
 
 
 def sampling_flags(defaults: EvalConfig) -> tuple[Sampling, int, bool]:

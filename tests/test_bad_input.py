@@ -265,6 +265,8 @@ CASES = [
     ("eval beam 0", "eval.py", ["--workdir", "{run}", "--beam_size", "0"], [], ["--beam_size must be at least 1"]),
     ("eval average 0", "eval.py", ["--workdir", "{run}", "--average", "0"], [], ["--average must be at least 1"]),
     ("eval alpha negative", "eval.py", ["--workdir", "{run}", "--alpha", "-1"], [], ["--alpha must be at least 0"]),
+    ("eval alpha without beam search", "eval.py", ["--workdir", "{run}", "--alpha", "0.6"], [],
+     ["--alpha 0.6 is the length penalty of beam search", "--beam_size > 1"]),
     ("eval no such step", "eval.py", ["--workdir", "{run}", "--step", "7"], [],
      ["no checkpoint at step 7", "steps: [5, 10]"]),
     ("eval too many to average", "eval.py", ["--workdir", "{run}", "--average", "9"], [],
