@@ -18,7 +18,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from tests.conftest import make_tiny_config  # noqa: E402
 from transformer import config as config_lib, experiment, fields  # noqa: E402
 from transformer.config import parse  # noqa: E402
-from transformer.data import encoded  # noqa: E402
+from transformer.data import encoded, hf  # noqa: E402
 from transformer.data.hf import HfData  # noqa: E402
 from transformer.data.lm import LMData  # noqa: E402
 from transformer.errors import ConfigError  # noqa: E402
@@ -274,3 +274,23 @@ def test_an_lm_field_on_the_translation_source_says_where_it_belongs():
   with pytest.raises(ConfigError, match=r"unknown field\(s\) text_key in config.data; .*"
                                         r"data.source=lm with data.corpus=hf"):
     fields.dataclass_from(HfData, {"source": "hf", "text_key": "text"}, "data")
+
+
+def test_columns_of_translation_features_and_of_unknown_features():
+  """The hub's WMT datasets declare a Translation feature; a streamed dataset may declare
+  none (its columns are then read off the first row): both give the same column paths."""
+  features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"]),
+                                "n": datasets.Value("int32")})
+  rows = {"translation": [{"de": t, "en": s} for s, t in zip(EN[:4], DE[:4])], "n": [1] * 4}
+  declared = datasets.Dataset.from_dict(rows, features=features)
+  undeclared = datasets.IterableDataset.from_generator(
+      lambda: ({"translation": t, "n": 1} for t in rows["translation"]))
+  assert undeclared.features is None
+  for dataset in (declared, declared.to_iterable_dataset(), undeclared):
+    hf.check_column(dataset, "translation.de", "target_column", "here")
+    assert list(hf.texts(dataset, ["translation.en", "translation.de"], "here")) == list(
+        zip(EN[:4], DE[:4]))
+    with pytest.raises(ConfigError, match=r"'n' is not a text column of here"):
+      hf.check_column(dataset, "n", "source_column", "here")
+    with pytest.raises(ConfigError, match=r"its columns: translation.de, translation.en, n"):
+      hf.check_column(dataset, "translation", "source_column", "here")

@@ -20,7 +20,10 @@ the array_record cache (encoded.py), whose key holds the dataset's identity (ide
 path, config, revision, split and columns, and the local files' paths, sizes and mtimes or a
 hub dataset's hash, its commit), and packed batches of each process's part of it. As with
 those sources, every process streams the training rows while the cache is built, each
-encoding its own chunks (encoded.build), and only process 0 trains the tokenizer.
+encoding its own chunks (encoded.build), and only process 0 trains the tokenizer. Without
+streaming, every process loads the dataset as datasets does (prepared once per cache
+directory, under datasets' file lock; a shared data.hf_cache_dir prepares it once): that is
+datasets' own cache, never the workdir, which the source leaves unwritten until prepare().
 """
 
 import dataclasses
