@@ -8,12 +8,25 @@ Reads the TFDS dataset through tfds.data_source (array_record, no TensorFlow); p
 (the error message says how). WMT17: --config.data.tfds_name=wmt17_translate/de-en. Reversed
 direction: --config.data.source_lang=de --config.data.target_lang=en. On GPUs/TPUs add
 --config.model.dtype=bfloat16 (and --config.model.attention.kernel=cudnn on NVIDIA GPUs).
+
+configs/wmt14_base.py:hf reads the hub's wmt/wmt14 de-en through Hugging Face datasets instead
+(pip install -e '.[hf]'; --config.data.hf_streaming=true streams it rather than preparing it
+whole); reversed: --config.data.source_column=translation.de
+--config.data.target_column=translation.en.
 """
 
+import ml_collections
+
 from configs import default
+from transformer import fields
+from transformer.data.hf import HfData
+from transformer.registry import lookup
 
 
-def get_config():
+def get_config(source: str = "tfds"):
+  """source: tfds (the prepared TFDS dataset) | hf (the hub's wmt/wmt14 de-en, columns
+  translation.en → translation.de: configs/wmt14_base.py:hf)."""
+  lookup({"tfds": 0, "hf": 0}, source, "configs/wmt14_base.py data source")
   config = default.get_config()
   del config.task  # a translation source reads none
   data = config.data
@@ -22,6 +35,10 @@ def get_config():
   data.tfds_dir = ""  # "": tfds's default, ~/tensorflow_datasets
   data.source_lang, data.target_lang = "en", "de"
   data.train_split, data.valid_split, data.test_split = "train", "validation", "test"
+  if source == "hf":  # every field of the hf source's section, so each can be overridden
+    data = config.data = ml_collections.ConfigDict(fields.to_dict(HfData(
+        source="hf", hf_path="wmt/wmt14", hf_name="de-en", source_column="translation.en",
+        target_column="translation.de")))
   data.vocab_size = 32768  # the paper: a shared source-target vocabulary of ~37000 BPE tokens
   data.tokenizer_type = "bpe"
   data.tokenizer = ""  # "": train one into the workdir from (a sample of) the training pairs

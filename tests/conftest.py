@@ -28,6 +28,20 @@ def _share_compilations() -> None:
 
 _share_compilations()
 
+
+def _offline_hugging_face() -> None:
+  """Hugging Face datasets (data.source hf) never reach the network in the tests, and keep
+  their cache in a directory of the session's, removed at exit (HF_HOME set by the caller
+  is kept)."""
+  os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+  if "HF_HOME" not in os.environ:
+    directory = tempfile.mkdtemp(prefix="hf-home-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    os.environ["HF_HOME"] = directory
+
+
+_offline_hugging_face()
+
 from configs import default  # noqa: E402
 
 

@@ -2,6 +2,7 @@
 non-zero with one `error:` line naming the bad value (and what is allowed), prints no
 traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
 
+import json
 import os
 import shutil
 
@@ -26,6 +27,22 @@ TEXT = "train.py", ["--config", os.path.join(ROOT, "configs", "multi30k.py"), "-
                     "--config.data.valid_target=train.de", "--config.data.test_source=",
                     "--config.data.vocab_size=32", "--config.data.max_len=16"]
 LM = "train.py", ["--config", "{files}/lm.py", "--workdir", "{new}"]  # tiny, on files (SWEEP_LM)
+HF = "train.py", ["--config", os.path.join(ROOT, "configs", "wmt14_base.py") + ":hf",
+                  "--workdir", "{new}", "--config.data.hf_path=json",
+                  "--config.data.dir={files}/hf", "--config.data.train_files=train.jsonl",
+                  "--config.data.valid_files=valid.jsonl", "--config.data.vocab_size=32"]
+HF_WITHOUT_DATASETS = """
+import sys
+
+sys.modules["datasets"] = None  # as if the Hugging Face datasets library were not installed
+from configs import wmt14_base
+
+def get_config():
+  config = wmt14_base.get_config("hf")
+  config.data.update(hf_path="json", dir="{dir}", train_files="train.jsonl",
+                     valid_files="valid.jsonl")
+  return config
+"""
 STDLIB_LM = "train.py", ["--config", os.path.join(ROOT, "configs", "lm_extrapolation.py"),
                          "--workdir", "{new}"]
 SWEEP = """
@@ -228,6 +245,31 @@ CASES = [
      ["config.data.train_files='nope*.py': no file matches"]),
     ("lm training text too short", *LM, ["--config.data.train_files=short.py"],
      ["sentencepiece training failed"]),
+    # Hugging Face datasets (data.source=hf, data.corpus=hf): local JSON Lines files
+    ("hf unknown column", *HF, ["--config.data.source_column=translation.fr"],
+     ["config.data.source_column='translation.fr': no such column",
+      "its columns: translation.en, translation.de, id"]),
+    ("hf not a text column", *HF, ["--config.data.target_column=id"],
+     ["config.data.target_column='id' is not a text column"]),
+    ("hf file missing", *HF, ["--config.data.valid_files=nope*.jsonl"],
+     ["config.data.valid_files='nope*.jsonl': no file matches"]),
+    ("hf hub dataset with local files", *HF, ["--config.data.hf_path=wmt/wmt14"],
+     ["config.data.hf_path='wmt/wmt14' is not allowed", "arrow, csv, json, parquet"]),
+    ("hf unknown config", *HF, ["--config.data.hf_path={files}/hfhub",
+                                "--config.data.train_files=", "--config.data.valid_files="],
+     ["config.data.hf_name='de-en'", "BuilderConfig 'de-en' not found", "['default']"]),
+    ("hf unknown split", *HF, ["--config.data.hf_path={files}/hfhub", "--config.data.hf_name=",
+                               "--config.data.train_files=", "--config.data.valid_files=",
+                               "--config.data.valid_split=dev"],
+     ["config.data.valid_split='dev'", "'train', 'validation'"]),
+    ("hf without the datasets library", "train.py",
+     ["--config", "{files}/hf_nodatasets.py", "--workdir", "{new}"], [],
+     ["data.source 'hf' needs the Hugging Face datasets library", "pip install -e '.[hf]'"]),
+    ("lm hf unknown column", *LM, ["--config.data.corpus=hf", "--config.data.hf_path=json",
+                                   "--config.data.train_files=docs.jsonl",
+                                   "--config.data.valid_files=docs.jsonl",
+                                   "--config.data.text_key=body"],
+     ["config.data.text_key='body': no such column", "its columns: text"]),
     # flags, config files, workdirs
     ("misspelt field", *TRAIN, ["--config.model.positon=rotary"],
      ["--config.model.positon", 'Did you mean "position"']),
@@ -513,6 +555,16 @@ def files(tmp_path_factory):
     (files / "lm" / f"{split}.py").write_text("\n".join(
         f"def f{i}(x):\n  return x * {i % 7} + {i % 5}" for i in range(n)))
   (files / "lm" / "short.py").write_text("x = 1")
+  (files / "lm" / "docs.jsonl").write_text("".join(
+      json.dumps({"text": f"def f{i}(x):\n  return x + {i}"}) + "\n" for i in range(60)))
+  for folder, names in (("hf", ("train.jsonl", "valid.jsonl")),
+                        ("hfhub", ("train.jsonl", "validation.jsonl"))):
+    (files / folder).mkdir()
+    for name in names:  # the nested layout of the hub's WMT datasets
+      (files / folder / name).write_text("".join(json.dumps(
+          {"translation": {"en": f"a b {i}", "de": f"c d {i}"}, "id": i}) + "\n"
+          for i in range(40)))
+  (files / "hf_nodatasets.py").write_text(HF_WITHOUT_DATASETS.format(dir=files / "hf"))
   for name in ("lm.py", "sweep_lm.py"):  # train.py reads get_config() only
     (files / name).write_text(SWEEP_LM.format(dir=files / "lm"))
   # For compare.py: runs without training, a sweep's report, evaluations of text splits.

@@ -97,8 +97,10 @@ def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra)
   fields = {f.name: f for f in dataclasses.fields(cls) if is_config_field(f)}
   unknown = sorted(set(section) - set(fields))
   if unknown:
+    hint = getattr(cls, "unknown_hint", "")  # a class may say where such fields belong
     raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
-                      f"fields: {', '.join(sorted(set(fields) - set(extra))) or 'none'}")
+                      f"fields: {', '.join(sorted(set(fields) - set(extra))) or 'none'}"
+                      + (f"; {hint}" if hint else ""))
   hints = typing.get_type_hints(cls)
   section = {key: dataclass_from(hints[key], value, f"{name}.{key}")
              if dataclasses.is_dataclass(hints[key]) and isinstance(value, Mapping) else value

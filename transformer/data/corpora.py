@@ -11,6 +11,9 @@ Corpora (`data.corpus`):
           one document each.
   tfds    the `data.text_key` feature of `data.tfds_name`'s train_split / valid_split,
           read through tfds.data_source (array_record, no TensorFlow), one document each.
+  hf      the `data.text_key` column of a Hugging Face dataset's train_split / valid_split
+          (data.hf_path, hf_name, ...) or of local files (data.hf_path a builder such as
+          parquet, data.train_files / valid_files): one document per row (hf.py).
 Held-out documents: for stdlib, the files whose CRC32 of the relative path is 0 modulo
 `data.heldout_modulus`; otherwise the valid files or split.
 """
@@ -28,7 +31,7 @@ from typing import TYPE_CHECKING
 from etils import epath
 
 from transformer import storage
-from transformer.data import encoded, text
+from transformer.data import encoded, hf, text
 from transformer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -84,7 +87,8 @@ def tfds_documents(data: LMData, split: str) -> list[str]:
   return [text.as_text(ex[data.text_key]) for ex in _tfds_split(data, split)]
 
 
-CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents}
+CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents,
+           "hf": hf.documents}
 
 
 def _files_identity(paths) -> dict:
@@ -97,13 +101,16 @@ def _files_identity(paths) -> dict:
 
 
 def corpus_identity(data: LMData) -> dict:
-  """What the training documents are, cheaply (their files' paths, sizes and mtimes, or a
-  TFDS split's version and size): what the run's tokenizer is trained from."""
+  """What the training documents are, cheaply (their files' paths, sizes and mtimes, a
+  TFDS split's version and size, a Hugging Face dataset's hf.identity): what the run's
+  tokenizer is trained from."""
   if data.corpus == "stdlib":
     return {"corpus": "stdlib", "python": sys.version.split()[0], "scope": data.stdlib_scope,
             "heldout_modulus": data.heldout_modulus, **_files_identity(stdlib_files(data)[0])}
   if data.corpus == "files":
     return {"corpus": "files", **_files_identity(matching_files(data, "train"))}
+  if data.corpus == "hf":
+    return {"corpus": "hf", **hf.identity(data, "train", [data.text_key], "data.corpus 'hf'")}
   source = _tfds_split(data, "train")
   return {"corpus": "tfds", "tfds_name": data.tfds_name, "split": data.train_split,
           "tfds_dir": storage.absolute(data.tfds_dir) if data.tfds_dir else "",

@@ -23,7 +23,7 @@ import grain
 import numpy as np
 
 from transformer import storage
-from transformer.data import SourceArgs, Targets, pipeline
+from transformer.data import SourceArgs, Targets, hf, pipeline
 from transformer.data.corpora import CORPORA, corpus_identity, matching_files, stdlib_files
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Example, Split, SplitResult
@@ -52,8 +52,13 @@ class LMData:
   valid_files: str = ""
   tfds_name: str = ""
   tfds_dir: str = execution("")
-  text_key: str = "text"
-  train_split: str = "train"
+  hf_path: str = ""  # hf: a hub dataset, or a builder of local files (hf.LOCAL_BUILDERS)
+  hf_name: str = ""  # hf: the hub dataset's config; "": its default
+  hf_revision: str = ""  # hf: a branch, tag or commit; "": the default branch
+  hf_streaming: bool = execution(False)  # hf: read rows as they arrive
+  hf_cache_dir: str = execution("")  # hf: datasets' cache; "": $HF_DATASETS_CACHE
+  text_key: str = "text"  # tfds: the feature; hf: the column (a path: "a.b" inside "a")
+  train_split: str = "train"  # tfds, hf (hub)
   valid_split: str = "validation"
   vocab_size: int = 2048
   tokenizer_type: str = "bpe"
@@ -70,6 +75,8 @@ class LMData:
                  max_len=Range(2), max_factor=AT_LEAST_1)
     check(self.max_factor & (self.max_factor - 1) == 0, "max_factor", self.max_factor,
           "a power of 2")
+    if self.corpus == "hf":
+      hf.check_fields(self, ("train", "valid"))
 
   @property
   def eval_lengths(self) -> list[int]:
@@ -139,6 +146,8 @@ class LanguageModelSource(DataSource):
             "one that leaves training and held-out files")
     elif data.corpus == "files":
       matching_files(data, "train")
+    elif data.corpus == "hf":
+      hf.check_split(data, "train")
     self.valid_documents = CORPORA[data.corpus](data, "valid")
     bound, need = max_tokens(self.valid_documents), self._need()
     if bound <= need:

@@ -3,6 +3,7 @@ data.base.DataSource; tests/test_sources.py checks each against it."""
 
 from transformer.data.algorithmic import AlgorithmicSource
 from transformer.data.base import DataSource
+from transformer.data.hf import HfSource
 from transformer.data.labelled import LabelledSource
 from transformer.data.lm import LanguageModelSource
 from transformer.data.synthetic import SyntheticSource
@@ -12,6 +13,7 @@ SOURCES: dict[str, type[DataSource]] = {
     "synthetic": SyntheticSource,  # reverse / copy / sort random strings (seq2seq)
     "text": ParallelTextSource,  # parallel text files (translation)
     "tfds": TfdsSource,  # a prepared TFDS translation dataset
+    "hf": HfSource,  # a Hugging Face dataset's translation pairs (hub or local files)
     "labelled": LabelledSource,  # ListOps, duplicates (an encoder's labels)
     "lm": LanguageModelSource,  # long documents (a causal language model)
     "algorithmic": AlgorithmicSource,  # Delétang et al. / Ruoss et al.'s 15 tasks (an encoder)
