@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.clirun import ROOT
 from tests.conftest import make_tiny_config
+from tests.test_model import _equations
 from transformer import config as config_lib
 from transformer import step as step_lib
+from transformer import sweep
 from transformer.blocks import ModelConfig
 from transformer.config import parse
 from transformer.families import make_model
@@ -284,3 +287,36 @@ def test_a_tiny_model_with_rmsnorm_swiglu_and_z_loss_learns(tmp_path):
     train = [r for r in map(json.loads, f) if r["split"] == "train"]
   assert train[-1]["loss"] < 0.5 * train[0]["loss"], train
   assert all(0 < r["z_loss"] < r["loss"] for r in train)
+
+
+@pytest.mark.parametrize("arch,ffn", [("encoder_decoder", "swiglu"), ("decoder", "geglu")])
+def test_bfloat16_variants_compute_in_bfloat16(arch, ffn):
+  model = _model(arch, norm="pre", norm_type="rmsnorm", ffn=ffn, dtype="bfloat16")
+  jaxpr = jax.make_jaxpr(lambda m, b: m(b))(model, _batch(arch)).jaxpr
+  dots = _equations(jaxpr, "dot_general")
+  assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
+
+
+def test_the_blocks_sweep_matches_the_ffn_weights():
+  """configs/blocks.py (matched widths): each variant's parameter count is the relu
+  LayerNorm model's less a bias per norm (rmsnorm) and plus the FFN's difference (SIZES),
+  and a gated FFN at ⌊2/3·d_ff⌋ has the plain one's parameters to within 2% (the plain
+  one's biases, the floor)."""
+  base, overrides = sweep.load(os.path.join(ROOT, "configs", "blocks.py"))
+  assert len(overrides) == 2 * len(FFNS) * 3
+  m = base.model
+  d, f, layers = m.d_model, m.d_ff, m.num_encoder_layers + m.num_decoder_layers
+  norms = 2 * m.num_encoder_layers + 3 * m.num_decoder_layers  # post-LN: no final norms
+  counts = {}
+  for o in overrides:
+    cfg = parse(sweep.with_overrides(base, o))
+    model = nnx.eval_shape(lambda c=cfg: make_model(c.model, rngs=nnx.Rngs(0)))
+    counts[o["model.norm_type"], o["model.ffn"]] = (o["model.d_ff"], sum(
+        x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
+  reference = counts["layernorm", "relu"][1]
+  for (norm_type, ffn), (width, n) in counts.items():
+    assert width == (2 * f // 3 if ffn in ("swiglu", "geglu") else f)
+    expected = (reference - (norms * d if norm_type == "rmsnorm" else 0)
+                + layers * (SIZES[ffn](d, width) - SIZES["relu"](d, f)))
+    assert n == expected, (norm_type, ffn)
+    assert abs(SIZES[ffn](d, width) - SIZES["relu"](d, f)) < 0.02 * SIZES["relu"](d, f)
