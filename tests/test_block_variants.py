@@ -5,6 +5,8 @@ and steps with each variant; a tiny run with all three learns."""
 import json
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +127,46 @@ def test_ffn_matches_its_formula_values_and_gradients(name):
   assert _shapes(got) == _shapes(want[1])
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want[1])):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# The gated layers' gradient under a mesh whose tensor axis splits the hidden units in two
+# (the parameters' declared specs): the collectives XLA inserts, counted in the compiled HLO.
+TENSOR_SPLIT = """
+import json, sys
+import jax, jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from transformer import sharding
+from transformer.feedforward import FFNS
+mesh = sharding.make_mesh({"tensor": 2})
+counts = {}
+for name in ("swiglu", "geglu"):
+  ffn = FFNS[name](16, 32, rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(ffn)
+  specs = jax.tree.map(lambda s: NamedSharding(mesh, s), sharding.param_specs(ffn),
+                       is_leaf=lambda x: isinstance(x, P))
+  loss = lambda p, x: jnp.sum(nnx.merge(graphdef, p)(x) ** 2)
+  grad = jax.jit(jax.grad(loss), in_shardings=(specs, NamedSharding(mesh, P())))
+  hlo = grad.lower(nnx.to_pure_dict(state), jnp.ones((8, 16))).compile().as_text()
+  counts[name] = {op: hlo.count(op + "(") for op in
+                  ("all-gather", "all-to-all", "collective-permute", "all-reduce")}
+print(json.dumps(counts))
+"""
+
+
+def test_gated_ffn_split_over_the_tensor_axis_needs_no_gather():
+  """W and V fused column by column: each device's share of the hidden units holds its gate
+  and value columns, so the split layer needs only wo's all-reduce (fused [W | V] halves
+  would need all-gathers)."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", TENSOR_SPLIT], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  for name, counts in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+    assert counts["all-reduce"] >= 1, (name, counts)  # the split is real
+    assert counts["all-gather"] == counts["all-to-all"] == counts["collective-permute"] == 0, \
+        (name, counts)
 
 
 def test_gelu_is_exact_not_tanh():
