@@ -53,6 +53,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.random_positions = False
   config.model.max_position = 2048
   config.model.norm = "post"  # post | pre
+  config.model.norm_type = "layernorm"  # layernorm | rmsnorm: every norm of the model
+  # relu | gelu (exact) | swiglu | geglu (gated, no biases: 1.5x the weights at one d_ff;
+  # d_ff = floor(2/3 d_ff) matches the parameters)
+  config.model.ffn = "relu"
   config.model.share_embeddings = True
   config.model.dtype = "float32"  # float32 | bfloat16 (computation; parameters stay float32)
   config.model.remat = False  # recompute layer activations in the backward pass: less memory
@@ -89,6 +93,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.grad_clip_norm = 0.0  # 0: off
   config.train.accumulation_steps = 1  # micro-batches per step (gradients summed): same update
   config.train.loss_chunks = 4  # logits of 1/loss_chunks of the target tokens at a time
+  config.train.z_loss = 0.0  # adds z_loss * log(Z)^2 per target token (PaLM: 1e-4); 0: off
   config.train.log_every = 100
   config.train.eval_every = 500  # 0: only at the end
   config.train.eval_examples = 0  # per held-out split during training; 0: eval.num_examples

@@ -14,7 +14,9 @@ from tests.test_stats import fake_run, write_evaluation
 from transformer.data.sources import SOURCES
 from transformer.data.synthetic import TRANSFORMS
 from transformer.evaluation import text_paths
+from transformer.feedforward import FFNS
 from transformer.kernels import KERNELS
+from transformer.layers import NORMS
 from transformer.masks import WINDOWS
 from transformer.positions import POSITIONS
 from transformer.scores import SCORES
@@ -131,6 +133,9 @@ CASES = [
     ("dtype float16", *TRAIN, ["--config.model.dtype=float16"],
      ["unknown model dtype 'float16'", "bfloat16, float32"]),
     ("norm mid", *TRAIN, ["--config.model.norm=mid"], ["unknown norm 'mid'", "post, pre"]),
+    ("unknown norm_type", *TRAIN, ["--config.model.norm_type=batchnorm"],
+     ["unknown norm_type 'batchnorm'", choices(NORMS)]),
+    ("unknown ffn", *TRAIN, ["--config.model.ffn=tanh"], ["unknown ffn 'tanh'", choices(FFNS)]),
     ("odd d_model, sinusoidal", *TRAIN, ["--config.model.d_model=33",
                                          "--config.model.num_heads=1"], ["even d_model", "33"]),
     ("odd head_dim, rotary", *TRAIN, ["--config.model.position=rotary",
@@ -176,6 +181,7 @@ CASES = [
     ("accumulation_steps 0", *TRAIN, ["--config.train.accumulation_steps=0"],
      ["accumulation_steps=0"]),
     ("loss_chunks 0", *TRAIN, ["--config.train.loss_chunks=0"], ["train.loss_chunks=0", "≥ 1"]),
+    ("z_loss negative", *TRAIN, ["--config.train.z_loss=-1"], ["train.z_loss=-1", "≥ 0"]),
     ("log_every 0", *TRAIN, ["--config.train.log_every=0"], ["train.log_every=0"]),
     ("eval_every negative", *TRAIN, ["--config.train.eval_every=-1"], ["train.eval_every=-1"]),
     ("checkpoint_every 0", *TRAIN, ["--config.train.checkpoint_every=0"],

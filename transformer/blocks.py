@@ -1,9 +1,10 @@
 """The building blocks of every model family (transformer/families.py): the model's config,
-residual placement, the feed-forward and attention layers, the stacks, embeddings, pooling.
+residual placement, the attention layers, the stacks, embeddings, pooling (the feed-forward
+layers are in transformer/feedforward.py).
 
 Pure model code: a frozen ModelConfig in, NNX modules out; no file I/O, no flags. The
-pluggable parts (attention score, window, positional encoding, residual placement) are
-chosen once, in constructors, from their registries.
+pluggable parts (attention score, window, positional encoding, residual placement, norm,
+feed-forward layer) are chosen once, in constructors, from their registries.
 """
 
 import dataclasses
@@ -17,7 +18,8 @@ from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
 from transformer.kernels import check_content_bias
-from transformer.layers import Dense, Dropout, LayerNorm, mesh_axes
+from transformer.feedforward import FFNS
+from transformer.layers import NORMS, Dense, Dropout, mesh_axes
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import (POSITIONS, PositionalEncoding, PositionSettings,
                                    make_positional_encoding)
@@ -44,6 +46,8 @@ class ModelConfig:
   random_positions: bool = False
   max_position: int = 2048  # random_positions: the range drawn from (and the learned table's rows)
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
+  norm_type: str = "layernorm"  # a key of layers.NORMS: every norm of the model
+  ffn: str = "relu"  # a key of feedforward.FFNS; d_ff is every variant's hidden width
   share_embeddings: bool = True  # one matrix for source, target and pre-softmax projection
   # a key of DTYPES: the computation's; parameters are always float32
   dtype: str = execution("float32")
@@ -72,6 +76,8 @@ class ModelConfig:
             f"false with attention.window={self.attention.window!r} (a window of "
             "±window_size positions would span sampled positions)")
     lookup(RESIDUALS, self.norm, "norm")
+    lookup(NORMS, self.norm_type, "norm_type")
+    lookup(FFNS, self.ffn, "ffn")
     lookup(DTYPES, self.dtype, "model dtype")
     lookup(POOLINGS, self.pooling, "model pooling")
 
@@ -87,12 +93,13 @@ def compute_dtype(cfg: ModelConfig):
 
 
 class PostNorm(nnx.Module):
-  """LayerNorm(x + Dropout(sublayer(x))), as in the paper."""
+  """Norm(x + Dropout(sublayer(x))), as in the paper; Norm a LayerNorm (layers.NORMS)."""
 
   final_norm = False  # the stack output is already normalised
 
-  def __init__(self, d_model: int, dropout: float, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    self.norm = LayerNorm(d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+  def __init__(self, d_model: int, dropout: float, *, norm: str = "layernorm",
+               dtype=jnp.float32, rngs: nnx.Rngs):
+    self.norm = make_norm(norm, d_model, dtype=dtype, rngs=rngs)
     self.dropout = Dropout(dropout)
 
   def __call__(self, x, sublayer, rngs):
@@ -100,7 +107,7 @@ class PostNorm(nnx.Module):
 
 
 class PreNorm(PostNorm):
-  """x + Dropout(sublayer(LayerNorm(x))); the stack ends with a LayerNorm."""
+  """x + Dropout(sublayer(Norm(x))); the stack ends with a Norm."""
 
   final_norm = True
 
@@ -111,22 +118,21 @@ class PreNorm(PostNorm):
 RESIDUALS: dict[str, type[PostNorm]] = {"post": PostNorm, "pre": PreNorm}
 
 
+def make_norm(norm_type: str, d_model: int, *, dtype, rngs: nnx.Rngs) -> nnx.Module:
+  """The norm NORMS[norm_type] over d_model features (ε = 1e-6)."""
+  return lookup(NORMS, norm_type, "norm_type")(d_model, epsilon=1e-6, dtype=dtype, rngs=rngs)
+
+
 def residual_block(cfg: ModelConfig, rngs: nnx.Rngs) -> PostNorm:
   residual = lookup(RESIDUALS, cfg.norm, "norm")
-  return residual(cfg.d_model, cfg.dropout, dtype=compute_dtype(cfg), rngs=rngs)
+  return residual(cfg.d_model, cfg.dropout, norm=cfg.norm_type, dtype=compute_dtype(cfg),
+                  rngs=rngs)
 
 
-class FeedForward(nnx.Module):
-  """max(0, x W_1 + b_1) W_2 + b_2."""
-
-  def __init__(self, d_model: int, d_ff: int, *, dtype=jnp.float32, rngs: nnx.Rngs):
-    # The hidden units split over the mesh's tensor axis (wo's bias stays replicated).
-    self.wi = Dense(d_model, d_ff, kernel_axes=("fsdp", "tensor"), bias_axes=("tensor",),
-                    dtype=dtype, rngs=rngs)
-    self.wo = Dense(d_ff, d_model, kernel_axes=("tensor", "fsdp"), dtype=dtype, rngs=rngs)
-
-  def __call__(self, x):
-    return self.wo(jax.nn.relu(self.wi(x)))
+def feed_forward(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+  """The feed-forward layer FFNS[cfg.ffn] of width cfg.d_ff."""
+  ffn = lookup(FFNS, cfg.ffn, "ffn")
+  return ffn(cfg.d_model, cfg.d_ff, dtype=compute_dtype(cfg), rngs=rngs)
 
 
 # The identity encoding: cross-attention relates two different sequences' positions.
@@ -142,7 +148,7 @@ class EncoderLayer(nnx.Module):
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
                                              dtype=dtype, rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
-    self.ffn = FeedForward(cfg.d_model, cfg.d_ff, dtype=dtype, rngs=rngs)
+    self.ffn = feed_forward(cfg, rngs)
     self.ffn_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, encoding, rngs):
@@ -171,7 +177,7 @@ class DecoderLayer(EncoderLayer):
 
 
 class Stack(nnx.Module):
-  """Positional encoding, embedding dropout, N layers and (pre-LN) a final LayerNorm.
+  """Positional encoding, embedding dropout, N layers and (pre-LN) a final norm.
 
   With cfg.random_positions, each call draws its sequences' positions
   (positions/randomized.py) from the rngs' dropout stream (the train step folds it from seed
@@ -193,8 +199,8 @@ class Stack(nnx.Module):
     self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
     self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
-    self.final_norm = LayerNorm(cfg.d_model, epsilon=1e-6, dtype=compute_dtype(cfg),
-                                    rngs=rngs) if has_final else None
+    self.final_norm = make_norm(cfg.norm_type, cfg.d_model, dtype=compute_dtype(cfg),
+                                rngs=rngs) if has_final else None
 
   def check_length(self, length: int) -> None:
     """Raises ConfigError if sequences of `length` tokens cannot be encoded."""

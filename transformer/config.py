@@ -42,6 +42,7 @@ class TrainConfig:
   grad_clip_norm: float = 0.0  # 0: off
   accumulation_steps: int = 1  # micro-batches per step (gradients summed): the same update
   loss_chunks: int = 4  # logits of 1/loss_chunks of the target tokens at a time
+  z_loss: float = 0.0  # adds z_loss·log²Z per target token (Z: the softmax's normaliser)
   log_every: int = 100
   eval_every: int = 0  # 0: only at the end
   eval_examples: int = 0  # per held-out split during training; 0: eval.num_examples
@@ -55,7 +56,8 @@ class TrainConfig:
     check_ranges(self, batch_size=AT_LEAST_1, num_steps=AT_LEAST_1, learning_rate=POSITIVE,
                  warmup_steps=AT_LEAST_1, label_smoothing=FRACTION, weight_decay=AT_LEAST_0,
                  grad_clip_norm=AT_LEAST_0, accumulation_steps=AT_LEAST_1,
-                 loss_chunks=AT_LEAST_1, log_every=AT_LEAST_1, eval_every=AT_LEAST_0,
+                 loss_chunks=AT_LEAST_1, z_loss=AT_LEAST_0, log_every=AT_LEAST_1,
+                 eval_every=AT_LEAST_0,
                  eval_examples=AT_LEAST_0, checkpoint_every=AT_LEAST_1,
                  keep_checkpoints=AT_LEAST_1, skip_nonfinite=AT_LEAST_0,
                  profile_steps=AT_LEAST_0)

@@ -133,3 +133,20 @@ def _layer_norm_bwd(epsilon, residuals, dy):
 
 
 _layer_norm.defvjp(_layer_norm_fwd, _layer_norm_bwd)
+
+
+class RMSNorm(nnx.RMSNorm):
+  """x / √(mean(x²) + ε) · g (Zhang & Sennrich 2019): LayerNorm without the centring and the
+  bias; one `scale` parameter, statistics in float32 as LayerNorm's. Plain jnp: a
+  hand-written backward like LayerNorm's measured no faster on XLA:CPU."""
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    inv_rms = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.epsilon)
+    y = x32 * inv_rms * self.scale[...].astype(jnp.float32)
+    return y.astype(self.dtype or x.dtype)
+
+
+# config.model.norm_type: the normalisation of every residual block and pre-LN final norm.
+# Each is built as NORMS[name](num_features, epsilon=..., dtype=..., rngs=...).
+NORMS: dict[str, type[nnx.Module]] = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}

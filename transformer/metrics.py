@@ -80,7 +80,8 @@ def language_model_metrics(nll: np.ndarray, weights: np.ndarray, bins: int = 32)
 
 def _row_losses(logits, targets, label_smoothing, mean_logit):
   """Per row of logits [n, V] (float32) with their means over the vocabulary mean_logit [n]:
-  smoothed loss, plain CE, correct, and (softmax, target one-hot) for the gradient."""
+  smoothed loss, plain CE, correct, log Z = logsumexp, and (softmax, target one-hot) for
+  the gradient."""
   top = jnp.max(logits, axis=-1, keepdims=True)
   exp = jnp.exp(logits - top)
   total = jnp.sum(exp, axis=-1, keepdims=True)
@@ -90,7 +91,7 @@ def _row_losses(logits, targets, label_smoothing, mean_logit):
   nll = lse - target_logit
   loss = nll - label_smoothing * (mean_logit - target_logit)
   correct = target_logit >= top[:, 0]  # as in token_metrics
-  return loss, nll, correct, (exp / total, onehot)
+  return loss, nll, correct, lse, (exp / total, onehot)
 
 
 def _num_chunks(rows: int, chunks: int) -> int:
@@ -98,10 +99,13 @@ def _num_chunks(rows: int, chunks: int) -> int:
   return max(c for c in range(1, max(1, min(chunks, rows)) + 1) if rows % c == 0)
 
 
-def _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, with_grads):
+def _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, with_grads,
+               z_loss=0.0):
   """Sums of the metrics of logits = y @ w_outᵀ + bias, over `chunks` groups of rows
   (rows i, i + chunks, ... form one group, so a batch sharded by rows stays sharded); with
-  the gradients of the summed loss with respect to y, w_out and bias when with_grads."""
+  the gradients of the summed loss with respect to y, w_out and bias when with_grads.
+  z_loss > 0 adds z_loss·log²Z per row to the loss (and its sum as `z_loss`); 0 leaves
+  every op as it was."""
   n, v = y.shape[0], w_out.shape[0]
   k = _num_chunks(n, chunks)
   split = lambda x: x.reshape(n // k, k, *x.shape[1:]).swapaxes(0, 1)  # noqa: E731
@@ -116,11 +120,18 @@ def _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, with_g
       logits = logits + bias.astype(jnp.float32)
     # mean over the vocabulary of y·w_v + b_v = y·mean(w) + mean(b): no pass over logits
     mean_logit = jnp.dot(y_c, mean_w, preferred_element_type=jnp.float32) + mean_b
-    loss, nll, correct, (probs, onehot) = _row_losses(logits, t_c, label_smoothing, mean_logit)
-    sums = jnp.stack([jnp.sum(loss * w_c), jnp.sum(nll * w_c), jnp.sum(correct * w_c)])
+    loss, nll, correct, lse, (probs, onehot) = _row_losses(logits, t_c, label_smoothing,
+                                                           mean_logit)
+    sums = [loss, nll, correct]
+    if z_loss:
+      z_term = z_loss * lse * lse
+      sums = [loss + z_term, nll, correct, z_term]
+      # d z_loss·log²Z / d logits = 2·z_loss·log Z·softmax
+      probs = probs * (1.0 + 2.0 * z_loss * lse)[:, None]
+    sums = jnp.stack([jnp.sum(x * w_c) for x in sums])
     if not with_grads:
       return grads, (sums, None)
-    # d loss / d logits = w · (softmax − (1 − ε)·onehot − ε/V)
+    # d loss / d logits = w · (softmax − (1 − ε)·onehot − ε/V) (+ the z-loss term's)
     d_logits = w_c[:, None] * (probs - jnp.where(onehot, 1.0 - label_smoothing, 0.0)
                                - label_smoothing / v)
     d_logits = d_logits.astype(y.dtype)
@@ -134,6 +145,8 @@ def _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, with_g
   grads, (sums, d_y) = jax.lax.scan(chunk, zeros, (split(y), split(targets), split(weights)))
   sums = jnp.sum(sums, axis=0)
   metrics = {"loss": sums[0], "nll": sums[1], "correct": sums[2], "tokens": jnp.sum(weights)}
+  if z_loss:
+    metrics["z_loss"] = sums[3]
   if not with_grads:
     return metrics, None
   d_y = d_y.swapaxes(0, 1).reshape(y.shape)
@@ -141,24 +154,30 @@ def _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, with_g
                    None if bias is None else grads[1].astype(bias.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def loss_head_metrics(y, w_out, bias, targets, weights, label_smoothing=0.0, chunks=1):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def loss_head_metrics(y, w_out, bias, targets, weights, label_smoothing=0.0, chunks=1,
+                      z_loss=0.0):
   """token_metrics(y @ w_outᵀ + bias, targets, weights, label_smoothing) for decoder
   outputs y [n, d], output weights w_out [V, d] (the shared embedding), bias [V] or None,
   targets and weights [n], without the logits [n, V] ever existing whole: they are made
   for `chunks` groups of rows at a time (a divisor of n, the largest at most `chunks`),
   and under jax.grad the gradient of the summed `loss` is computed in the same pass, while
   each group's logits are in cache, and only scaled in the backward pass. Differentiable
-  in `loss` only: the other sums are metrics, whose cotangents are ignored."""
-  return _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, False)[0]
+  in `loss` only: the other sums are metrics, whose cotangents are ignored.
+
+  z_loss > 0 (t5x, PaLM): `loss` also sums z_loss·log²Z per target token under the same
+  weights, Z = Σ_v exp(logit_v) the softmax's normaliser, pulling log Z towards 0; the
+  sum of that term alone is returned as `z_loss` (absent when z_loss is 0)."""
+  return _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, False,
+                    z_loss)[0]
 
 
-def _loss_head_fwd(y, w_out, bias, targets, weights, label_smoothing, chunks):
-  return _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, True)
+def _loss_head_fwd(y, w_out, bias, targets, weights, label_smoothing, chunks, z_loss):
+  return _loss_head(y, w_out, bias, targets, weights, label_smoothing, chunks, True, z_loss)
 
 
-def _loss_head_bwd(label_smoothing, chunks, grads, cotangent):
-  del label_smoothing, chunks
+def _loss_head_bwd(label_smoothing, chunks, z_loss, grads, cotangent):
+  del label_smoothing, chunks, z_loss
   g = cotangent["loss"]
   d_y, d_w, d_bias = jax.tree.map(lambda x: (g * x).astype(x.dtype), grads)
   return d_y, d_w, d_bias, None, None

@@ -16,7 +16,7 @@ from transformer.metrics import loss_head_metrics
 
 
 def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int,
-                    accumulation_steps: int = 1, loss_chunks: int = 1):
+                    accumulation_steps: int = 1, loss_chunks: int = 1, z_loss: float = 0.0):
   """(state, batch) -> (state, metric sums); dropout keys are folded from (seed, step), so
   a resumed run draws the same masks as an uninterrupted one.
 
@@ -26,7 +26,8 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
 
   The loss head (metrics.loss_head_metrics) makes the logits of 1/loss_chunks of the
   target tokens at a time and their gradients in the same pass, so the [tokens, vocab]
-  logits never exist whole.
+  logits never exist whole. z_loss > 0 adds z_loss·log²Z per target token to the loss
+  (and its sum as the metric `z_loss`).
 
   A step whose loss, gradient norm or update norm is not finite leaves the parameters and
   optimizer state as they were (the step counter still advances, so the data moves on);
@@ -41,7 +42,7 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
     flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
     sums = loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]),
                              flat(batch["targets_segmentation"] > 0).astype(jnp.float32),
-                             label_smoothing, loss_chunks)
+                             label_smoothing, loss_chunks, z_loss)
     return sums["loss"], sums
 
   grad_fn = jax.grad(summed_loss, has_aux=True)
@@ -92,14 +93,16 @@ class CompiledStep(NamedTuple):
 
 def compile_step(exp: experiment.Experiment) -> CompiledStep:
   """The one place the train state's sharding and the jitted step are built from an
-  experiment's config (train.label_smoothing, accumulation_steps, loss_chunks, seed)."""
+  experiment's config (train.label_smoothing, accumulation_steps, loss_chunks, z_loss,
+  seed)."""
   cfg = exp.train
   state_sharding = sharding.state_shardings(jax.eval_shape(exp.init), exp.param_specs,
                                             exp.optimizer, exp.mesh)
   batch_sharding = sharding.batch_sharding(exp.mesh)
   step = make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
                          label_smoothing=cfg.label_smoothing, seed=exp.config.seed,
-                         accumulation_steps=cfg.accumulation_steps, loss_chunks=cfg.loss_chunks)
+                         accumulation_steps=cfg.accumulation_steps, loss_chunks=cfg.loss_chunks,
+                         z_loss=cfg.z_loss)
   return CompiledStep(state_sharding, batch_sharding,
                       jax.jit(exp.init, out_shardings=state_sharding),
                       jax.jit(step, in_shardings=(state_sharding, batch_sharding),

@@ -49,10 +49,13 @@ def log_train(step: int, num_steps: int, sums: list[dict], elapsed: float, steps
             "skipped_steps": int(totals["nonfinite"]),
             "tokens_per_sec": totals["tokens"] / elapsed,
             "ms_per_step": 1e3 * elapsed / steps}
+  if "z_loss" in totals:  # train.z_loss > 0: its term's mean per token (included in loss)
+    record["z_loss"] = totals["z_loss"] / max(totals["tokens"], 1.0)
   log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | grad norm %.3f | %s tgt tok/s | "
-           "%.1f ms/step | ETA %s%s", step, num_steps, record["loss"], record["accuracy"],
+           "%.1f ms/step | ETA %s%s%s", step, num_steps, record["loss"], record["accuracy"],
            record["learning_rate"], record["grad_norm"], f"{record['tokens_per_sec']:,.0f}",
            record["ms_per_step"], _format_duration(eta_seconds),
+           f" | z-loss {record['z_loss']:.4f}" if "z_loss" in record else "",
            f" | {record['skipped_steps']} non-finite steps skipped" if record["skipped_steps"]
            else "")
   return record
