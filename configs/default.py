@@ -40,6 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.pooling = "none"  # encoder: none (a label per token) | cls | mean (per sequence)
   config.model.d_model = 64
   config.model.num_heads = 4
+  config.model.num_kv_heads = 0  # 0: = num_heads (multi-head); 1: multi-query; else a divisor
   config.model.d_ff = 256
   config.model.num_encoder_layers = 2
   config.model.num_decoder_layers = 2
@@ -72,6 +73,12 @@ def get_config() -> ml_collections.ConfigDict:
   # memory O(L·block) and, with window=local, O(L·(block + 2·window_size)) work.
   config.model.attention.kernel = "reference"
   config.model.attention.block_size = 512
+  # Each head's queries and keys normalised over head_dim before the rotation and the scorer:
+  # none | rms | layer (learned scale; layer: and bias; ε = 1e-6).
+  config.model.attention.qk_norm = "none"
+  # c > 0: logits c·tanh(score / c), positional biases added after the cap; 0: off. Kernels
+  # reference and blockwise only.
+  config.model.attention.logit_softcap = 0.0
   # Each scorer's and encoding's own knobs, one section per registry entry with any, from
   # its Settings (defaults: its paper's values; transformer/scores.py, positions.py), e.g.
   #   --config.model.attention.score_settings.additive.dim=32  (0: head_dim)

@@ -19,6 +19,7 @@ from transformer.kernels import KERNELS
 from transformer.layers import NORMS
 from transformer.masks import WINDOWS
 from transformer.positions import POSITIONS
+from transformer.qk_norm import QK_NORMS
 from transformer.scores import SCORES
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
@@ -114,6 +115,18 @@ CASES = [
     ("fused kernel, attention dropout", *TRAIN, ["--config.model.attention.kernel=xla",
                                                  "--config.model.attention.dropout=0.1"],
      ["'xla' has no attention dropout"]),
+    ("kv heads do not divide heads", *TRAIN, ["--config.model.num_heads=4",
+                                              "--config.model.num_kv_heads=3"],
+     ["config.model.num_kv_heads=3", "a divisor of num_heads (4)"]),
+    ("kv heads negative", *TRAIN, ["--config.model.num_kv_heads=-1"],
+     ["config.model.num_kv_heads=-1", "a divisor of num_heads (2)"]),
+    ("unknown qk_norm", *TRAIN, ["--config.model.attention.qk_norm=bogus"],
+     ["unknown attention qk_norm 'bogus'", choices(QK_NORMS)]),
+    ("logit_softcap negative", *TRAIN, ["--config.model.attention.logit_softcap=-1.0"],
+     ["config.model.attention.logit_softcap=-1.0", "≥ 0"]),
+    ("fused kernel, logit softcap", *TRAIN, ["--config.model.attention.kernel=xla",
+                                             "--config.model.attention.logit_softcap=30.0"],
+     ["'xla' cannot soft-cap", "logit_softcap=0 (got 30.0)", "'reference' or 'blockwise'"]),
     ("max_len 0", *TRAIN, ["--config.model.max_len=0"], ["model.max_len=0"]),
     ("learned table shorter than training", *TRAIN,
      ["--config.model.position=learned", "--config.model.max_len=4"],

@@ -20,10 +20,12 @@ def _relative_error(a, b):
   return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
-def test_cudnn_attention_matches_reference_in_bfloat16():
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])  # multi-head, grouped-query, multi-query
+def test_cudnn_attention_matches_reference_in_bfloat16(kv_heads):
   b, t, h, d = 2, 64, 4, 64
   keys = jax.random.split(jax.random.key(0), 4)
   q, k, v, g = (jax.random.normal(key, (b, t, h, d), jnp.bfloat16) for key in keys)
+  k, v = k[:, :, :kv_heads], v[:, :, :kv_heads]  # query head i reads kv head i // (h / kv)
   seg = jnp.concatenate([jnp.ones((b, 40), jnp.int32), 2 * jnp.ones((b, 16), jnp.int32),
                          jnp.zeros((b, 8), jnp.int32)], axis=1)  # two segments, then padding
   pos = jnp.concatenate([jnp.arange(40), jnp.arange(16), jnp.zeros(8, jnp.int32)])[None]

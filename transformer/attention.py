@@ -2,9 +2,12 @@
 
 The layer's parts come from their registries, chosen once here: the scorer
 (transformer/scores.py), the kernel computing softmax(score + bias)·V
-(transformer/kernels.py); masks (transformer/masks.py) and the positional encoding are
+(transformer/kernels.py), the norm of each head's queries and keys (transformer/qk_norm.py);
+masks (transformer/masks.py) and the positional encoding are
 handed to each call, and the layer hands the encoding on to the kernel, which calls its
-logit seams.
+logit seams. With num_kv_heads < num_heads (grouped-query attention; 1: multi-query) the
+key and value projections, and the KV cache, have num_kv_heads heads, each read by
+num_heads / num_kv_heads query heads.
 """
 
 import dataclasses
@@ -14,11 +17,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, FRACTION, check_ranges, execution
+from transformer.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.kernels import KERNELS, check_kernel
 from transformer.layers import Dense, Dropout, project
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import PositionalEncoding
+from transformer.qk_norm import QK_NORMS, make_qk_norm
 from transformer.registry import lookup
 from transformer.scores import SCORES, ScoreSettings, make_score
 
@@ -31,55 +35,75 @@ class AttentionConfig:
   dropout: float = 0.0  # on the attention weights
   kernel: str = execution("reference")  # a key of KERNELS: how softmax(score + bias)·V is computed
   block_size: int = execution(512)  # `blockwise`: queries and keys per block
+  qk_norm: str = "none"  # a key of QK_NORMS: none | rms | layer, per head, before the rotation
+  # c > 0: the scorer's logits become c·tanh(logit / c), positional biases added after the
+  # cap (so distance biases are not bounded by c); 0: off
+  logit_softcap: float = 0.0
   # Each scorer's own knobs (`score_settings.additive.dim`, ...): every section is checked,
   # the chosen scorer's is used (and is the run's identity).
   score_settings: ScoreSettings = dataclasses.field(default_factory=ScoreSettings,
                                                     metadata={"chosen_by": "score"})
 
   def __post_init__(self):
-    check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1)
+    check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
+                 logit_softcap=AT_LEAST_0)
     lookup(SCORES, self.score, "attention score")
     lookup(WINDOWS, self.window, "attention window")
     lookup(KERNELS, self.kernel, "attention kernel")
+    lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
 
 
 class MultiHeadAttention(nnx.Module):
-  """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads."""
+  """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads; K and V
+  with num_kv_heads heads (0: num_heads)."""
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
-               rngs: nnx.Rngs):
+               num_kv_heads: int = 0, rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
-    self.num_heads, self.head_dim = num_heads, d_model // num_heads
-    # Heads split over the mesh's tensor axis: Q, K, V kernels [d_model, heads·head_dim] by
-    # their columns, the output kernel [heads·head_dim, d_model] by its rows.
-    dense = lambda axes: Dense(d_model, d_model, use_bias=False, kernel_axes=axes,  # noqa: E731
-                               dtype=dtype, rngs=rngs)
+    num_kv_heads = num_kv_heads or num_heads
+    if num_kv_heads < 0 or num_heads % num_kv_heads:
+      raise ConfigError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+    self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+    self.head_dim = d_model // num_heads
+    # Heads split over the mesh's tensor axis: Q kernel [d_model, heads·head_dim], K and V
+    # kernels [d_model, kv_heads·head_dim] by their columns, the output kernel
+    # [heads·head_dim, d_model] by its rows (sharding.check_kv_heads: whole kv heads).
+    dense = lambda width, axes: Dense(d_model, width, use_bias=False,  # noqa: E731
+                                      kernel_axes=axes, dtype=dtype, rngs=rngs)
     heads_in, heads_out = ("fsdp", "tensor"), ("tensor", "fsdp")
-    self.query, self.key, self.value = dense(heads_in), dense(heads_in), dense(heads_in)
-    self.out = dense(heads_out)
+    kv_width = num_kv_heads * self.head_dim
+    self.query = dense(d_model, heads_in)
+    self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
+    self.out = dense(d_model, heads_out)
+    self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
+    self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
+    self.logit_softcap = cfg.logit_softcap
     self.kernel = check_kernel(cfg.kernel, score_name=cfg.score, score=self.score,
-                               dropout=cfg.dropout, block_size=cfg.block_size)
+                               dropout=cfg.dropout, block_size=cfg.block_size,
+                               softcap=cfg.logit_softcap)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 
-  def _heads(self, x: jax.Array) -> jax.Array:
-    return x.reshape(*x.shape[:2], self.num_heads, self.head_dim)
+  def _heads(self, x: jax.Array, heads: int) -> jax.Array:
+    return x.reshape(*x.shape[:2], heads, self.head_dim)
 
   def keys_values(self, x_kv: jax.Array, k_positions: jax.Array,
                   encoding: PositionalEncoding) -> tuple[jax.Array, jax.Array]:
-    """Per-head keys (position-rotated) and values of x_kv [b, tk, d_model]: [b, tk, h, d] each.
+    """Per-head keys (normalised, position-rotated) and values of x_kv [b, tk, d_model]:
+    [b, tk, kv_heads, d] each.
 
     Computed apart from the queries so that cross-attention K/V are projected once per
     source sentence and decoder self-attention K/V are cached step by step.
     """
-    k, v = project(x_kv, self.key, self.value, groups=self.num_heads)
+    k, v = project(x_kv, self.key, self.value, groups=self.num_kv_heads)
     return self._keys_values(k, v, k_positions, encoding)
 
   def _keys_values(self, k, v, k_positions, encoding):
-    return encoding.rotate_keys(self._heads(k), k_positions), self._heads(v)
+    k = self.k_norm(self._heads(k, self.num_kv_heads))
+    return encoding.rotate_keys(k, k_positions), self._heads(v, self.num_kv_heads)
 
   def __call__(self, x_q: jax.Array, kv: tuple[jax.Array, jax.Array], mask: Mask, *,
                encoding: PositionalEncoding, rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -93,7 +117,7 @@ class MultiHeadAttention(nnx.Module):
   def _attend(self, q, kv, mask, encoding, rngs):
     """__call__ with the queries projected: q [b, tq, d_model]."""
     k, v = kv
-    q = encoding.rotate_queries(self._heads(q), mask.q_positions)
+    q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
     out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs)
     return self.out(out.reshape(*out.shape[:2], -1))
 
@@ -101,7 +125,7 @@ class MultiHeadAttention(nnx.Module):
     """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
     (init_self_cache), x holds the next token(s): their keys/values are appended and they
     attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
-    q, k, v = project(x, self.query, self.key, self.value, groups=self.num_heads)
+    q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
     kv = self._keys_values(k, v, mask.q_positions, encoding)
     if self.cache is not None:
       kv = self.cache.append(kv)
@@ -115,7 +139,7 @@ class MultiHeadAttention(nnx.Module):
     return self(x, kv, mask, encoding=encoding, rngs=rngs)
 
   def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
-    shape = (batch, max_len, self.num_heads, self.head_dim)
+    shape = (batch, max_len, self.num_kv_heads, self.head_dim)
     self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 
   def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
@@ -123,14 +147,15 @@ class MultiHeadAttention(nnx.Module):
 
 
 class KVCache(nnx.Module):
-  """Keys and values [b, max_len, h, d] of the positions decoded so far, and their count."""
+  """Keys and values [b, max_len, kv_heads, d] of the positions decoded so far, and their
+  count."""
 
   def __init__(self, k: jax.Array, v: jax.Array):
     self.k, self.v = nnx.Cache(k), nnx.Cache(v)
     self.index = nnx.Cache(jnp.zeros((), jnp.int32))
 
   def append(self, kv):
-    """Writes kv ([b, t, h, d] each) at the current index; returns the whole cache."""
+    """Writes kv ([b, t, kv_heads, d] each) at the current index; returns the whole cache."""
     i = self.index[...]
     self.k[...] = jax.lax.dynamic_update_slice_in_dim(self.k[...], kv[0].astype(self.k.dtype), i, 1)
     self.v[...] = jax.lax.dynamic_update_slice_in_dim(self.v[...], kv[1].astype(self.v.dtype), i, 1)

@@ -35,6 +35,9 @@ class ModelConfig:
   vocab_size: int = derived()
   d_model: int = 512
   num_heads: int = 8
+  # key/value heads: 0 = num_heads (multi-head), 1 = multi-query, else a divisor of num_heads
+  # (grouped-query attention: query head i reads kv head i // (num_heads / num_kv_heads))
+  num_kv_heads: int = 0
   d_ff: int = 2048
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
@@ -68,6 +71,9 @@ class ModelConfig:
                  dropout=FRACTION, max_len=AT_LEAST_1, max_position=AT_LEAST_1)
     check(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
           f"a divisor of d_model ({self.d_model})")
+    check(self.num_kv_heads >= 0 and self.num_heads % (self.num_kv_heads or self.num_heads) == 0,
+          "num_kv_heads", self.num_kv_heads,
+          f"0 (= num_heads) or a divisor of num_heads ({self.num_heads})")
     encoding = lookup(POSITIONS, self.position, "position")
     if self.random_positions:
       check(encoding.takes_positions, "random_positions", True,
@@ -146,7 +152,8 @@ class EncoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     dtype = compute_dtype(cfg)
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
-                                             dtype=dtype, rngs=rngs)
+                                             dtype=dtype, num_kv_heads=cfg.num_kv_heads,
+                                             rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
     self.ffn_block = residual_block(cfg, rngs)
@@ -164,7 +171,8 @@ class DecoderLayer(EncoderLayer):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     super().__init__(cfg, rngs=rngs)
     self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
-                                              dtype=compute_dtype(cfg), rngs=rngs)
+                                              dtype=compute_dtype(cfg),
+                                              num_kv_heads=cfg.num_kv_heads, rngs=rngs)
     self.cross_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, encoding, rngs, *, encoded, cross_mask):

@@ -90,6 +90,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
   mesh = sharding.make_mesh(None if evaluating else dataclasses.asdict(cfg.mesh))
   if not evaluating:
     sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
+  sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
   for what, length in source.max_lengths().items():
     check_length(abstract_model, length, what)
   return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),

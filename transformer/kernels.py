@@ -1,13 +1,20 @@
 """Attention kernels: ways to compute softmax(score(q, k) + bias)·V, and what each supports.
 
-A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], a Mask, the
-positional encoding, and the layer's scorer and dropout:
+A kernel computes the heads' outputs [b, tq, h, d] from q [b, tq, h, d], k, v
+[b, tk, kv_heads, d] (kv_heads divides h: query head i reads kv head i // (h / kv_heads),
+grouped-query attention; kv_heads = h is multi-head attention), a Mask, the positional
+encoding, and the layer's scorer and dropout:
 `kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
 seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)`; a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
 its declared capabilities, which check_kernel and check_content_bias compare once, at
 construction, with what the scorer, the dropout and the positional encoding declare.
+
+A kernel declaring `softcap` is made with `softcap=c` when the layer caps its logits
+(model.attention.logit_softcap = c > 0): the scorer's logits become c·tanh(score / c), and
+the positional biases are added after the cap, so distance biases (ALiBi, T5) are not
+bounded by c.
 """
 
 import dataclasses
@@ -24,23 +31,37 @@ from transformer.registry import lookup
 from transformer.scores import Scorer
 
 
-def attention_weights(q, k, mask: Mask, encoding, score) -> jax.Array:
-  """softmax(score(q, k) + bias + content bias) over the unmasked keys: [b, h, tq, tk]
-  float32. The content bias sees the logits before it, −inf at the masked keys."""
+def repeat_heads(x: jax.Array, heads: int) -> jax.Array:
+  """x [b, t, kv_heads, d] with each kv head repeated for its heads / kv_heads query heads:
+  [b, t, heads, d] (head i is kv head i // (heads / kv_heads)); x itself when kv_heads = heads."""
+  return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
+
+
+def soft_cap(logits: jax.Array, cap: float) -> jax.Array:
+  """cap · tanh(logits / cap) in float32; the logits themselves when cap is 0 (off)."""
+  return cap * jnp.tanh(logits.astype(jnp.float32) / cap) if cap else logits
+
+
+def attention_weights(q, k, mask: Mask, encoding, score, softcap: float = 0.0) -> jax.Array:
+  """softmax(cap(score(q, k)) + bias + content bias) over the unmasked keys: [b, h, tq, tk]
+  float32, cap = soft_cap(·, softcap). k may have fewer heads than q (repeat_heads). The
+  content bias sees the logits before it, −inf at the masked keys."""
   visible = mask.dense()
-  logits = score(q, k) + encoding.bias(mask.q_positions, mask.k_positions)
+  k = repeat_heads(k, q.shape[2])
+  logits = soft_cap(score(q, k), softcap) + encoding.bias(mask.q_positions, mask.k_positions)
   if encoding.content_biases:  # otherwise no pass over the logits for a zero
     logits = jnp.where(visible, logits.astype(jnp.float32), -jnp.inf)
     logits = logits + encoding.content_bias(q, logits)
   return masked_softmax(logits, visible)
 
 
-def reference_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs):
-  """The formula, any scorer and every seam: softmax(score(q, k) + bias + content bias) over
-  unmasked keys, dropout, ·V."""
-  weights = attention_weights(q, k, mask, encoding, score).astype(v.dtype)
+def reference_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *,
+                     softcap: float = 0.0):
+  """The formula, any scorer and every seam: softmax(cap(score(q, k)) + bias + content bias)
+  over unmasked keys, dropout, ·V."""
+  weights = attention_weights(q, k, mask, encoding, score, softcap).astype(v.dtype)
   weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+  return jnp.einsum("bhqk,bkhd->bqhd", weights, repeat_heads(v, q.shape[2]))
 
 
 def fused_kernel(implementation: str):
@@ -49,7 +70,8 @@ def fused_kernel(implementation: str):
   applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V, the bias computed beforehand
   from positions alone; no dropout on the weights, no content bias. A query row with no
   visible key (padding) attends to every key instead of none, so it stays finite (no NaN
-  to leak into later layers); the loss never reads it."""
+  to leak into later layers); the loss never reads it. Fewer key/value heads than query
+  heads are attended natively (grouped-query attention), without repeating them."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
@@ -69,19 +91,21 @@ def _pad_time(x, before: int, after: int):
   return jnp.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2))
 
 
-def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, block: int):
+def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, block: int,
+                     softcap: float = 0.0):
   """Memory-bounded attention, any scorer: queries in blocks of `block`, each block's softmax
   accumulated online over key blocks (flash-attention style, in plain JAX), and each query
   block rematerialised in the backward pass, so no [tq, tk] array exists, only
   [block, block] ones. With a local window a query block reads only the keys within the
   window of it: O(L·(block + 2w)) work and memory instead of O(L²). Fully masked rows give
   0, as the reference does; no attention dropout, and no content bias (no block sees a
-  query's whole row of logits)."""
+  query's whole row of logits). The logits are capped (soft_cap) before the bias."""
   del dropout, rngs
   b, tq, h, d = q.shape
   tk = k.shape[1]
   if tq == 1 or (tq <= block and tk <= block):
-    return reference_kernel(q, k, v, mask, encoding, score, Dropout(0.0), None)
+    return reference_kernel(q, k, v, mask, encoding, score, Dropout(0.0), None, softcap=softcap)
+  k, v = repeat_heads(k, h), repeat_heads(v, h)
   local = mask.window is not None and tq == tk  # self-attention: keys at the queries' indices
   q_pad = -tq % block
   span = block + 2 * mask.window if local else block
@@ -102,7 +126,7 @@ def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, blo
     v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, span, axis=1)
     visible = m.dense()
     bias = encoding.bias(m.q_positions, m.k_positions)
-    logits = (score(q_blk, k_blk) + bias).astype(jnp.float32)
+    logits = (soft_cap(score(q_blk, k_blk), softcap) + bias).astype(jnp.float32)
     logits = jnp.where(visible, logits, -jnp.inf)
     new_top = jnp.maximum(top, logits.max(-1))
     safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
@@ -140,25 +164,28 @@ class Kernel:
   dropout: bool  # dropout on the attention weights
   # adds an encoding's content_bias, a function of each query's whole row of logits
   content_bias: bool = False
+  softcap: bool = False  # caps the scorer's logits: make(..., softcap=c)
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   stand_in: str | None = None  # a kernel computing the same function on any backend
 
 
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(lambda block_size: reference_kernel, any_score=True, dropout=True,
-                        content_bias=True),
+    "reference": Kernel(lambda block_size, softcap=0.0: functools.partial(
+        reference_kernel, softcap=softcap), any_score=True, dropout=True, content_bias=True,
+                        softcap=True),
     "xla": Kernel(lambda block_size: fused_kernel("xla"), any_score=False, dropout=False),
     "cudnn": Kernel(lambda block_size: fused_kernel("cudnn"), any_score=False, dropout=False,
                     backends=("gpu",), stand_in="xla"),
-    "blockwise": Kernel(lambda block_size: functools.partial(blockwise_kernel, block=block_size),
-                        any_score=True, dropout=False),
+    "blockwise": Kernel(lambda block_size, softcap=0.0: functools.partial(
+        blockwise_kernel, block=block_size, softcap=softcap), any_score=True, dropout=False,
+                        softcap=True),
 }
 
 
 def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
-                 block_size: int) -> Callable:
-  """The kernel `name` for a layer with this scorer and attention dropout, or a ConfigError
-  naming what the kernel cannot do. Compares declarations only."""
+                 block_size: int, softcap: float = 0.0) -> Callable:
+  """The kernel `name` for a layer with this scorer, attention dropout and logit soft-cap
+  (0: none), or a ConfigError naming what the kernel cannot do. Compares declarations only."""
   kernel = lookup(KERNELS, name, "attention kernel")
   if not kernel.any_score and score.dot_product is None:
     raise ConfigError(f"attention.kernel '{name}' computes dot-product scores only, and score "
@@ -167,6 +194,12 @@ def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
   if dropout and not kernel.dropout:
     raise ConfigError(f"attention.kernel '{name}' has no attention dropout; set "
                       f"model.attention.dropout=0 (got {dropout}) or kernel 'reference'")
+  if softcap:
+    if not kernel.softcap:
+      able = " or ".join(repr(key) for key, entry in KERNELS.items() if entry.softcap)
+      raise ConfigError(f"attention.kernel '{name}' cannot soft-cap the attention logits; set "
+                        f"model.attention.logit_softcap=0 (got {softcap}) or use kernel {able}")
+    return kernel.make(block_size=block_size, softcap=softcap)
   return kernel.make(block_size=block_size)
 
 

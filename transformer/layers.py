@@ -38,20 +38,24 @@ class Dense(nnx.Linear):
 
 
 def project(x: jax.Array, *layers: Dense, groups: int = 1) -> list[jax.Array]:
-  """[layer(x) for layer in layers] for bias-free Dense layers of one shape and dtype, as a
-  single matmul against their kernels side by side: Q, K and V as one [b·t, d] × [d, 3e]
+  """[layer(x) for layer in layers] for bias-free Dense layers of one input size and dtype,
+  as a single matmul against their kernels side by side: Q, K and V as one [b·t, d] × [d, 3e]
   product, which XLA:CPU runs faster than three narrow ones (README, Benchmarks). The
   parameters stay separate. The columns are interleaved in `groups` blocks (the attention
-  heads: head 0 of Q, K, V, then head 1, ...), so a kernel split over its output features
-  (tensor parallelism) stays aligned with its devices."""
+  heads: head 0 of Q, K, V, then head 1, ...; with grouped-query attention a kv head's group:
+  its queries' columns, then its key's and its value's), so a kernel split over its output
+  features (tensor parallelism) stays aligned with its devices. Each layer's output width
+  must be a multiple of `groups`."""
   if len(layers) == 1:
     return [layers[0](x)]
-  d, e = layers[0].in_features, layers[0].out_features
-  kernel = jnp.stack([layer.kernel[...].reshape(d, groups, e // groups) for layer in layers],
-                     axis=2).reshape(d, -1)  # [d, groups, n, e / groups]
+  d = layers[0].in_features
+  widths = [layer.out_features // groups for layer in layers]  # per group
+  kernel = jnp.concatenate([layer.kernel[...].reshape(d, groups, w)
+                            for layer, w in zip(layers, widths)], axis=2).reshape(d, -1)
   flat, kernel = layers[0].promote_dtype((x.reshape(-1, d), kernel), dtype=layers[0].dtype)
-  y = (flat @ kernel).reshape(-1, groups, len(layers), e // groups)
-  return [y[:, :, i].reshape(*x.shape[:-1], e) for i in range(len(layers))]
+  y = (flat @ kernel).reshape(-1, groups, sum(widths))  # [b·t, groups, Σ widths]
+  starts = [sum(widths[:i]) for i in range(len(widths))]
+  return [y[:, :, s:s + w].reshape(*x.shape[:-1], groups * w) for s, w in zip(starts, widths)]
 
 
 @jax.custom_vjp

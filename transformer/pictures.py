@@ -29,6 +29,7 @@ from transformer.data.pipeline import pad_batch
 from transformer.errors import ConfigError
 from transformer.evaluation import Evaluator, Run, sentence_predictions
 from transformer.kernels import attention_weights as formula_weights
+from transformer.kernels import repeat_heads
 from transformer.positions import PositionalEncoding
 from transformer.sampling import GREEDY, Sampling
 from transformer.vocab import BOS_ID, EOS_ID
@@ -102,9 +103,9 @@ def recording_kernel(layer: MultiHeadAttention):
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
-    weights = formula_weights(q, k, mask, encoding, score)
+    weights = formula_weights(q, k, mask, encoding, score, layer.logit_softcap)
     layer.sow(nnx.Intermediate, "weights", weights)
-    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), repeat_heads(v, q.shape[2]))
 
   return kernel
 

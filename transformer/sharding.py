@@ -108,3 +108,14 @@ def check_batch_size(batch_size: int, mesh: Mesh, accumulation_steps: int = 1) -
   if accumulation_steps < 1 or batch_size % (ways * accumulation_steps):
     raise ConfigError(f"train.batch_size ({batch_size}) must be a multiple of the data x fsdp "
                       f"mesh size ({ways}) x train.accumulation_steps ({accumulation_steps})")
+
+
+def check_kv_heads(num_heads: int, num_kv_heads: int, mesh: Mesh) -> None:
+  """With grouped-query attention (num_kv_heads below num_heads), the mesh's tensor axis
+  splits the key/value heads with their query heads, so it must divide num_kv_heads (no K/V
+  head is split across devices). Multi-head attention is unchanged (0: num_heads)."""
+  kv, tensor = num_kv_heads or num_heads, mesh.shape["tensor"]
+  if kv < num_heads and kv % tensor:
+    raise ConfigError(f"model.num_kv_heads ({kv}) must be a multiple of mesh.tensor ({tensor}), "
+                      "which splits the key/value heads; use a mesh.tensor that divides it or "
+                      "more key/value heads")

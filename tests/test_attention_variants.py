@@ -1,0 +1,327 @@
+"""Attention variants against their formulas: grouped-query / multi-query attention equals
+multi-head attention with each key/value head repeated (every kernel, scorer and encoding),
+its smaller KV cache, cached decoding = the full pass; QK-norm; logit soft-capping; a tiny
+run with all three learns; sharded = unsharded with grouped K/V heads."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from tests.conftest import make_tiny_config
+from tests.test_decoding import BATCH, _cached_logits, _full_logits
+from tests.test_sharding import ROOT, SHARDED_RUN, _train_losses
+from transformer import sharding
+from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.blocks import ModelConfig
+from transformer.config import parse
+from transformer.decoding import generate
+from transformer.errors import ConfigError
+from transformer.families import EncoderDecoder, make_model
+from transformer.fields import FieldError
+from transformer.kernels import KERNELS, attention_weights, check_kernel, soft_cap
+from transformer.masks import Mask
+from transformer.positions import POSITIONS, PositionalEncoding, make_positional_encoding
+from transformer.qk_norm import EPSILON
+from transformer.registry import UnknownName
+from transformer.scores import SCORES, make_score
+from transformer.training import train_and_evaluate
+
+D_MODEL, H, HEAD_DIM, T = 16, 4, 4, 11
+NONE = PositionalEncoding()
+DOT_SCORES = sorted(name for name in SCORES
+                    if make_score(name, H, HEAD_DIM, rngs=nnx.Rngs(0)).dot_product is not None)
+
+
+def _packed_mask(causal=True, window=None):
+  """11 positions: two packed sequences in row 0 (the second padded), one in row 1."""
+  seg = jnp.array([[1] * 6 + [2] * 3 + [0] * 2, [1] * T])
+  pos = jnp.array([list(range(6)) + list(range(3)) + [0, 0], list(range(T))])
+  return Mask(seg, seg, pos, pos, causal=causal, window=window)
+
+
+def _encoding(name, causal=True):
+  return make_positional_encoding(name, D_MODEL, H, 32, causal=causal, rngs=nnx.Rngs(1))
+
+
+def _layer(kv_heads, **attention):
+  return MultiHeadAttention(D_MODEL, H, AttentionConfig(**attention), num_kv_heads=kv_heads,
+                            rngs=nnx.Rngs(0))
+
+
+def _randomise(layer, seed=7):
+  """Every parameter of `layer` drawn at random (norm scales and biases start at 1 and 0)."""
+  state = nnx.state(layer, nnx.Param)
+  leaves, tree = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  nnx.update(layer, jax.tree.unflatten(tree, [
+      leaf + 0.5 * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]))
+  return layer
+
+
+def _as_multi_head(grouped: MultiHeadAttention, **attention) -> MultiHeadAttention:
+  """The multi-head layer computing what `grouped` computes: the same parameters, its K and V
+  kernels' columns [d_model, kv_heads·head_dim] repeated per head, query head i getting kv
+  head i // (heads / kv_heads)."""
+  mha = _layer(0, **attention)
+  repeat = H // grouped.num_kv_heads
+  state = nnx.to_pure_dict(nnx.state(grouped))
+  for name in ("key", "value"):
+    kernel = state[name]["kernel"].reshape(D_MODEL, grouped.num_kv_heads, HEAD_DIM)
+    state[name]["kernel"] = jnp.repeat(kernel, repeat, axis=1).reshape(D_MODEL, D_MODEL)
+  mha_state = nnx.state(mha)
+  nnx.replace_by_pure_dict(mha_state, state)
+  nnx.update(mha, mha_state)
+  return mha
+
+
+CASES = [*[("reference", s, "rotary") for s in sorted(SCORES)],
+         *[("blockwise", s, "alibi") for s in sorted(SCORES)],
+         *[("xla", s, "t5") for s in DOT_SCORES]]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+@pytest.mark.parametrize("kernel,score,position", CASES)
+def test_grouped_query_attention_is_multi_head_with_repeated_kv_heads(kernel, score, position,
+                                                                      kv_heads):
+  """GQA (2 kv heads for 4 query heads) and MQA (1) give the outputs, self- and
+  cross-attention, of the multi-head layer whose K/V kernels repeat each kv head's
+  columns, with every kernel (blockwise: blocks of 4 over 11 packed positions) and scorer."""
+  attention = dict(score=score, kernel=kernel, block_size=4)
+  grouped = _randomise(_layer(kv_heads, **attention))
+  assert grouped.key.kernel.shape == (D_MODEL, kv_heads * HEAD_DIM)
+  mha = _as_multi_head(grouped, **attention)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, T, D_MODEL)), jnp.float32)
+  source = jnp.asarray(rng.normal(size=(2, T, D_MODEL)), jnp.float32)
+  mask, encoding = _packed_mask(), _encoding(position)
+  seen = np.asarray(mask.q_segments) > 0  # fused kernels: padding rows attend to every key
+  np.testing.assert_allclose(np.asarray(grouped.self_attend(x, mask, encoding))[seen],
+                             np.asarray(mha.self_attend(x, mask, encoding))[seen],
+                             rtol=1e-5, atol=1e-5)
+  cross = _packed_mask(causal=False)
+  np.testing.assert_allclose(np.asarray(grouped.cross_attend(x, source, cross, NONE))[seen],
+                             np.asarray(mha.cross_attend(x, source, cross, NONE))[seen],
+                             rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("position", sorted(POSITIONS))
+def test_grouped_query_attention_with_every_encoding(position):
+  """Every encoding's seams (rotations of the kv heads, biases and content biases over the
+  query heads) see GQA as the repeated multi-head layer (reference kernel, causal)."""
+  grouped = _randomise(_layer(2))
+  mha = _as_multi_head(grouped)
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, T, D_MODEL)), jnp.float32)
+  mask, encoding = _packed_mask(), _encoding(position)
+  np.testing.assert_allclose(grouped.self_attend(x, mask, encoding),
+                             mha.self_attend(x, mask, encoding), rtol=1e-5, atol=1e-5)
+
+
+def test_the_kv_cache_shrinks_by_heads_over_kv_heads():
+  for kv_heads in (0, 2, 1):
+    layer = _layer(kv_heads)
+    layer.init_self_cache(3, 10)
+    assert layer.cache.k[...].shape == layer.cache.v[...].shape == (3, 10, kv_heads or H,
+                                                                    HEAD_DIM)
+    source = jnp.ones((3, 5, D_MODEL))
+    layer.init_cross_cache(source, jnp.broadcast_to(jnp.arange(5), (3, 5)), NONE)
+    assert layer.cache.k[...].shape == (3, 5, kv_heads or H, HEAD_DIM)
+
+
+VARIANTS = [dict(num_kv_heads=1), dict(num_kv_heads=2, attention=dict(qk_norm="rms")),
+            dict(num_kv_heads=2, attention=dict(qk_norm="layer", logit_softcap=2.0)),
+            dict(num_kv_heads=2, attention=dict(kernel="xla"))]
+
+
+def _config(position="rotary", num_kv_heads=0, attention=None, **kw):
+  return ModelConfig(vocab_size=19, d_model=D_MODEL, num_heads=H, d_ff=32, num_encoder_layers=1,
+                     num_decoder_layers=2, dropout=0.0, max_len=32, position=position,
+                     num_kv_heads=num_kv_heads, attention=AttentionConfig(**(attention or {})),
+                     **kw)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_cached_decoding_equals_the_full_pass_encoder_decoder(variant):
+  model = EncoderDecoder(_config(**variant), rngs=nnx.Rngs(0))
+  _randomise(model)
+  targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, 7)), jnp.int32)
+  np.testing.assert_allclose(_cached_logits(model, BATCH, targets),
+                             _full_logits(model, BATCH, targets), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_cached_generation_equals_the_full_pass_decoder_only(variant):
+  model = make_model(_config(arch="decoder", **variant), rngs=nnx.Rngs(0))
+  _randomise(model)
+  prompts = jnp.asarray(np.random.default_rng(0).integers(3, 19, (3, 5)), jnp.int32)
+  tokens, cached = nnx.jit(lambda m, p, n: generate(m, p, n, 12))(model, prompts,
+                                                                  jnp.array([1, 3, 5]))
+  ones = jnp.ones_like(tokens)
+  full = nnx.jit(lambda m, b: m(b))(model, {"inputs": tokens, "inputs_segmentation": ones})
+  np.testing.assert_allclose(np.asarray(cached), np.asarray(full)[:, :-1], atol=5e-5, rtol=1e-4)
+
+
+# --------------------------------------------------------------------------- QK-norm
+
+
+def _heads(x):
+  return x.reshape(*x.shape[:2], -1, HEAD_DIM)
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_qk_norm_normalises_each_head_before_the_rotation(norm):
+  """The cached keys are rotary(norm(x W_K)) per head, the queries the same with their own
+  norm, and the layer's output is the formula's attention of those (rms:
+  x/√(mean x² + ε)·g; layer: (x − mean)/√(var + ε)·g + β, over head_dim, ε = 1e-6)."""
+  layer = _randomise(_layer(2, qk_norm=norm))
+  encoding = _encoding("rotary")
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(2, T, D_MODEL)), jnp.float32)
+  mask = _packed_mask()
+
+  def formula(h, which):
+    g = np.asarray(getattr(layer, f"{which}_norm").scale[...])
+    h = np.asarray(h, np.float64)
+    if norm == "rms":
+      return h / np.sqrt((h * h).mean(-1, keepdims=True) + EPSILON) * g
+    centred = h - h.mean(-1, keepdims=True)
+    beta = np.asarray(getattr(layer, f"{which}_norm").bias[...])
+    return centred / np.sqrt((centred ** 2).mean(-1, keepdims=True) + EPSILON) * g + beta
+
+  k = formula(_heads(x @ layer.key.kernel[...]), "k")
+  q = formula(_heads(x @ layer.query.kernel[...]), "q")
+  k = encoding.rotate_keys(jnp.asarray(k, jnp.float32), mask.k_positions)
+  q = encoding.rotate_queries(jnp.asarray(q, jnp.float32), mask.q_positions)
+  got_k, got_v = layer.keys_values(x, mask.k_positions, encoding)
+  np.testing.assert_allclose(got_k, k, rtol=1e-5, atol=1e-5)
+  weights = attention_weights(q, k, mask, encoding, layer.score)
+  heads = jnp.einsum("bhqk,bkhd->bqhd", weights, jnp.repeat(got_v, 2, axis=2))
+  want = heads.reshape(2, T, D_MODEL) @ layer.out.kernel[...]
+  np.testing.assert_allclose(layer.self_attend(x, mask, encoding), want, rtol=1e-5, atol=1e-5)
+
+
+def test_no_qk_norm_adds_no_parameter():
+  names = {path[0] for path, _ in nnx.to_flat_state(nnx.state(_layer(0), nnx.Param))}
+  assert names == {"query", "key", "value", "out"}
+  assert {path[0] for path, _ in nnx.to_flat_state(
+      nnx.state(_layer(0, qk_norm="layer"), nnx.Param))} == names | {"q_norm", "k_norm"}
+
+
+# --------------------------------------------------------------------------- soft-cap
+
+
+@pytest.mark.parametrize("score", sorted(SCORES))
+def test_softcap_logits_are_c_tanh_of_the_score_plus_the_bias(score):
+  """attention_weights = softmax(c·tanh(score/c) + ALiBi bias) by NumPy: the distance
+  bias is added after the cap, not bounded by it."""
+  c = 1.5
+  rng = np.random.default_rng(4)
+  q, k = (jnp.asarray(3 * rng.normal(size=(2, T, H, HEAD_DIM)), jnp.float32) for _ in range(2))
+  mask, encoding = _packed_mask(), _encoding("alibi")
+  scorer = make_score(score, H, HEAD_DIM, rngs=nnx.Rngs(0))
+  raw = np.asarray(scorer(q, k), np.float64)
+  bias = np.asarray(encoding.bias(mask.q_positions, mask.k_positions), np.float64)
+  logits = c * np.tanh(raw / c) + bias
+  visible = np.asarray(mask.dense())
+  logits = np.where(visible, logits, -np.inf)
+  top = np.max(logits, -1, keepdims=True)
+  e = np.where(visible, np.exp(logits - np.where(np.isfinite(top), top, 0)), 0)
+  want = e / np.maximum(e.sum(-1, keepdims=True), 1e-30)
+  got = attention_weights(q, k, mask, encoding, scorer, softcap=c)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert np.abs(bias).max() > c  # the bias exceeds the cap: it was not capped
+  np.testing.assert_allclose(soft_cap(jnp.asarray(raw), c), c * np.tanh(raw / c), rtol=1e-6)
+  uncapped = jnp.asarray(raw, jnp.float32)
+  assert soft_cap(uncapped, 0.0) is uncapped  # 0: off, no operation
+
+
+@pytest.mark.parametrize("score,position", [("scaled_dot", "alibi"), ("additive", "t5"),
+                                            ("gaussian", "none"), ("cosine", "fire")])
+def test_softcap_kernels_agree(score, position):
+  """The blockwise kernel (blocks of 4 over 11 positions) caps as the reference does; the
+  cap changes the output."""
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(2, T, D_MODEL)), jnp.float32)
+  mask, encoding = _packed_mask(), _encoding(position)
+  out = {kernel: _randomise(_layer(2, score=score, kernel=kernel, block_size=4,
+                                   logit_softcap=0.5)).self_attend(x, mask, encoding)
+         for kernel in ("reference", "blockwise")}
+  np.testing.assert_allclose(out["blockwise"], out["reference"], rtol=1e-5, atol=1e-5)
+  uncapped = _randomise(_layer(2, score=score)).self_attend(x, mask, encoding)
+  assert not np.allclose(uncapped, out["reference"], atol=1e-3)
+
+
+def test_kernels_declare_whether_they_softcap():
+  scorer = make_score("scaled_dot", H, HEAD_DIM, rngs=nnx.Rngs(0))
+  able = [name for name, kernel in KERNELS.items() if kernel.softcap]
+  assert {"reference", "blockwise"} <= set(able) and "xla" not in able
+  for name in KERNELS:
+    make = lambda: check_kernel(name, score_name="scaled_dot", score=scorer,  # noqa: E731
+                                dropout=0.0, block_size=4, softcap=30.0)
+    if name in able:
+      make()
+    else:
+      with pytest.raises(ConfigError, match=f"'{name}' cannot soft-cap.*logit_softcap=0 "
+                                            r"\(got 30.0\).*'reference' or 'blockwise'"):
+        make()
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_fields_are_checked():
+  for kv in (3, -1, 5):
+    with pytest.raises(FieldError, match=f"num_kv_heads={kv}"):
+      _config(num_kv_heads=kv)
+  assert _config(num_kv_heads=4).num_kv_heads == 4  # = num_heads: multi-head
+  with pytest.raises(UnknownName, match="unknown attention qk_norm 'bogus'; choose one of: "
+                                        "layer, none, rms"):
+    AttentionConfig(qk_norm="bogus")
+  with pytest.raises(FieldError, match=r"logit_softcap=-1.0.*≥ 0"):
+    AttentionConfig(logit_softcap=-1.0)
+  with pytest.raises(ConfigError, match=r"num_kv_heads \(3\) must divide num_heads \(4\)"):
+    _layer(3)
+
+
+def test_the_tensor_axis_must_divide_the_kv_heads():
+  mesh = jax.sharding.AbstractMesh((1, 1, 2), sharding.AXES)
+  with pytest.raises(ConfigError, match=r"model.num_kv_heads \(1\) must be a multiple of "
+                                        r"mesh.tensor \(2\)"):
+    sharding.check_kv_heads(4, 1, mesh)
+  sharding.check_kv_heads(4, 2, mesh)
+  sharding.check_kv_heads(3, 0, mesh)  # multi-head attention: unchanged (not refused)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_a_tiny_run_with_every_variant_learns(tmp_path):
+  """Multi-query attention, RMS QK-norm and a logit soft-cap together: the loss falls."""
+  config = make_tiny_config(**{"model.num_kv_heads": 1, "model.attention.qk_norm": "rms",
+                               "model.attention.logit_softcap": 5.0, "train.num_steps": 40})
+  train_and_evaluate(parse(config), str(tmp_path))
+  losses = _train_losses(str(tmp_path))
+  assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_sharded_grouped_query_run_matches_one_device(tmp_path):
+  """4 query heads over 2 kv heads, split over a tensor axis of 2 (and data, fsdp of 2): the
+  losses of the 1-device run."""
+  overrides = {"model.dropout": 0.0, "model.num_heads": 4, "model.num_kv_heads": 2,
+               "model.attention.qk_norm": "rms", "train.num_steps": 10, "train.log_every": 5}
+  single = str(tmp_path / "single")
+  train_and_evaluate(parse(make_tiny_config(**overrides)), single)
+  sharded = str(tmp_path / "sharded")
+  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded,
+                         json.dumps({**overrides, **mesh})],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert "MESH {'data': 2, 'fsdp': 2, 'tensor': 2} DEVICES 8" in proc.stdout
+  np.testing.assert_allclose(_train_losses(sharded), _train_losses(single), rtol=1e-5)
