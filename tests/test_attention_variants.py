@@ -134,8 +134,8 @@ def test_the_kv_cache_shrinks_by_heads_over_kv_heads():
     assert layer.cache.k[...].shape == (3, 5, kv_heads or H, HEAD_DIM)
 
 
-VARIANTS = [dict(num_kv_heads=1), dict(num_kv_heads=2, attention=dict(qk_norm="rms")),
-            dict(num_kv_heads=2, attention=dict(qk_norm="layer", logit_softcap=2.0)),
+VARIANTS = [dict(num_kv_heads=1), dict(num_kv_heads=2, attention=dict(qk_norm="rmsnorm")),
+            dict(num_kv_heads=2, attention=dict(qk_norm="layernorm", logit_softcap=2.0)),
             dict(num_kv_heads=2, attention=dict(kernel="xla"))]
 
 
@@ -174,11 +174,11 @@ def _heads(x):
   return x.reshape(*x.shape[:2], -1, HEAD_DIM)
 
 
-@pytest.mark.parametrize("norm", ["rms", "layer"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 def test_qk_norm_normalises_each_head_before_the_rotation(norm):
   """The cached keys are rotary(norm(x W_K)) per head, the queries the same with their own
   norm, and the layer's output is the formula's attention of those (rms:
-  x/√(mean x² + ε)·g; layer: (x − mean)/√(var + ε)·g + β, over head_dim, ε = 1e-6)."""
+  x/√(mean x² + ε)·g; layernorm: (x − mean)/√(var + ε)·g + β, over head_dim, ε = 1e-6)."""
   layer = _randomise(_layer(2, qk_norm=norm))
   encoding = _encoding("rotary")
   x = jnp.asarray(np.random.default_rng(2).normal(size=(2, T, D_MODEL)), jnp.float32)
@@ -187,7 +187,7 @@ def test_qk_norm_normalises_each_head_before_the_rotation(norm):
   def formula(h, which):
     g = np.asarray(getattr(layer, f"{which}_norm").scale[...])
     h = np.asarray(h, np.float64)
-    if norm == "rms":
+    if norm == "rmsnorm":
       return h / np.sqrt((h * h).mean(-1, keepdims=True) + EPSILON) * g
     centred = h - h.mean(-1, keepdims=True)
     beta = np.asarray(getattr(layer, f"{which}_norm").bias[...])
@@ -209,7 +209,7 @@ def test_no_qk_norm_adds_no_parameter():
   names = {path[0] for path, _ in nnx.to_flat_state(nnx.state(_layer(0), nnx.Param))}
   assert names == {"query", "key", "value", "out"}
   assert {path[0] for path, _ in nnx.to_flat_state(
-      nnx.state(_layer(0, qk_norm="layer"), nnx.Param))} == names | {"q_norm", "k_norm"}
+      nnx.state(_layer(0, qk_norm="layernorm"), nnx.Param))} == names | {"q_norm", "k_norm"}
 
 
 # --------------------------------------------------------------------------- soft-cap
@@ -301,7 +301,7 @@ def test_the_tensor_axis_must_divide_the_kv_heads():
 
 def test_a_tiny_run_with_every_variant_learns(tmp_path):
   """Multi-query attention, RMS QK-norm and a logit soft-cap together: the loss falls."""
-  config = make_tiny_config(**{"model.num_kv_heads": 1, "model.attention.qk_norm": "rms",
+  config = make_tiny_config(**{"model.num_kv_heads": 1, "model.attention.qk_norm": "rmsnorm",
                                "model.attention.logit_softcap": 5.0, "train.num_steps": 40})
   train_and_evaluate(parse(config), str(tmp_path))
   losses = _train_losses(str(tmp_path))
@@ -312,7 +312,7 @@ def test_sharded_grouped_query_run_matches_one_device(tmp_path):
   """4 query heads over 2 kv heads, split over a tensor axis of 2 (and data, fsdp of 2): the
   losses of the 1-device run."""
   overrides = {"model.dropout": 0.0, "model.num_heads": 4, "model.num_kv_heads": 2,
-               "model.attention.qk_norm": "rms", "train.num_steps": 10, "train.log_every": 5}
+               "model.attention.qk_norm": "rmsnorm", "train.num_steps": 10, "train.log_every": 5}
   single = str(tmp_path / "single")
   train_and_evaluate(parse(make_tiny_config(**overrides)), single)
   sharded = str(tmp_path / "sharded")

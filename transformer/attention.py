@@ -35,7 +35,7 @@ class AttentionConfig:
   dropout: float = 0.0  # on the attention weights
   kernel: str = execution("reference")  # a key of KERNELS: how softmax(score + bias)·V is computed
   block_size: int = execution(512)  # `blockwise`: queries and keys per block
-  qk_norm: str = "none"  # a key of QK_NORMS: none | rms | layer, per head, before the rotation
+  qk_norm: str = "none"  # a key of QK_NORMS: none | rmsnorm | layernorm, per head
   # c > 0: the scorer's logits become c·tanh(logit / c), positional biases added after the
   # cap (so distance biases are not bounded by c); 0: off
   logit_softcap: float = 0.0
