@@ -257,3 +257,16 @@ def test_without_wandb_installed_a_run_logging_to_it_is_refused_before_writing(
                                         r"wandb does not import .*pip install -e '.\[wandb\]'"):
     train_and_evaluate(parse(tiny_config(**{"train.wandb_project": "p"})), str(workdir))
   assert not workdir.exists()
+
+
+def test_a_bucket_workdir_keeps_its_run_id_in_the_bucket(tmp_path, fake_wandb, tiny_config):
+  from tests.test_storage import fake_bucket  # noqa: PLC0415 - gs:// onto tmp_path
+
+  cfg = parse(tiny_config(**{"train.wandb_project": "p"}))
+  with fake_bucket(tmp_path):
+    tracking.WandB(cfg, "gs://bucket/runs/one").close()
+    tracking.WandB(cfg, "gs://bucket/runs/one").close()
+  first, second = fake_wandb.runs
+  assert first.init["name"] == "one" and first.init["dir"] is None  # wandb's default dir
+  run_id = (tmp_path / "bucket" / "runs" / "one" / tracking.RUN_ID_FILE).read_text().strip()
+  assert first.init["id"] == second.init["id"] == run_id

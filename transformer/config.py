@@ -65,9 +65,10 @@ class TrainConfig:
                  eval_examples=AT_LEAST_0, checkpoint_every=AT_LEAST_1,
                  keep_checkpoints=AT_LEAST_1, skip_nonfinite=AT_LEAST_0,
                  profile_steps=AT_LEAST_0)
-    check(len(self.wandb_project) <= 128 and not set(self.wandb_project) & set(WANDB_RESERVED),
-          "wandb_project", self.wandb_project,
-          f"a W&B project name: at most 128 characters, none of {' '.join(WANDB_RESERVED)}")
+    check(len(self.wandb_project) <= 128 and self.wandb_project.isprintable()
+          and not set(self.wandb_project) & set(WANDB_RESERVED), "wandb_project",
+          self.wandb_project, "'' (off) or a W&B project name: at most 128 printable "
+          f"characters, none of {' '.join(WANDB_RESERVED)}")
 
 
 @dataclasses.dataclass(frozen=True)
