@@ -110,6 +110,11 @@ def get_config() -> ml_collections.ConfigDict:
   # are skipped (the data moves on), one more stops the run with an error. 0: stop at once.
   config.train.skip_nonfinite = 0
   config.train.profile_steps = 0  # trace this many steps (jax.profiler) into WORKDIR/profile
+  # Weights & Biases (pip install -e '.[wandb]'): the project ("": off), entity ("": the
+  # login's default), group ("": none; a sweep groups its runs under its directory's name).
+  config.train.wandb_project = ""
+  config.train.wandb_entity = ""
+  config.train.wandb_group = ""
 
   # Device mesh (transformer/sharding.py): batch split over data x fsdp, parameters and
   # optimizer state split over fsdp and tensor. -1: the devices left over.

@@ -205,6 +205,8 @@ CASES = [
      ["train.eval_examples=-1"]),
     ("skip_nonfinite negative", *TRAIN, ["--config.train.skip_nonfinite=-1"],
      ["train.skip_nonfinite=-1"]),
+    ("wandb_project with a slash", *TRAIN, ["--config.train.wandb_project=me/ablations"],
+     ["config.train.wandb_project='me/ablations'", "a W&B project name", "none of / \\ #"]),
     # eval, task, seed, mesh, data
     ("eval batch_size 0", *TRAIN, ["--config.eval.batch_size=0"], ["config.eval.batch_size=0"]),
     ("eval num_examples 0, synthetic", *TRAIN, ["--config.eval.num_examples=0"],

@@ -20,10 +20,12 @@ from transformer.blocks import ModelConfig
 from transformer.data.sources import SOURCES
 from transformer.errors import ConfigError
 from transformer.families import ARCHS
-from transformer.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check_ranges,
-                                dataclass_from, execution)
+from transformer.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check,
+                                check_ranges, dataclass_from, execution)
 from transformer.registry import lookup
 from transformer.sampling import Sampling
+
+WANDB_RESERVED = "/\\#?%:"  # not in a W&B project name (wandb refuses them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,11 @@ class TrainConfig:
   keep_checkpoints: int = 3  # the latest ones; the lowest-loss checkpoint is kept besides
   skip_nonfinite: int = 0  # consecutive non-finite steps skipped before the run stops
   profile_steps: int = 0  # steps traced by jax.profiler into WORKDIR/profile; 0: none
+  # Weights & Biases (transformer/tracking.py): the project ("": off), entity ("": the
+  # login's default) and group (""; a sweep groups its runs under its directory's name).
+  wandb_project: str = ""
+  wandb_entity: str = ""
+  wandb_group: str = ""
 
   def __post_init__(self):
     lookup(optim.SCHEDULES, self.schedule, "train.schedule")
@@ -61,6 +68,10 @@ class TrainConfig:
                  eval_examples=AT_LEAST_0, checkpoint_every=AT_LEAST_1,
                  keep_checkpoints=AT_LEAST_1, skip_nonfinite=AT_LEAST_0,
                  profile_steps=AT_LEAST_0)
+    check(len(self.wandb_project) <= 128 and self.wandb_project.isprintable()
+          and not set(self.wandb_project) & set(WANDB_RESERVED), "wandb_project",
+          self.wandb_project, "'' (off) or a W&B project name: at most 128 printable "
+          f"characters, none of {' '.join(WANDB_RESERVED)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from transformer import optim, sharding
+from transformer import optim, sharding, tracking
 from transformer.blocks import ModelConfig
 from transformer.config import Config, EvalConfig, TrainConfig, replace
 from transformer.data import SourceArgs
@@ -60,7 +60,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
   """Checks `cfg` (module docstring) and returns its parts; writes nothing. `evaluating`: the
   run is evaluated here, not trained, so the execution choices of its training need not
   hold on this machine: a kernel this backend cannot run is replaced by its stand-in, and
-  the mesh is every device on `data`."""
+  the mesh is every device on `data`, and its trackers (W&B) need not be installed."""
   cfg = runnable_kernel(cfg, substitute=evaluating)
   source = make_source(cfg, workdir)
   family = lookup(ARCHS, cfg.model.arch, "model arch")
@@ -90,6 +90,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
   mesh = sharding.make_mesh(None if evaluating else dataclasses.asdict(cfg.mesh))
   if not evaluating:
     sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
+    tracking.check(cfg.train)  # wandb installed, if the run logs to it
   sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
   for what, length in source.max_lengths().items():
     check_length(abstract_model, length, what)

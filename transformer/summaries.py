@@ -19,6 +19,12 @@ from transformer import storage
 SUMMARY_DIR = "tensorboard"
 
 
+def numbers(record: dict) -> dict:
+  """The scalars of a metrics record: its numbers (not flags), less its step."""
+  return {name: value for name, value in record.items()
+          if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step"}
+
+
 class TensorBoard:
   """Scalars per split, written under WORKDIR/tensorboard; a no-op on processes > 0."""
 
@@ -39,12 +45,12 @@ class TensorBoard:
     if jax.process_index() != 0:
       return
     writer = self._writer(split)
-    for name, value in values.items():
-      if isinstance(value, (int, float)) and not isinstance(value, bool) and name != "step":
-        writer.add_scalar(name, value, step)
+    for name, value in numbers(values).items():
+      writer.add_scalar(name, value, step)
     writer.flush()
 
-  def close(self) -> None:
+  def close(self, failed: bool = False) -> None:
+    del failed  # event files record no run status
     for writer in self.writers.values():
       writer.close()
     self.writers = {}

@@ -139,7 +139,9 @@ def runs(config_path: str, sweep_dir: str, overrides: dict | None = None,
          only: Sequence[str] = ()) -> list[Run]:
   """The runs of a sweep config file, each config parsed; the ones `only` selects (see
   select). `overrides` ({dotted field: value}, e.g. from --config.train.num_steps=100)
-  apply to every run; a field the sweep itself varies cannot be overridden. Two override
+  apply to every run; a field the sweep itself varies cannot be overridden. Runs logged to
+  W&B (train.wandb_project) are grouped under the sweep directory's name unless
+  train.wandb_group names another group. Two override
   sets that give the same config (the same overrides twice, in any order) or the same
   workdir name are refused: a run listed twice would be counted as two seeds."""
   base, sweep = load(config_path)
@@ -157,6 +159,9 @@ def runs(config_path: str, sweep_dir: str, overrides: dict | None = None,
       cfg = config_lib.parse(with_overrides(base, run_overrides))
     except ConfigError as e:
       raise ConfigError(f"sweep run {name}: {e}") from None
+    if cfg.train.wandb_project and not cfg.train.wandb_group:  # W&B groups the sweep's runs
+      group = os.path.basename(storage.absolute(sweep_dir).rstrip("/"))
+      cfg = config_lib.replace(cfg, "train.wandb_group", group)
     key = json.dumps(config_lib.to_dict(cfg), sort_keys=True, default=str)
     if (seen := by_config.get(key)) is not None:
       raise ConfigError(f"{config_path}: get_sweep() lists the same run twice: item {seen} "

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from transformer import checkpoint, experiment, lock, logs, sharding, storage, summaries
+from transformer import checkpoint, experiment, lock, logs, sharding, storage, tracking
 from transformer import workdir as workdir_lib
 from transformer.config import Config
 from transformer.errors import Interrupted, RunError
@@ -132,14 +132,16 @@ def train_and_evaluate(cfg: Config, workdir: str,
 def _run(exp: experiment.Experiment, workdir: str, splits: dict,
          should_stop: Callable[[], bool]) -> int:
   mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
-  loop = None
+  loop, finished = None, False
   try:
     loop = _Loop(exp, workdir, mngr, splits, should_stop)
-    return loop.run()
+    step = loop.run()
+    finished = True
+    return step
   finally:
     checkpoint.finish(mngr)
     if loop is not None:
-      loop.tensorboard.close()
+      loop.writers.close(failed=not finished)
 
 
 class _Loop:
@@ -154,13 +156,14 @@ class _Loop:
     self.step, self.state, self.batches = checkpoint.restore(
         mngr, jax.eval_shape(exp.init), compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
+    logged = workdir_lib.read_metrics(workdir)  # what the trackers were given before
     if self.step is None:
       self.state, self.step = compiled.init(), 0
     else:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
       workdir_lib.truncate_metrics(workdir, self.step)  # later records are trained again
     self.saved = self.step  # the newest step with a checkpoint (0: none yet)
-    self.tensorboard = summaries.TensorBoard(workdir, resumed_at=self.step)
+    self.writers = tracking.Writers(exp.config, workdir, resumed_at=self.step, logged=logged)
     self.trace_from = self.step + self.cfg.log_every - self.step % self.cfg.log_every
     self.tracing = False
     self.pending: list[dict] = []  # metric sums of the steps not yet logged
@@ -307,7 +310,7 @@ class _Loop:
   def _write(self, *records: dict) -> None:
     workdir_lib.append_metrics(self.workdir, *records)
     for record in records:
-      self.tensorboard.scalars(record["split"], record["step"], record)
+      self.writers.scalars(record["split"], record["step"], record)
 
   def _evaluate_if_missing(self) -> None:
     if not sharding.process0_decides(workdir_lib.has_evaluation(self.workdir, self.step)):
