@@ -339,26 +339,28 @@ def test_bfloat16_variants_compute_in_bfloat16(arch, ffn):
   assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
 
 
-def test_the_blocks_sweep_matches_the_ffn_weights():
-  """configs/blocks.py (matched widths): each variant's parameter count is the relu
-  LayerNorm model's less a bias per norm (rmsnorm) and plus the FFN's difference (SIZES),
-  and a gated FFN at ⌊2/3·d_ff⌋ has the plain one's parameters to within 2% (the plain
-  one's biases, the floor)."""
-  base, overrides = sweep.load(os.path.join(ROOT, "configs", "blocks.py"))
-  assert len(overrides) == 2 * len(FFNS) * 3
+def test_the_variants_sweep_counts_its_weights():
+  """configs/variants.py: each variant's parameter count is the MHA/LayerNorm/ReLU model's
+  less the K/V columns of the heads it shares (2·d·(h − kv)·d_head per layer), less a bias
+  per norm (rmsnorm; pre-LN decoder: 2 per layer and the final one), plus the FFN's
+  difference (SIZES); and SwiGLU at ⌊2/3·d_ff⌋ has ReLU's FFN weights to within 2% (ReLU's
+  biases, the floor)."""
+  base, overrides = sweep.load(os.path.join(ROOT, "configs", "variants.py"))
+  assert len(overrides) == 3 * 2 * 2 * 2
   m = base.model
-  d, f, layers = m.d_model, m.d_ff, m.num_encoder_layers + m.num_decoder_layers
-  norms = 2 * m.num_encoder_layers + 3 * m.num_decoder_layers  # post-LN: no final norms
+  d, f, layers, h = m.d_model, m.d_ff, m.num_decoder_layers, m.num_heads
+  norms = 2 * layers + 1
   counts = {}
   for o in overrides:
     cfg = parse(sweep.with_overrides(base, o))
     model = nnx.eval_shape(lambda c=cfg: make_model(c.model, rngs=nnx.Rngs(0)))
-    counts[o["model.norm_type"], o["model.ffn"]] = (o["model.d_ff"], sum(
-        x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
-  reference = counts["layernorm", "relu"][1]
-  for (norm_type, ffn), (width, n) in counts.items():
-    assert width == (2 * f // 3 if ffn in ("swiglu", "geglu") else f)
-    expected = (reference - (norms * d if norm_type == "rmsnorm" else 0)
+    counts[o["model.num_kv_heads"], o["model.norm_type"], o["model.ffn"]] = (
+        o["model.d_ff"], sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
+  reference = counts[h, "layernorm", "relu"][1]
+  for (kv, norm_type, ffn), (width, n) in counts.items():
+    assert width == (2 * f // 3 if ffn == "swiglu" else f)
+    expected = (reference - layers * 2 * d * (h - kv) * (d // h)
+                - (norms * d if norm_type == "rmsnorm" else 0)
                 + layers * (SIZES[ffn](d, width) - SIZES["relu"](d, f)))
-    assert n == expected, (norm_type, ffn)
+    assert n == expected, (kv, norm_type, ffn)
     assert abs(SIZES[ffn](d, width) - SIZES["relu"](d, f)) < 0.02 * SIZES["relu"](d, f)
