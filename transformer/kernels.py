@@ -47,9 +47,10 @@ def fused_kernel(implementation: str):
   """jax.nn.dot_product_attention (XLA's fused attention, or cuDNN's flash attention on
   NVIDIA GPUs) for the scorers declaring a dot product, whose transforms and scale it
   applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V, the bias computed beforehand
-  from positions alone; no dropout on the weights, no content bias. A query row with no
-  visible key (padding) attends to every key instead of none, so it stays finite (no NaN
-  to leak into later layers); the loss never reads it."""
+  from positions alone; no dropout on the weights, no content bias, and not the declared
+  row_term (softmax ignores it). A query row with no visible key (padding) attends to every
+  key instead of none, so it stays finite (no NaN to leak into later layers); the loss
+  never reads it."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
@@ -59,10 +60,25 @@ def fused_kernel(implementation: str):
     bias = encoding.bias(mask.q_positions, mask.k_positions)
     bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
     impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
-    return jax.nn.dot_product_attention(product.queries(q), product.keys(k), v, bias=bias,
-                                        mask=dense, scale=product.scale, implementation=impl)
+    qt, kt, vt = equal_head_dims(product.queries(q).astype(v.dtype),
+                                 product.keys(k).astype(v.dtype), v)
+    out = jax.nn.dot_product_attention(qt, kt, vt, bias=bias, mask=dense, scale=product.scale,
+                                       implementation=impl)
+    return out[..., :v.shape[-1]]
 
   return kernel
+
+
+def equal_head_dims(q, k, v, multiple: int = 8):
+  """q, k [b, t, h, d'] and v [b, t, h, d] padded with zeros to one head dim, a multiple of
+  `multiple` (cuDNN's), when d' ≠ d: jax.nn.dot_product_attention needs q, k and v of one
+  head dim. Zeros change no dot product, and v's zero columns give output columns to drop."""
+  dq, dv = q.shape[-1], v.shape[-1]
+  if dq == dv:
+    return q, k, v
+  dim = -max(dq, dv) // multiple * -multiple
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, dim - x.shape[-1])])  # noqa: E731
+  return pad(q), pad(k), pad(v)
 
 
 def _pad_time(x, before: int, after: int):
