@@ -15,7 +15,7 @@ from flax import nnx
 
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, FRACTION, check_ranges, execution
-from transformer.kernels import KERNELS, check_kernel
+from transformer.kernel_choice import check_kernel_name, choose_kernel
 from transformer.layers import Dense, Dropout, project
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import PositionalEncoding
@@ -29,7 +29,9 @@ class AttentionConfig:
   window: str = "full"  # a key of WINDOWS
   window_size: int = 16  # `local`: each query sees keys within ±window_size positions
   dropout: float = 0.0  # on the attention weights
-  kernel: str = execution("reference")  # a key of KERNELS: how softmax(score + bias)·V is computed
+  # a key of KERNELS, how softmax(score + bias)·V is computed, or "auto": per layer the
+  # fastest that can (transformer/kernel_choice.py)
+  kernel: str = execution("auto")
   block_size: int = execution(512)  # `blockwise`: queries and keys per block
   # Each scorer's own knobs (`score_settings.additive.dim`, ...): every section is checked,
   # the chosen scorer's is used (and is the run's identity).
@@ -40,15 +42,18 @@ class AttentionConfig:
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1)
     lookup(SCORES, self.score, "attention score")
     lookup(WINDOWS, self.window, "attention window")
-    lookup(KERNELS, self.kernel, "attention kernel")
+    check_kernel_name(self.kernel)
 
 
 class MultiHeadAttention(nnx.Module):
   """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads."""
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
+               encoding: PositionalEncoding | None = None, position: str = "none",
                rngs: nnx.Rngs):
-    """dtype: of the computation; parameters stay float32."""
+    """dtype: of the computation; parameters stay float32. encoding: the positional encoding
+    its calls will be handed (None: none), whose declarations the kernel must meet;
+    position: its config name, for error lines."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     self.num_heads, self.head_dim = num_heads, d_model // num_heads
@@ -60,8 +65,9 @@ class MultiHeadAttention(nnx.Module):
     self.query, self.key, self.value = dense(heads_in), dense(heads_in), dense(heads_in)
     self.out = dense(heads_out)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
-    self.kernel = check_kernel(cfg.kernel, score_name=cfg.score, score=self.score,
-                               dropout=cfg.dropout, block_size=cfg.block_size)
+    self.kernel_choice, self.kernel = choose_kernel(
+        cfg.kernel, score_name=cfg.score, score=self.score, dropout=cfg.dropout,
+        block_size=cfg.block_size, encoding=encoding, position=position, dtype=dtype)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from transformer.errors import ConfigError
 from transformer.layers import Dropout
 from transformer.masks import Mask, masked_softmax
+from transformer.positions import PositionalEncoding
 from transformer.registry import lookup
 from transformer.scores import Scorer
 
@@ -158,23 +159,33 @@ class Kernel:
   content_bias: bool = False
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   stand_in: str | None = None  # a kernel computing the same function on any backend
+  # gives the gradient of a positional bias with parameters (an encoding declaring
+  # learned_bias: T5, KERPLE, FIRE)
+  learned_bias: bool = True
+  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
 
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(lambda block_size: reference_kernel, any_score=True, dropout=True,
                         content_bias=True),
     "xla": Kernel(lambda block_size: fused_kernel("xla"), any_score=False, dropout=False),
+    # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
+    # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
+    # #32242: none, or NaN): it is refused for a learned bias.
     "cudnn": Kernel(lambda block_size: fused_kernel("cudnn"), any_score=False, dropout=False,
-                    backends=("gpu",), stand_in="xla"),
+                    backends=("gpu",), stand_in="xla", learned_bias=False,
+                    dtypes=("bfloat16", "float16")),
     "blockwise": Kernel(lambda block_size: functools.partial(blockwise_kernel, block=block_size),
                         any_score=True, dropout=False),
 }
 
 
 def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
-                 block_size: int) -> Callable:
-  """The kernel `name` for a layer with this scorer and attention dropout, or a ConfigError
-  naming what the kernel cannot do. Compares declarations only."""
+                 block_size: int, encoding: PositionalEncoding | None = None,
+                 position: str = "none", dtype=jnp.float32) -> Callable:
+  """The kernel `name` for a layer with this scorer, attention dropout, positional encoding
+  (None: none; `position` its config name) and compute dtype, or a ConfigError naming what
+  the kernel cannot do. Compares declarations only (the backend: runnable_kernel)."""
   kernel = lookup(KERNELS, name, "attention kernel")
   if not kernel.any_score and score.dot_product is None:
     raise ConfigError(f"attention.kernel '{name}' computes dot-product scores only, and score "
@@ -183,14 +194,29 @@ def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
   if dropout and not kernel.dropout:
     raise ConfigError(f"attention.kernel '{name}' has no attention dropout; set "
                       f"model.attention.dropout=0 (got {dropout}) or kernel 'reference'")
+  encoding = encoding or PositionalEncoding()
+  check_content_bias(name, position=position, content_biases=encoding.content_biases)
+  if encoding.learned_bias and not kernel.learned_bias:
+    raise ConfigError(f"attention.kernel '{name}' gives no reliable gradient for the learned "
+                      f"logit bias of position '{position}' (cuDNN's bias gradient, JAX issue "
+                      f"#23701); use kernel {_able(lambda k: k.learned_bias)} or 'auto'")
+  dtype = jnp.dtype(dtype).name
+  if kernel.dtypes is not None and dtype not in kernel.dtypes:
+    raise ConfigError(f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} "
+                      f"only, and model.dtype is {dtype}; set model.dtype="
+                      f"{kernel.dtypes[0]} or use kernel {_able(lambda k: k.dtypes is None)}")
   return kernel.make(block_size=block_size)
+
+
+def _able(capable: Callable[[Kernel], bool]) -> str:
+  """The kernels with a capability, for an error line: "'reference' or 'xla'"."""
+  return " or ".join(repr(key) for key, kernel in KERNELS.items() if capable(kernel))
 
 
 def check_content_bias(name: str, *, position: str, content_biases: bool) -> None:
   """A ConfigError if kernel `name` cannot add the content bias of a positional encoding
   (named `position`) that declares one."""
   if content_biases and not lookup(KERNELS, name, "attention kernel").content_bias:
-    able = " or ".join(repr(key) for key, kernel in KERNELS.items() if kernel.content_bias)
     raise ConfigError(f"attention.kernel '{name}' cannot add the content-dependent logit bias of "
                       f"position '{position}' (it needs each query's whole row of logits); use "
-                      f"kernel {able} or another position")
+                      f"kernel {_able(lambda k: k.content_bias)} or another position")
