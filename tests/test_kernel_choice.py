@@ -18,7 +18,7 @@ from transformer.errors import ConfigError
 from transformer.families import make_model
 from transformer.kernel_choice import AUTO_ORDER, choose_kernel, kernel_choices
 from transformer.kernels import KERNELS
-from transformer.positions import make_positional_encoding
+from transformer.positions import POSITIONS, make_positional_encoding
 from transformer.scores import SCORES, make_score
 
 H, D = 2, 8
@@ -136,3 +136,15 @@ def test_auto_is_a_kernel_name_and_the_default(tiny_config):
   cfg = parse(tiny_config())
   assert experiment.runnable_kernel(cfg, substitute=False) is cfg
   assert kernel_choice.AUTO == "auto"
+
+
+@pytest.mark.parametrize("position", sorted(POSITIONS))
+def test_an_encoding_declares_learned_bias_iff_its_bias_has_parameters(position):
+  """The declaration cuDNN's refusal reads: True exactly when the bias moves with some
+  parameter of the encoding (its gradient is not zero)."""
+  encoding = make_positional_encoding(position, 16, H, 16, causal=True, rngs=nnx.Rngs(1))
+  pos = jnp.array([[0, 1, 2, 5], [3, 4, 6, 9]])
+  weights = jax.random.normal(jax.random.key(0), (2, H, 4, 4))
+  grads = nnx.grad(lambda e: jnp.sum(e.bias(pos, pos) * weights))(encoding)
+  moves = any(bool(jnp.any(g != 0)) for g in jax.tree.leaves(grads))
+  assert encoding.learned_bias == moves
