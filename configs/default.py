@@ -67,11 +67,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention.window = "full"  # full | local
   config.model.attention.window_size = 16
   config.model.attention.dropout = 0.0
-  # reference (any score, attention dropout) | xla | cudnn (jax.nn.dot_product_attention:
-  # dot-product scores, no attention dropout; cudnn = flash attention on NVIDIA GPUs)
+  # auto (per layer, the fastest kernel that can run it; logged) | reference (any score,
+  # attention dropout) | xla | cudnn (jax.nn.dot_product_attention: dot-product scores, no
+  # attention dropout; cudnn = flash attention on NVIDIA GPUs, bf16/fp16, no learned bias)
   # blockwise (any score, no attention dropout): online softmax over blocks of block_size,
   # memory O(L·block) and, with window=local, O(L·(block + 2·window_size)) work.
-  config.model.attention.kernel = "reference"
+  config.model.attention.kernel = "auto"
   config.model.attention.block_size = 512
   # Each head's queries and keys normalised over head_dim before the rotation and the scorer:
   # none | rms | layer (learned scale; layer: and bias; ε = 1e-6).

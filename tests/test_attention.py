@@ -220,12 +220,15 @@ CONTENT_BIASED = sorted(name for name, cls in POSITIONS.items() if cls.content_b
 
 
 def test_dot_product_declarations():
-  """The paper's scorer declares its dot product, and each declaration is its formula."""
-  assert "scaled_dot" in DOT_SCORES
+  """The paper's scorer declares its dot product, and each declaration is its formula, the
+  row term included (the Gaussian's)."""
+  assert {"scaled_dot", "gaussian"} <= set(DOT_SCORES)
   q, k = _qk()
   for name in DOT_SCORES:
     product = _make_score(name).dot_product
     expected = np.einsum("bqhd,bkhd->bhqk", product.queries(q), product.keys(k)) * product.scale
+    if product.row_term is not None:
+      expected = expected + product.row_term(q)
     np.testing.assert_allclose(_make_score(name)(q, k), expected, rtol=1e-5, atol=1e-5)
 
 

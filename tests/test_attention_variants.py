@@ -279,7 +279,7 @@ def test_config_fields_are_checked():
       _config(num_kv_heads=kv)
   assert _config(num_kv_heads=4).num_kv_heads == 4  # = num_heads: multi-head
   with pytest.raises(UnknownName, match="unknown attention qk_norm 'bogus'; choose one of: "
-                                        "layer, none, rms"):
+                                        "layernorm, none, rmsnorm"):
     AttentionConfig(qk_norm="bogus")
   with pytest.raises(FieldError, match=r"logit_softcap=-1.0.*≥ 0"):
     AttentionConfig(logit_softcap=-1.0)

@@ -175,7 +175,7 @@ CASES = [
     ("unknown window", *TRAIN, ["--config.model.attention.window=sliding"],
      ["unknown attention window 'sliding'", choices(WINDOWS)]),
     ("unknown kernel", *TRAIN, ["--config.model.attention.kernel=flash"],
-     ["unknown attention kernel 'flash'", choices(KERNELS)]),
+     ["unknown attention kernel 'flash'", choices({"auto": None, **KERNELS})]),
     # train
     ("batch_size 0", *TRAIN, ["--config.train.batch_size=0"], ["train.batch_size=0"]),
     ("batch vs accumulation", *TRAIN, ["--config.train.accumulation_steps=3"],

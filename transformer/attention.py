@@ -18,7 +18,7 @@ from flax import nnx
 
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
-from transformer.kernels import KERNELS, check_kernel
+from transformer.kernel_choice import check_kernel_name, choose_kernel
 from transformer.layers import Dense, Dropout, project
 from transformer.masks import WINDOWS, Mask
 from transformer.positions import PositionalEncoding
@@ -33,7 +33,9 @@ class AttentionConfig:
   window: str = "full"  # a key of WINDOWS
   window_size: int = 16  # `local`: each query sees keys within ±window_size positions
   dropout: float = 0.0  # on the attention weights
-  kernel: str = execution("reference")  # a key of KERNELS: how softmax(score + bias)·V is computed
+  # a key of KERNELS, how softmax(score + bias)·V is computed, or "auto": per layer the
+  # fastest that can (transformer/kernel_choice.py)
+  kernel: str = execution("auto")
   block_size: int = execution(512)  # `blockwise`: queries and keys per block
   qk_norm: str = "none"  # a key of QK_NORMS: none | rmsnorm | layernorm, per head
   # c > 0: the scorer's logits become c·tanh(logit / c), positional biases added after the
@@ -49,7 +51,7 @@ class AttentionConfig:
                  logit_softcap=AT_LEAST_0)
     lookup(SCORES, self.score, "attention score")
     lookup(WINDOWS, self.window, "attention window")
-    lookup(KERNELS, self.kernel, "attention kernel")
+    check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
 
 
@@ -58,8 +60,11 @@ class MultiHeadAttention(nnx.Module):
   with num_kv_heads heads (0: num_heads)."""
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
-               num_kv_heads: int = 0, rngs: nnx.Rngs):
-    """dtype: of the computation; parameters stay float32."""
+               num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
+               position: str = "none", rngs: nnx.Rngs):
+    """dtype: of the computation; parameters stay float32. encoding: the positional encoding
+    its calls will be handed (None: none), whose declarations the kernel must meet;
+    position: its config name, for error lines."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     num_kv_heads = num_kv_heads or num_heads
@@ -81,9 +86,10 @@ class MultiHeadAttention(nnx.Module):
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
-    self.kernel = check_kernel(cfg.kernel, score_name=cfg.score, score=self.score,
-                               dropout=cfg.dropout, block_size=cfg.block_size,
-                               softcap=cfg.logit_softcap)
+    self.kernel_choice, self.kernel = choose_kernel(
+        cfg.kernel, score_name=cfg.score, score=self.score, dropout=cfg.dropout,
+        block_size=cfg.block_size, softcap=cfg.logit_softcap, encoding=encoding,
+        position=position, dtype=dtype)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 

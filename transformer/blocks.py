@@ -17,7 +17,6 @@ from flax import nnx
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.errors import ConfigError
 from transformer.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
-from transformer.kernels import check_content_bias
 from transformer.feedforward import FFNS
 from transformer.layers import NORMS, Dense, Dropout, mesh_axes
 from transformer.masks import WINDOWS, Mask
@@ -149,10 +148,13 @@ class EncoderLayer(nnx.Module):
 
   causal = False  # its self-attention sees keys after the query
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
+               rngs: nnx.Rngs):
+    """encoding: the stack's, which its self-attention will be handed."""
     dtype = compute_dtype(cfg)
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
                                              dtype=dtype, num_kv_heads=cfg.num_kv_heads,
+                                             encoding=encoding, position=cfg.position,
                                              rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
@@ -168,8 +170,9 @@ class DecoderLayer(EncoderLayer):
 
   causal = True  # its self-attention never sees keys after the query
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    super().__init__(cfg, rngs=rngs)
+  def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
+               rngs: nnx.Rngs):
+    super().__init__(cfg, encoding=encoding, rngs=rngs)
     self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
                                               dtype=compute_dtype(cfg),
                                               num_kv_heads=cfg.num_kv_heads, rngs=rngs)
@@ -199,12 +202,11 @@ class Stack(nnx.Module):
     self.position = make_positional_encoding(
         cfg.position, cfg.d_model, cfg.num_heads, self.max_position or cfg.max_len,
         causal=layer.causal, settings=cfg.position_settings, rngs=rngs)
-    check_content_bias(cfg.attention.kernel, position=cfg.position,
-                       content_biases=self.position.content_biases)
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
     self.window_size = cfg.attention.window_size
     self.dropout = Dropout(cfg.dropout)
-    self.layers = nnx.List([layer(cfg, rngs=rngs) for _ in range(num_layers)])
+    self.layers = nnx.List([layer(cfg, encoding=self.position, rngs=rngs)
+                            for _ in range(num_layers)])
     self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm
     self.final_norm = make_norm(cfg.norm_type, cfg.d_model, dtype=compute_dtype(cfg),

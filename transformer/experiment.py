@@ -22,6 +22,7 @@ from transformer.data import SourceArgs
 from transformer.data.base import DataSource
 from transformer.errors import ConfigError
 from transformer.families import ARCHS, ModelFamily
+from transformer.kernel_choice import AUTO, kernel_choices
 from transformer.kernels import KERNELS
 from transformer.registry import lookup
 
@@ -81,6 +82,8 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
                                    grad_clip_norm=cfg.train.grad_clip_norm)
   make = lambda: family(cfg.model, rngs=nnx.Rngs(params=cfg.seed))  # noqa: E731
   abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
+  for line in kernel_choices(abstract_model):  # what `auto` chose, once per layer
+    log.info("attention %s", line)
 
   def init():
     params = nnx.to_pure_dict(nnx.state(make()))
@@ -110,6 +113,8 @@ def runnable_kernel(cfg: Config, substitute: bool) -> Config:
   `substitute` (evaluating a run trained elsewhere) a copy using the kernel's stand-in that
   computes the same function here, with a log line."""
   name = cfg.model.attention.kernel
+  if name == AUTO:  # chosen per layer for this backend
+    return cfg
   kernel, backend = KERNELS[name], jax.default_backend()
   if kernel.backends is None or backend in kernel.backends:
     return cfg

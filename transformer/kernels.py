@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from transformer.errors import ConfigError
 from transformer.layers import Dropout
 from transformer.masks import Mask, masked_softmax
+from transformer.positions import PositionalEncoding
 from transformer.registry import lookup
 from transformer.scores import Scorer
 
@@ -68,10 +69,12 @@ def fused_kernel(implementation: str):
   """jax.nn.dot_product_attention (XLA's fused attention, or cuDNN's flash attention on
   NVIDIA GPUs) for the scorers declaring a dot product, whose transforms and scale it
   applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V, the bias computed beforehand
-  from positions alone; no dropout on the weights, no content bias. A query row with no
-  visible key (padding) attends to every key instead of none, so it stays finite (no NaN
-  to leak into later layers); the loss never reads it. Fewer key/value heads than query
-  heads are attended natively (grouped-query attention), without repeating them."""
+  from positions alone; no dropout on the weights, no content bias, and not the declared
+  row_term (softmax ignores it). A query row with no visible key (padding) attends to every
+  key instead of none, so it stays finite (no NaN to leak into later layers); the loss
+  never reads it. Fewer key/value heads than query heads are attended natively
+  (grouped-query attention), without repeating them, unless the key transform is per
+  query head (DotProduct.keys_per_head)."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
@@ -81,10 +84,27 @@ def fused_kernel(implementation: str):
     bias = encoding.bias(mask.q_positions, mask.k_positions)
     bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
     impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
-    return jax.nn.dot_product_attention(product.queries(q), product.keys(k), v, bias=bias,
-                                        mask=dense, scale=product.scale, implementation=impl)
+    if product.keys_per_head:  # each query head's own key transform: one key head each
+      k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+    qt, kt, vt = equal_head_dims(product.queries(q).astype(v.dtype),
+                                 product.keys(k).astype(v.dtype), v)
+    out = jax.nn.dot_product_attention(qt, kt, vt, bias=bias, mask=dense, scale=product.scale,
+                                       implementation=impl)
+    return out[..., :v.shape[-1]]
 
   return kernel
+
+
+def equal_head_dims(q, k, v, multiple: int = 8):
+  """q, k [b, t, h, d'] and v [b, t, h, d] padded with zeros to one head dim, a multiple of
+  `multiple` (cuDNN's), when d' ≠ d: jax.nn.dot_product_attention needs q, k and v of one
+  head dim. Zeros change no dot product, and v's zero columns give output columns to drop."""
+  dq, dv = q.shape[-1], v.shape[-1]
+  if dq == dv:
+    return q, k, v
+  dim = -max(dq, dv) // multiple * -multiple
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, dim - x.shape[-1])])  # noqa: E731
+  return pad(q), pad(k), pad(v)
 
 
 def _pad_time(x, before: int, after: int):
@@ -167,6 +187,10 @@ class Kernel:
   softcap: bool = False  # caps the scorer's logits: make(..., softcap=c)
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   stand_in: str | None = None  # a kernel computing the same function on any backend
+  # gives the gradient of a positional bias with parameters (an encoding declaring
+  # learned_bias: T5, KERPLE, FIRE)
+  learned_bias: bool = True
+  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
 
 
 KERNELS: dict[str, Kernel] = {
@@ -174,8 +198,12 @@ KERNELS: dict[str, Kernel] = {
         reference_kernel, softcap=softcap), any_score=True, dropout=True, content_bias=True,
                         softcap=True),
     "xla": Kernel(lambda block_size: fused_kernel("xla"), any_score=False, dropout=False),
+    # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
+    # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
+    # #32242: none, or NaN): it is refused for a learned bias.
     "cudnn": Kernel(lambda block_size: fused_kernel("cudnn"), any_score=False, dropout=False,
-                    backends=("gpu",), stand_in="xla"),
+                    backends=("gpu",), stand_in="xla", learned_bias=False,
+                    dtypes=("bfloat16", "float16")),
     "blockwise": Kernel(lambda block_size, softcap=0.0: functools.partial(
         blockwise_kernel, block=block_size, softcap=softcap), any_score=True, dropout=False,
                         softcap=True),
@@ -183,9 +211,13 @@ KERNELS: dict[str, Kernel] = {
 
 
 def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
-                 block_size: int, softcap: float = 0.0) -> Callable:
-  """The kernel `name` for a layer with this scorer, attention dropout and logit soft-cap
-  (0: none), or a ConfigError naming what the kernel cannot do. Compares declarations only."""
+                 block_size: int, softcap: float = 0.0,
+                 encoding: PositionalEncoding | None = None, position: str = "none",
+                 dtype=jnp.float32) -> Callable:
+  """The kernel `name` for a layer with this scorer, attention dropout, logit soft-cap (0:
+  none), positional encoding (None: none; `position` its config name) and compute dtype, or
+  a ConfigError naming what the kernel cannot do. Compares declarations only (the backend:
+  runnable_kernel)."""
   kernel = lookup(KERNELS, name, "attention kernel")
   if not kernel.any_score and score.dot_product is None:
     raise ConfigError(f"attention.kernel '{name}' computes dot-product scores only, and score "
@@ -194,20 +226,35 @@ def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
   if dropout and not kernel.dropout:
     raise ConfigError(f"attention.kernel '{name}' has no attention dropout; set "
                       f"model.attention.dropout=0 (got {dropout}) or kernel 'reference'")
+  if softcap and not kernel.softcap:
+    raise ConfigError(f"attention.kernel '{name}' cannot soft-cap the attention logits; set "
+                      f"model.attention.logit_softcap=0 (got {softcap}) or use kernel "
+                      f"{_able(lambda k: k.softcap)}")
+  encoding = encoding or PositionalEncoding()
+  check_content_bias(name, position=position, content_biases=encoding.content_biases)
+  if encoding.learned_bias and not kernel.learned_bias:
+    raise ConfigError(f"attention.kernel '{name}' gives no reliable gradient for the learned "
+                      f"logit bias of position '{position}' (cuDNN's bias gradient, JAX issue "
+                      f"#23701); use kernel {_able(lambda k: k.learned_bias)} or 'auto'")
+  dtype = jnp.dtype(dtype).name
+  if kernel.dtypes is not None and dtype not in kernel.dtypes:
+    raise ConfigError(f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} "
+                      f"only, and model.dtype is {dtype}; set model.dtype="
+                      f"{kernel.dtypes[0]} or use kernel {_able(lambda k: k.dtypes is None)}")
   if softcap:
-    if not kernel.softcap:
-      able = " or ".join(repr(key) for key, entry in KERNELS.items() if entry.softcap)
-      raise ConfigError(f"attention.kernel '{name}' cannot soft-cap the attention logits; set "
-                        f"model.attention.logit_softcap=0 (got {softcap}) or use kernel {able}")
     return kernel.make(block_size=block_size, softcap=softcap)
   return kernel.make(block_size=block_size)
+
+
+def _able(capable: Callable[[Kernel], bool]) -> str:
+  """The kernels with a capability, for an error line: "'reference' or 'xla'"."""
+  return " or ".join(repr(key) for key, kernel in KERNELS.items() if capable(kernel))
 
 
 def check_content_bias(name: str, *, position: str, content_biases: bool) -> None:
   """A ConfigError if kernel `name` cannot add the content bias of a positional encoding
   (named `position`) that declares one."""
   if content_biases and not lookup(KERNELS, name, "attention kernel").content_bias:
-    able = " or ".join(repr(key) for key, kernel in KERNELS.items() if kernel.content_bias)
     raise ConfigError(f"attention.kernel '{name}' cannot add the content-dependent logit bias of "
                       f"position '{position}' (it needs each query's whole row of logits); use "
-                      f"kernel {able} or another position")
+                      f"kernel {_able(lambda k: k.content_bias)} or another position")

@@ -3,10 +3,11 @@
 Every scorer has one signature, `score(q [b, tq, h, d], k [b, tk, h, d]) -> [b, h, tq, tk]`,
 one constructor, `(num_heads, head_dim, settings, *, rngs)` with its own `Settings`, and
 declares what it is: `dot_product` is None for an arbitrary function of q and k, or a
-DotProduct (scale, query transform, key transform) that the fused kernels compute
-themselves instead of calling the scorer. A dot-product scorer is defined by that
-declaration alone (its __call__ is the declared product and cannot be overridden), so a
-kernel that reads the declaration and one that calls the scorer compute the same function.
+DotProduct (scale, query transform, key transform, and a per-query term softmax ignores)
+that the fused kernels compute themselves instead of calling the scorer. A dot-product
+scorer is defined by that declaration alone (its __call__ is the declared product and
+cannot be overridden), so a kernel that reads the declaration and one that calls the scorer
+compute the same attention weights.
 """
 
 import dataclasses
@@ -23,12 +24,21 @@ from transformer.registry import NoSettings, lookup, settings_of, settings_secti
 
 @dataclasses.dataclass(frozen=True)
 class DotProduct:
-  """What a dot-product scorer is: logits = scale · queries(q) · keys(k)ᵀ per head, where
-  the transforms map [b, t, h, d] to [b, t, h, d]."""
+  """What a dot-product scorer is: logits = scale · queries(q) · keys(k)ᵀ + row_term(q) per
+  head. The transforms map [b, t, h, d] to [b, t, h, d'], d' the same for both and not
+  necessarily d (the Gaussian's augmented vectors have d + 1). row_term(q) [b, h, tq, 1]
+  (None: 0) is constant along each query's row of logits, so the attention weights never
+  depend on it: the fused kernels leave it out, and only what reads the logits themselves
+  (CoPE's gates, the reference and blockwise kernels calling the scorer) sees it.
+  keys_per_head: keys(k) uses each query head's own parameters (the Gaussian's σ_h), so a
+  kernel given fewer key heads than query heads (grouped-query attention) repeats them
+  before the transform; otherwise the transform applies to the key heads as they are."""
 
   scale: float
   queries: Callable[[jax.Array], jax.Array]
   keys: Callable[[jax.Array], jax.Array]
+  row_term: Callable[[jax.Array], jax.Array] | None = None
+  keys_per_head: bool = False
 
 
 class Scorer(nnx.Module):
@@ -44,11 +54,14 @@ class Scorer(nnx.Module):
 
 class DotProductScore(Scorer):
   """scale · queries(q) · keys(k)ᵀ; the identity transforms and scale 1 unless a subclass
-  changes them. Subclasses change `queries`, `keys` or `scale`, never __call__: the fused
+  changes them. Subclasses change `queries`, `keys`, `scale` or `row_term` (None: no term),
+  never __call__: the fused
   kernels compute the declared product without calling the scorer, so a __call__ of its
   own would make them compute another function than the other kernels, silently."""
 
   scale = 1.0
+  row_term = None
+  keys_per_head = False  # keys() uses per-head parameters (DotProduct.keys_per_head)
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -66,12 +79,13 @@ class DotProductScore(Scorer):
 
   @property
   def dot_product(self) -> DotProduct:
-    return DotProduct(self.scale, self.queries, self.keys)
+    return DotProduct(self.scale, self.queries, self.keys, self.row_term, self.keys_per_head)
 
   def __call__(self, q, k):
     product = self.dot_product
-    q, k = product.queries(q), product.keys(k)
-    return jnp.einsum("bqhd,bkhd->bhqk", q * jnp.asarray(product.scale, q.dtype), k)
+    qt, kt = product.queries(q), product.keys(k)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", qt * jnp.asarray(product.scale, qt.dtype), kt)
+    return logits if product.row_term is None else logits + product.row_term(q)
 
 
 class ScaledDot(DotProductScore):
@@ -144,8 +158,20 @@ class Additive(Scorer):
     return jnp.einsum("bhqka,ha->bhqk", hidden, self.w_v[...].astype(q.dtype))
 
 
-class Gaussian(Scorer):
-  """−‖q − k‖² / (2σ²) per head: Nadaraya-Watson kernel regression as attention."""
+class Gaussian(DotProductScore):
+  """−‖q − k‖² / (2σ_h²) per head: Nadaraya-Watson kernel regression as attention.
+
+  As a dot product of augmented vectors, so that every dot-product kernel runs it:
+  −‖q − k‖²/2σ² = [q/σ², 1]·[k, −‖k‖²/2σ²] − ‖q‖²/2σ², and the last term, the same for every
+  key of a query's row, is the declared row_term (softmax ignores it; the logits keep it).
+  The expanded form subtracts ‖k‖²/2σ² from q·k/σ², so a rounding of ‖k‖²/2σ² errs in
+  proportion to ‖k‖², not to the distance: the key's column is split in two, a bfloat16
+  part and the float32 rest, [q/σ², 1, 1]·[k, hi, lo], so that a kernel computing in bf16
+  rounds it to ~16 bits instead of 8 (in bf16 the fused kernels are then as close to the
+  f32 formula as the reference kernel, which rounds only q and k; tests/test_gaussian_dot).
+  The transforms work in float32; the fused kernels cast them to the compute dtype."""
+
+  keys_per_head = True  # σ_h in the keys' augmented column
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
@@ -165,16 +191,27 @@ class Gaussian(Scorer):
     self.learn_sigma = settings.learn_sigma
     self.log_sigma = nnx.Param(jnp.full((num_heads,), math.log(sigma), jnp.float32))
 
-  def __call__(self, q, k):
-    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-    q2 = jnp.einsum("bqhd,bqhd->bhq", q, q)[..., :, None]
-    k2 = jnp.einsum("bkhd,bkhd->bhk", k, k)[..., None, :]
-    sq_dist = jnp.maximum(q2 + k2 - 2.0 * jnp.einsum("bqhd,bkhd->bhqk", q, k), 0.0)
+  def inverse_variance(self) -> jax.Array:
+    """1/σ_h² per head, [h, 1]; a fixed width's parameter exists but never moves."""
     log_sigma = self.log_sigma[...]
-    if not self.learn_sigma:  # fixed width: the parameter exists but never moves
+    if not self.learn_sigma:
       log_sigma = jax.lax.stop_gradient(log_sigma)
-    inv_two_var = 0.5 * jnp.exp(-2.0 * log_sigma)[None, :, None, None]
-    return -sq_dist * inv_two_var
+    return jnp.exp(-2.0 * log_sigma)[:, None]
+
+  def queries(self, q):  # [q/σ², 1, 1]: [b, t, h, d + 2] float32
+    q = q.astype(jnp.float32)
+    return jnp.concatenate([q * self.inverse_variance(), jnp.ones_like(q[..., :2])], axis=-1)
+
+  def keys(self, k):  # [k, hi, lo], hi + lo = −‖k‖²/2σ², hi a bfloat16: [b, t, h, d + 2] float32
+    k = k.astype(jnp.float32)
+    column = -0.5 * jnp.sum(k * k, axis=-1, keepdims=True) * self.inverse_variance()
+    hi = column.astype(jnp.bfloat16).astype(jnp.float32)
+    return jnp.concatenate([k, hi, column - hi], axis=-1)
+
+  def row_term(self, q):  # −‖q‖²/2σ²: [b, h, tq, 1]
+    q = q.astype(jnp.float32)
+    half_sq = -0.5 * jnp.sum(q * q, axis=-1) * self.inverse_variance()[:, 0]  # [b, t, h]
+    return jnp.transpose(half_sq, (0, 2, 1))[..., None]
 
 
 SCORES: dict[str, type[Scorer]] = {

@@ -6,7 +6,9 @@ An encoding acts at up to four seams, and the layers call all of them on every e
     and to the keys of every self-attention layer (rotary; xPos, which scales queries up and
     keys down);
   * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets,
-    KERPLE, FIRE); an encoding that adds one declares `biases = True`;
+    KERPLE, FIRE); an encoding that adds one declares `biases = True`, and
+    `learned_bias = True` if that bias has parameters (a kernel must then give their
+    gradient: cuDNN's is refused);
   * `content_bias(q, logits)`: added to the attention logits too, but a function of the
     queries and of the logits before it (CoPE, whose positions count the keys the query
     attends to); an encoding that adds one declares `content_biases = True`, and only the

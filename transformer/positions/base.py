@@ -13,6 +13,7 @@ class PositionalEncoding(nnx.Module):
 
   Settings = NoSettings
   biases = False  # bias() is not zero: the attention kernel must add it
+  learned_bias = False  # bias() has parameters: the kernel must give their gradient
   content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
   causal_only = False  # defined only for causal self-attention: no encoder stack may use it
   takes_positions = True  # its seams read the positions (model.random_positions may sample them)

@@ -70,6 +70,7 @@ class T5Bias(PositionalEncoding):
   layers of a stack; bidirectional in the encoder, causal in the decoder."""
 
   biases = True
+  learned_bias = True
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
@@ -109,6 +110,7 @@ class Kerple(PositionalEncoding):
   U(0, 2) and U(0, 1) clamped at 0.01."""
 
   biases = True
+  learned_bias = True
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
@@ -147,6 +149,7 @@ class Fire(PositionalEncoding):
   keys after the query)."""
 
   biases = True
+  learned_bias = True
   EPS = 1e-6  # keeps the normaliser ψ(·) + EPS away from 0 (c → 0)
 
   @dataclasses.dataclass(frozen=True)
