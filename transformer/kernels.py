@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from transformer.errors import ConfigError
 from transformer.layers import Dropout
 from transformer.masks import Mask, masked_softmax
+from transformer.pallas_attention import pallas_kernel
 from transformer.registry import lookup
 from transformer.scores import Scorer
 
@@ -152,6 +153,9 @@ KERNELS: dict[str, Kernel] = {
                     backends=("gpu",), stand_in="xla"),
     "blockwise": Kernel(lambda block_size: functools.partial(blockwise_kernel, block=block_size),
                         any_score=True, dropout=False),
+    # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
+    # interpret mode on the CPU
+    "pallas": Kernel(pallas_kernel, any_score=False, dropout=False),
 }
 
 

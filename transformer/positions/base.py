@@ -22,16 +22,27 @@ class BiasSpec:
   with `params` one head's slice of `params`, a dict of float32 arrays [num_heads, size]
   (parameters shared by the heads are broadcast to every head, so that the gradient of the
   broadcast sums theirs). fn uses elementwise operations and static Python loops only (no
-  gather, no matmul), so that it lowers inside a Pallas kernel as well as on whole arrays.
-  `learned`: the params carry gradients a kernel must compute (False for constants)."""
+  gather, no matmul), so that it lowers inside a Pallas kernel.
+
+  `dense(params, q_positions [b, tq], k_positions [b, tk]) -> [b, h, tq, tk]`, if given, is
+  the same bias over whole arrays with the gathers and matmuls that fn avoids (a table
+  lookup, an MLP), where fn's select-sums and unrolled loops would compile and run many
+  times slower; both are built on the same formula functions, and tests check that they
+  agree. None: fn mapped over the heads and rows. `learned`: the params carry gradients a
+  kernel must compute (False for constants)."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
   learned: bool = True
+  dense: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
 
 
-def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
-  """The bias of `spec` over whole arrays: q [b, tq], k [b, tk] positions -> [b, h, tq, tk]."""
+def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,
+              blockwise: bool = False) -> jax.Array:
+  """The bias of `spec` over whole arrays: q [b, tq], k [b, tk] positions -> [b, h, tq, tk];
+  by spec.dense where given, unless `blockwise`: then always by spec.fn (the kernels' form)."""
+  if spec.dense is not None and not blockwise:
+    return spec.dense(spec.params, q_positions, k_positions)
   per_head = jax.vmap(spec.fn, in_axes=(0, None, None))
   return jax.vmap(per_head, in_axes=(None, 0, 0))(spec.params, q_positions, k_positions)
 

@@ -104,7 +104,18 @@ class T5Bias(PositionalEncoding):
   def bias_spec(self):
     fn = functools.partial(t5_bias, bidirectional=self.bidirectional,
                            max_distance=self.max_distance)
-    return BiasSpec(fn, {"table": self.table[...].T})  # [h, num_buckets]
+    dense = functools.partial(t5_dense_bias, bidirectional=self.bidirectional,
+                              max_distance=self.max_distance)
+    return BiasSpec(fn, {"table": self.table[...].T}, dense=dense)  # [h, num_buckets]
+
+
+def t5_dense_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):
+  """T5's bias over whole arrays: positions [b, tq], [b, tk] -> [b, h, tq, tk], a gather."""
+  table = params["table"]  # [h, num_buckets]
+  buckets = relative_position_bucket(k_positions[:, None, :] - q_positions[:, :, None],
+                                     bidirectional=bidirectional, num_buckets=table.shape[-1],
+                                     max_distance=max_distance)  # [b, q, k]
+  return jnp.moveaxis(table.T[buckets], -1, 1)
 
 
 def t5_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):
@@ -204,7 +215,8 @@ class Fire(PositionalEncoding):
     return BiasSpec(fire_bias, {
         "c": shared(jnp.abs(self.c[...])), "threshold": shared(self._threshold()),
         "w1": shared(self.hidden.kernel[...]), "b1": shared(self.hidden.bias[...]),
-        "w2": self.output.kernel[...].T, "b2": self.output.bias[...][:, None]})
+        "w2": self.output.kernel[...].T, "b2": self.output.bias[...][:, None]},
+        dense=fire_dense_bias)
 
 
 def fire_input(c, threshold, q_positions, k_positions) -> jax.Array:
@@ -226,6 +238,16 @@ def fire_bias(params, q_positions, k_positions):
   for u in range(w1.shape[-1]):
     bias = bias + jax.nn.relu(x * w1[u] + b1[u]) * w2[u]
   return bias
+
+
+def fire_dense_bias(params, q_positions, k_positions):
+  """FIRE's bias over whole arrays: positions [b, tq], [b, tk] -> [b, h, tq, tk], the MLP as
+  matmuls. The shared parameters are read from head 0's row of their broadcast (the
+  broadcast's gradient sums into the parameter all the same)."""
+  x = fire_input(params["c"][0, 0], params["threshold"][0, 0], q_positions[:, :, None],
+                 k_positions[:, None, :])[..., None]  # [b, q, k, 1]
+  hidden = jax.nn.relu(x * params["w1"][0] + params["b1"][0])  # [b, q, k, width]
+  return jnp.moveaxis(hidden @ params["w2"].T + params["b2"][:, 0], -1, 1)
 
 
 # The registry entries of this module (positions.POSITIONS).
