@@ -26,6 +26,11 @@ from transformer.errors import ConfigError
 from transformer.positions.base import BiasSpec
 
 
+# The running maximum before any visible key, and the logit of hidden keys: finite (no inf
+# arithmetic in the kernels), so low that exp(_MASKED − any real logit) is exactly 0.
+_MASKED = -1e30
+
+
 @dataclasses.dataclass(frozen=True)
 class _Static:
   """What the kernels are specialised on."""
@@ -91,18 +96,17 @@ def _forward_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, *refs, 
 
     def update(carry):
       top, total, acc = carry  # running max [bq], normaliser [bq], output [bq, d]
-      logits = jnp.where(visible, _logits(st, params, q, k_ref[keys, :], qp, kp), -jnp.inf)
+      logits = jnp.where(visible, _logits(st, params, q, k_ref[keys, :], qp, kp), _MASKED)
       new_top = jnp.maximum(top, logits.max(-1))
-      safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
-      p = jnp.where(visible, jnp.exp(logits - safe_top[:, None]), 0.0)
-      rescale = jnp.exp(jnp.where(jnp.isfinite(top), top - safe_top, -jnp.inf))
+      p = jnp.where(visible, jnp.exp(logits - new_top[:, None]), 0.0)
+      rescale = jnp.exp(top - new_top)  # 0 when the first visible key arrives, else ≤ 1
       v = v_ref[keys, :]
       acc = acc * rescale[:, None] + _dot(p.astype(v.dtype), v, 1, 0)
       return new_top, total * rescale + p.sum(-1), acc
 
     return jax.lax.cond(_any(visible), update, lambda c: c, carry)  # skip hidden blocks
 
-  carry = (jnp.full(qs.shape, -jnp.inf, jnp.float32), jnp.zeros(qs.shape, jnp.float32),
+  carry = (jnp.full(qs.shape, _MASKED, jnp.float32), jnp.zeros(qs.shape, jnp.float32),
            jnp.zeros(q.shape, jnp.float32))
   top, total, acc = jax.lax.fori_loop(0, k_ref.shape[0] // st.block_k, key_block, carry)
   seen = total > 0
