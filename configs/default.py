@@ -66,6 +66,8 @@ def get_config() -> ml_collections.ConfigDict:
   # dot-product scores, no attention dropout; cudnn = flash attention on NVIDIA GPUs)
   # blockwise (any score, no attention dropout): online softmax over blocks of block_size,
   # memory O(L·block) and, with window=local, O(L·(block + 2·window_size)) work.
+  # pallas (dot-product scores, no attention dropout): Pallas flash attention, blocks of
+  # block_size, the positional bias computed in-kernel; interpret mode (slow) on the CPU.
   config.model.attention.kernel = "reference"
   config.model.attention.block_size = 512
   # Each scorer's and encoding's own knobs, one section per registry entry with any, from

@@ -3,7 +3,8 @@
 A kernel computes the heads' outputs [b, tq, h, d] from q, k, v [b, t, h, d], a Mask, the
 positional encoding, and the layer's scorer and dropout:
 `kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
-seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)`; a kernel that
+seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
+evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
 its declared capabilities, which check_kernel and check_content_bias compare once, at

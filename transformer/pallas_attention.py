@@ -11,8 +11,14 @@ in memory, forward or backward; the gradient of the bias parameters is the vjp o
 block's bias function at the logits' gradient, summed over blocks.
 
 On the CPU the kernels run in Pallas' interpret mode (the kernel bodies as ordinary JAX
-ops); on GPU (Triton) and TPU (Mosaic) they are compiled. Neither lowering has been run:
-this project's tests run in interpret mode (README, Precision and attention kernels).
+ops); on GPU (Triton) and TPU (Mosaic) they are compiled. Neither lowering has been run (no
+accelerator where this was written; the tests run in interpret mode), and these may need
+work there: Triton wants blocks and head dims that are powers of two ≥ 16; the in-kernel vjp
+of a bias function (T5's select-sum over its buckets transposes into pads of the table row)
+may use primitives a lowering lacks; Mosaic wants (8, 128)-tiled blocks, which the 1-D
+segment, position and parameter-row blocks are not (splash attention broadcasts its segment
+ids along lanes); and pallas_call is not partitioned over a device mesh (a mesh wider than
+one device would need shard_map around it).
 """
 
 import dataclasses
