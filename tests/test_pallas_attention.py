@@ -62,13 +62,18 @@ def _encoding(name, causal):
 def _run(kernel, enc, scorers, mask, q, k, v, w):
   """Σ_scorers Σ out·w, and the outputs [n_scorers, b, tq, h, d], from `kernel` (pallas or
   reference) run once for all scorers: their transformed queries and keys stacked along the
-  batch, scored as plain q·k (what a dot-product scorer is defined as, scores.py)."""
+  batch, scored as plain q·k (what a dot-product scorer is defined as, scores.py). The
+  scorers' own formulas are tested in test_attention."""
   q = enc.rotate_queries(q, mask.q_positions)
   k = enc.rotate_keys(k, mask.k_positions)
   products = [s.dot_product for s in scorers]
   tile = lambda x: jnp.concatenate([x] * len(scorers))  # noqa: E731
-  q = jnp.concatenate([p.queries(q) * jnp.asarray(p.scale, q.dtype) for p in products])
-  k = jnp.concatenate([p.keys(k) for p in products])
+  qs = [p.queries(q) * jnp.asarray(p.scale, q.dtype) for p in products]
+  ks = [p.keys(k) for p in products]
+  # zero columns change no dot product: transforms that add dimensions stack with the rest
+  width = max(x.shape[-1] for x in qs)
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])  # noqa: E731
+  q, k = jnp.concatenate([pad(x) for x in qs]), jnp.concatenate([pad(x) for x in ks])
   mask = jax.tree.map(tile, mask)
   if kernel == "pallas":
     out = flash_attention(q, k, tile(v), q_segments=mask.q_segments, k_segments=mask.k_segments,
@@ -214,3 +219,25 @@ def test_pallas_refuses_what_it_cannot_compute():
   seg, pos = _rows()
   with pytest.raises(ConfigError, match="needs a BiasSpec of the positional encoding Unspecif"):
     layer.self_attend(jnp.ones((2, T, 8)), Mask(seg, seg, pos, pos), Unspecified(8, 2, 16))
+
+
+def test_pallas_query_key_width_may_differ_from_the_values():
+  """q, k with 11 dimensions (as a transform that augments them gives) and v with 8: the
+  same outputs and gradients as the reference."""
+  seg, pos = _rows()
+  rng = np.random.default_rng(8)
+  q, k = (jnp.asarray(rng.normal(size=(2, T, H, 11)), jnp.float32) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(2, T, H, D)), jnp.float32)
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  enc = _encoding("alibi", True)
+  w = jnp.asarray(rng.normal(size=(2, T, H, D)), jnp.float32)
+  pallas = lambda q, k, v: flash_attention(  # noqa: E731
+      q, k, v, q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos, causal=True,
+      bias_spec=enc.bias_spec(), block_q=BLOCK, block_k=BLOCK)
+  reference = lambda q, k, v: reference_kernel(  # noqa: E731
+      q, k, v, mask, enc, DOT, Dropout(0.0), None)
+  (out, grads), (want, want_grads) = jax.jit(lambda *x: [
+      (f(*x), jax.grad(lambda *y: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
+      for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)

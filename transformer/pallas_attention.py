@@ -113,7 +113,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, *refs, 
     return jax.lax.cond(_any(visible), update, lambda c: c, carry)  # skip hidden blocks
 
   carry = (jnp.full(qs.shape, _MASKED, jnp.float32), jnp.zeros(qs.shape, jnp.float32),
-           jnp.zeros(q.shape, jnp.float32))
+           jnp.zeros((q.shape[0], v_ref.shape[-1]), jnp.float32))
   top, total, acc = jax.lax.fori_loop(0, k_ref.shape[0] // st.block_k, key_block, carry)
   seen = total > 0
   o_ref[...] = (acc / jnp.where(seen, total, 1.0)[:, None]).astype(o_ref.dtype)  # none seen: 0
@@ -175,8 +175,8 @@ def _dkv_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, do_ref, lse
 
     return jax.lax.cond(_any(visible), update, lambda c: c, carry)
 
-  zeros = jnp.zeros(k.shape, jnp.float32)
-  dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // st.block_q, query_block, (zeros, zeros))
+  zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+  dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // st.block_q, query_block, zeros)
   dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
 
 
@@ -207,7 +207,8 @@ def _call(kernel, st: _Static, blocks: int, inputs, in_blocks, params, outputs, 
 
 def _forward(st, q, k, v, qs, ks, qp, kp, params):
   b, h, tq, _ = q.shape
-  outputs = [jax.ShapeDtypeStruct(q.shape, v.dtype), jax.ShapeDtypeStruct((b, h, tq), jnp.float32)]
+  outputs = [jax.ShapeDtypeStruct((b, h, tq, v.shape[-1]), v.dtype),
+             jax.ShapeDtypeStruct((b, h, tq), jnp.float32)]
   bq = st.block_q
   return _call(_forward_kernel, st, tq // bq, (q, k, v, qs, ks, qp, kp),
                (bq, None, None, bq, None, bq, None), params, outputs,
@@ -275,7 +276,7 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
   """softmax(scale·q·kᵀ + bias)·V over the visible keys, as Pallas kernels.
 
   Args:
-    q: [b, tq, h, d]; k, v: [b, tk, h, d].
+    q: [b, tq, h, d]; k: [b, tk, h, d]; v: [b, tk, h, d_v] (d_v may differ from d).
     q_segments, k_segments: int [b, tq], [b, tk]; a query sees keys of its own segment, and
       segment 0 (padding) sees and is seen by none.
     q_positions, k_positions: int [b, tq], [b, tk], the tokens' positions (which the causal
@@ -287,7 +288,7 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
       lengths are zero-padded to whole blocks inside.
     interpret: run the kernels in Pallas' interpret mode; None: on the CPU backend only.
   Returns:
-    [b, tq, h, d] in v's dtype; 0 for a query that sees no key.
+    [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key.
   """
   b, tq, h, d = q.shape
   tk = k.shape[1]
