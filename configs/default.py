@@ -72,10 +72,12 @@ def get_config() -> ml_collections.ConfigDict:
   # attention dropout; cudnn = flash attention on NVIDIA GPUs, bf16/fp16, no learned bias)
   # blockwise (any score, no attention dropout): online softmax over blocks of block_size,
   # memory O(L·block) and, with window=local, O(L·(block + 2·window_size)) work.
+  # pallas (dot-product scores, no attention dropout): Pallas flash attention, blocks of
+  # block_size, the positional bias computed in-kernel; interpret mode (slow) on the CPU.
   config.model.attention.kernel = "auto"
   config.model.attention.block_size = 512
   # Each head's queries and keys normalised over head_dim before the rotation and the scorer:
-  # none | rms | layer (learned scale; layer: and bias; ε = 1e-6).
+  # none | rmsnorm | layernorm (learned scale; layernorm: and bias; ε = 1e-6).
   config.model.attention.qk_norm = "none"
   # c > 0: logits c·tanh(score / c), positional biases added after the cap; 0: off. Kernels
   # reference and blockwise only.

@@ -83,7 +83,8 @@ def _as_multi_head(grouped: MultiHeadAttention, **attention) -> MultiHeadAttenti
 
 CASES = [*[("reference", s, "rotary") for s in sorted(SCORES)],
          *[("blockwise", s, "alibi") for s in sorted(SCORES)],
-         *[("xla", s, "t5") for s in DOT_SCORES]]
+         *[("xla", s, "t5") for s in DOT_SCORES],
+         ("pallas", "scaled_dot", "alibi"), ("pallas", "gaussian", "kerple")]  # interpret mode
 
 
 @pytest.mark.parametrize("kv_heads", [2, 1])

@@ -5,7 +5,8 @@ A kernel computes the heads' outputs [b, tq, h, d] from q [b, tq, h, d], k, v
 grouped-query attention; kv_heads = h is multi-head attention), a Mask, the positional
 encoding, and the layer's scorer and dropout:
 `kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
-seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)`; a kernel that
+seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
+evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
 its declared capabilities, which check_kernel and check_content_bias compare once, at
@@ -28,6 +29,7 @@ from transformer.errors import ConfigError
 from transformer.layers import Dropout
 from transformer.masks import Mask, masked_softmax
 from transformer.positions import PositionalEncoding
+from transformer.pallas_attention import flash_attention
 from transformer.registry import lookup
 from transformer.scores import Scorer
 
@@ -91,6 +93,30 @@ def fused_kernel(implementation: str):
     out = jax.nn.dot_product_attention(qt, kt, vt, bias=bias, mask=dense, scale=product.scale,
                                        implementation=impl)
     return out[..., :v.shape[-1]]
+
+  return kernel
+
+
+def pallas_kernel(block_size: int):
+  """flash_attention (transformer/pallas_attention.py) for a scorer declaring a dot product
+  (its transforms applied before, its scale passed in) and the encoding's BiasSpec, computed
+  in-kernel; blocks of block_size queries and keys. Fewer key/value heads than query heads
+  are repeated for their query heads before the kernel."""
+
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
+    del dropout, rngs
+    spec = encoding.bias_spec()
+    if spec is None and encoding.biases:
+      raise ConfigError(f"attention.kernel 'pallas' needs a BiasSpec of the positional "
+                        f"encoding {type(encoding).__name__}, which declares none; use kernel "
+                        "'reference' or 'blockwise'")
+    product = score.dot_product
+    k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+    return flash_attention(
+        product.queries(q), product.keys(k), v, q_segments=mask.q_segments,
+        k_segments=mask.k_segments, q_positions=mask.q_positions, k_positions=mask.k_positions,
+        causal=mask.causal, window=mask.window, bias_spec=spec, scale=product.scale,
+        block_q=block_size, block_k=block_size)
 
   return kernel
 
@@ -207,6 +233,9 @@ KERNELS: dict[str, Kernel] = {
     "blockwise": Kernel(lambda block_size, softcap=0.0: functools.partial(
         blockwise_kernel, block=block_size, softcap=softcap), any_score=True, dropout=False,
                         softcap=True),
+    # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
+    # interpret mode on the CPU
+    "pallas": Kernel(pallas_kernel, any_score=False, dropout=False),
 }
 
 

@@ -1,7 +1,10 @@
 """Relative positions as a logit bias (the `bias` seam): ALiBi, T5's buckets, KERPLE and
-FIRE."""
+FIRE. Each declares its bias as a BiasSpec (one head's bias on a block of positions, from
+that head's parameters), which bias() evaluates on whole arrays and the Pallas kernel on
+blocks inside the kernel (transformer/pallas_attention.py), so the two cannot drift."""
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -10,7 +13,12 @@ from flax import nnx
 
 from transformer.fields import AT_LEAST_1, POSITIVE, Range, check, check_ranges
 from transformer.layers import Dense
-from transformer.positions.base import PositionalEncoding
+from transformer.positions.base import BiasSpec, PositionalEncoding
+
+
+def _distance(q_positions, k_positions) -> jax.Array:
+  """|i − j| of one row's positions q [m], k [n]: float32 [m, n]."""
+  return jnp.abs(q_positions[:, None] - k_positions[None, :]).astype(jnp.float32)
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list[float]:
@@ -39,9 +47,14 @@ class ALiBi(PositionalEncoding):
   def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
     self.slopes = tuple(alibi_slopes(num_heads, (settings or self.Settings()).max_bias))
 
-  def bias(self, q_positions, k_positions):
-    distance = jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :])
-    return -jnp.asarray(self.slopes, jnp.float32)[None, :, None, None] * distance
+  def bias_spec(self):
+    slopes = jnp.asarray(self.slopes, jnp.float32)[:, None]  # [h, 1]
+    return BiasSpec(alibi_bias, {"slope": slopes}, learned=False)
+
+
+def alibi_bias(params, q_positions, k_positions):
+  """One head's ALiBi bias −m·|i − j|: params {"slope": [1]}, positions [m], [n] -> [m, n]."""
+  return -params["slope"] * _distance(q_positions, k_positions)
 
 
 def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
@@ -89,17 +102,34 @@ class T5Bias(PositionalEncoding):
     self.table = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(),
                                                          (self.num_buckets, num_heads)))
 
-  def bias(self, q_positions, k_positions):
-    relative = k_positions[:, None, :] - q_positions[:, :, None]  # [b, q, k]
-    buckets = relative_position_bucket(relative, bidirectional=self.bidirectional,
-                                       num_buckets=self.num_buckets,
-                                       max_distance=self.max_distance)
-    return jnp.transpose(self.table[...][buckets], (0, 3, 1, 2))  # [b, h, q, k]
+  def bias_spec(self):
+    fn = functools.partial(t5_bias, bidirectional=self.bidirectional,
+                           max_distance=self.max_distance)
+    dense = functools.partial(t5_dense_bias, bidirectional=self.bidirectional,
+                              max_distance=self.max_distance)
+    return BiasSpec(fn, {"table": self.table[...].T}, dense=dense)  # [h, num_buckets]
 
 
-def _distance(q_positions, k_positions) -> jax.Array:
-  """|i − j| as float32 [b, 1, q, k]."""
-  return jnp.abs(q_positions[:, None, :, None] - k_positions[:, None, None, :]).astype(jnp.float32)
+def t5_dense_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):
+  """T5's bias over whole arrays: positions [b, tq], [b, tk] -> [b, h, tq, tk], a gather."""
+  table = params["table"]  # [h, num_buckets]
+  buckets = relative_position_bucket(k_positions[:, None, :] - q_positions[:, :, None],
+                                     bidirectional=bidirectional, num_buckets=table.shape[-1],
+                                     max_distance=max_distance)  # [b, q, k]
+  return jnp.moveaxis(table.T[buckets], -1, 1)
+
+
+def t5_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):
+  """One head's T5 bias: params {"table": [num_buckets]}, positions [m], [n] -> [m, n]. The
+  table lookup is a sum of selects over the buckets (no gather, which Pallas kernels lack)."""
+  table = params["table"]
+  buckets = relative_position_bucket(k_positions[None, :] - q_positions[:, None],
+                                     bidirectional=bidirectional, num_buckets=table.shape[-1],
+                                     max_distance=max_distance)
+  bias = jnp.zeros(buckets.shape, jnp.float32)
+  for n in range(table.shape[-1]):
+    bias = bias + jnp.where(buckets == n, table[n], 0.0)
+  return bias
 
 
 class Kerple(PositionalEncoding):
@@ -128,10 +158,15 @@ class Kerple(PositionalEncoding):
     self.log_r1 = nnx.Param(log_uniform(settings.max_init_r1))
     self.log_r2 = nnx.Param(log_uniform(settings.max_init_r2))
 
-  def bias(self, q_positions, k_positions):
-    r1 = jnp.exp(self.log_r1[...])[None, :, None, None]
-    r2 = jnp.exp(self.log_r2[...])[None, :, None, None]
-    return -r1 * jnp.log1p(r2 * _distance(q_positions, k_positions))  # [b, h, q, k]
+  def bias_spec(self):
+    return BiasSpec(kerple_bias, {"r1": jnp.exp(self.log_r1[...])[:, None],
+                                  "r2": jnp.exp(self.log_r2[...])[:, None]})  # [h, 1] each
+
+
+def kerple_bias(params, q_positions, k_positions):
+  """One head's KERPLE bias −r₁·log(1 + r₂·|i − j|): params {"r1", "r2": [1]}, positions [m],
+  [n] -> [m, n]."""
+  return -params["r1"] * jnp.log1p(params["r2"] * _distance(q_positions, k_positions))
 
 
 class Fire(PositionalEncoding):
@@ -171,18 +206,51 @@ class Fire(PositionalEncoding):
 
   def normalised_distance(self, q_positions, k_positions) -> jax.Array:
     """The MLP's input sign(i − j)·ψ(|i − j|) / ψ(max(i, j, L)): [b, q, k] float32."""
-    i = q_positions[:, :, None].astype(jnp.float32)
-    j = k_positions[:, None, :].astype(jnp.float32)
-    c = jnp.abs(self.c[...])
-    psi = lambda x: jnp.log1p(c * x)  # noqa: E731
-    threshold = jnp.abs(self.threshold_scale[...] * self.init_threshold)
-    return jnp.sign(i - j) * psi(jnp.abs(i - j)) / (
-        psi(jnp.maximum(jnp.maximum(i, j), threshold)) + self.EPS)
+    return fire_input(jnp.abs(self.c[...]), self._threshold(), q_positions[:, :, None],
+                      k_positions[:, None, :])
 
-  def bias(self, q_positions, k_positions):
-    x = self.normalised_distance(q_positions, k_positions)[..., None]  # [b, q, k, 1]
-    per_head = self.output(jax.nn.relu(self.hidden(x)))  # [b, q, k, h]
-    return jnp.moveaxis(per_head, -1, 1)  # [b, h, q, k]
+  def _threshold(self):
+    return jnp.abs(self.threshold_scale[...] * self.init_threshold)
+
+  def bias_spec(self):
+    h = self.output.out_features
+    shared = lambda x: jnp.broadcast_to(jnp.reshape(x, (1, -1)), (h, jnp.size(x)))  # noqa: E731
+    return BiasSpec(fire_bias, {
+        "c": shared(jnp.abs(self.c[...])), "threshold": shared(self._threshold()),
+        "w1": shared(self.hidden.kernel[...]), "b1": shared(self.hidden.bias[...]),
+        "w2": self.output.kernel[...].T, "b2": self.output.bias[...][:, None]},
+        dense=fire_dense_bias)
+
+
+def fire_input(c, threshold, q_positions, k_positions) -> jax.Array:
+  """FIRE's MLP input sign(i − j)·ψ(|i − j|) / ψ(max(i, j, L)), ψ(x) = log(1 + c·x), for
+  broadcastable positions i, j: float32."""
+  i, j = q_positions.astype(jnp.float32), k_positions.astype(jnp.float32)
+  psi = lambda x: jnp.log1p(c * x)  # noqa: E731
+  return jnp.sign(i - j) * psi(jnp.abs(i - j)) / (
+      psi(jnp.maximum(jnp.maximum(i, j), threshold)) + Fire.EPS)
+
+
+def fire_bias(params, q_positions, k_positions):
+  """One head's FIRE bias f_θ(input): params {"c", "threshold", "b2": [1]; "w1", "b1", "w2":
+  [width]}, positions [m], [n] -> [m, n]. The MLP as a sum over its hidden units, so no
+  [m, n, width] array."""
+  x = fire_input(params["c"], params["threshold"], q_positions[:, None], k_positions[None, :])
+  w1, b1, w2 = params["w1"], params["b1"], params["w2"]
+  bias = jnp.zeros(x.shape, jnp.float32) + params["b2"]
+  for u in range(w1.shape[-1]):
+    bias = bias + jax.nn.relu(x * w1[u] + b1[u]) * w2[u]
+  return bias
+
+
+def fire_dense_bias(params, q_positions, k_positions):
+  """FIRE's bias over whole arrays: positions [b, tq], [b, tk] -> [b, h, tq, tk], the MLP as
+  matmuls. The shared parameters are read from head 0's row of their broadcast (the
+  broadcast's gradient sums into the parameter all the same)."""
+  x = fire_input(params["c"][0, 0], params["threshold"][0, 0], q_positions[:, :, None],
+                 k_positions[:, None, :])[..., None]  # [b, q, k, 1]
+  hidden = jax.nn.relu(x * params["w1"][0] + params["b1"][0])  # [b, q, k, width]
+  return jnp.moveaxis(hidden @ params["w2"].T + params["b2"][:, 0], -1, 1)
 
 
 # The registry entries of this module (positions.POSITIONS).

@@ -1,0 +1,243 @@
+"""The Pallas flash-attention kernel (transformer/pallas_attention.py; Pallas' interpret mode
+on the CPU) against the reference kernel: outputs and gradients (of q, k, v, the scorers'
+parameters and the bias encodings' parameters) for every dot-product scorer × every
+bias-declaring encoding (and rotary, which biases nothing) × {causal, bidirectional, local
+window}, each batch holding a packed row (two segments, restarting positions) and a padded
+row (sorted positions with gaps, as randomized positions give), 19 tokens in blocks of 8.
+
+Tolerances: float32 outputs within atol = rtol = 1e-5; float32 gradients within rtol 1e-4
+and atol max(1e-4 × the largest |entry| of that gradient, 2e-5) (the blocks sum in another
+order; the floor covers gradients that are 0 in exact arithmetic, e.g. of FIRE's output bias,
+a constant per row that the softmax ignores); bfloat16 inputs: outputs within 2e-2 and
+gradients within 5e-2 × their largest |entry| of the float32 reference on the same
+(bf16-rounded) inputs.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from transformer.attention import AttentionConfig, MultiHeadAttention
+from transformer.blocks import ModelConfig
+from transformer.errors import ConfigError
+from transformer.families import make_model
+from transformer.kernels import KERNELS, reference_kernel
+from transformer.layers import Dropout
+from transformer.masks import Mask
+from transformer.pallas_attention import flash_attention
+from transformer.positions import POSITIONS, Fire, T5Bias
+from transformer.positions.base import spec_bias
+from transformer.scores import SCORES, Dot, make_score
+
+H, D, T, BLOCK = 2, 8, 19, 8
+DOT_SCORES = sorted(name for name in SCORES
+                    if make_score(name, H, D, rngs=nnx.Rngs(0)).dot_product is not None)
+# Every encoding declaring a bias, and rotary (no bias; it rotates q and k before the kernel).
+KERNEL_POSITIONS = sorted(name for name, cls in POSITIONS.items() if cls.biases) + ["rotary"]
+# Small tables and MLPs, so the bias is cheap to trace; the T5 buckets reach their log range.
+SETTINGS = {"t5": T5Bias.Settings(num_buckets=8, max_distance=12),
+            "fire": Fire.Settings(width=2, init_threshold=6.0)}
+# The interpret-mode kernels' compilation is most of this file's time: XLA's backend at
+# optimisation level 0 compiles them in about 60% of the time (both kernels alike).
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
+DOT = Dot(H, D)  # scale 1, identity transforms: the kernels score the stacked q, k as given
+MASKS = {"causal": (True, None), "bidirectional": (False, None), "window": (False, 3)}
+
+
+def _rows():
+  """Segments and positions [2, T]: a packed row, and a padded row of sorted positions."""
+  gapped = np.cumsum(np.random.default_rng(0).integers(1, 4, 13)) - 1
+  seg = jnp.array([[1] * 9 + [2] * 7 + [0] * 3, [1] * 13 + [0] * 6])
+  pos = jnp.array([list(range(9)) + list(range(7)) + [0] * 3, list(gapped) + [0] * 6])
+  return seg, pos
+
+
+def _encoding(name, causal):
+  cls = POSITIONS[name]
+  return cls(16, H, 64, causal=causal, settings=SETTINGS.get(name), rngs=nnx.Rngs(1))
+
+
+def _run(kernel, enc, scorers, mask, q, k, v, w):
+  """Σ_scorers Σ out·w, and the outputs [n_scorers, b, tq, h, d], from `kernel` (pallas or
+  reference) run once for all scorers: their transformed queries and keys stacked along the
+  batch, scored as plain q·k (what a dot-product scorer is defined as, scores.py). The
+  scorers' own formulas are tested in test_attention."""
+  q = enc.rotate_queries(q, mask.q_positions)
+  k = enc.rotate_keys(k, mask.k_positions)
+  products = [s.dot_product for s in scorers]
+  tile = lambda x: jnp.concatenate([x] * len(scorers))  # noqa: E731
+  qs = [p.queries(q) * jnp.asarray(p.scale, q.dtype) for p in products]
+  ks = [p.keys(k) for p in products]
+  # zero columns change no dot product: transforms that add dimensions stack with the rest
+  width = max(x.shape[-1] for x in qs)
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, width - x.shape[-1])])  # noqa: E731
+  q, k = jnp.concatenate([pad(x) for x in qs]), jnp.concatenate([pad(x) for x in ks])
+  mask = jax.tree.map(tile, mask)
+  if kernel == "pallas":
+    out = flash_attention(q, k, tile(v), q_segments=mask.q_segments, k_segments=mask.k_segments,
+                          q_positions=mask.q_positions, k_positions=mask.k_positions,
+                          causal=mask.causal, window=mask.window, bias_spec=enc.bias_spec(),
+                          block_q=BLOCK, block_k=BLOCK)
+  else:
+    out = reference_kernel(q, k, tile(v), mask, enc, DOT, Dropout(0.0), None)
+  out = out.reshape(len(scorers), -1, *out.shape[1:])
+  return jnp.sum(out.astype(jnp.float32) * w), out
+
+
+def _outputs_and_grads(enc, scorers, mask, q, k, v, w, reference_inputs=None):
+  """((gradients, outputs) of the Pallas kernel, the same of the reference), compiled as
+  one program; gradients of (encoding, scorers, q, k, v). reference_inputs: other q, k, v
+  for the reference (e.g. float32 copies of bfloat16 ones)."""
+  (enc_def, enc_state), score_parts = nnx.split(enc), [nnx.split(s) for s in scorers]
+
+  def loss(enc_state, score_states, q, k, v, kernel):
+    merged = [nnx.merge(g, s) for (g, _), s in zip(score_parts, score_states)]
+    return _run(kernel, nnx.merge(enc_def, enc_state), merged, mask, q, k, v, w)
+
+  grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
+  states = [s for _, s in score_parts]
+  both = lambda *x: (grad(enc_state, states, *x[:3], "pallas"),  # noqa: E731
+                     grad(enc_state, states, *x[3:], "reference"))
+  return jax.jit(both, compiler_options=FAST_COMPILE)(q, k, v, *(reference_inputs or (q, k, v)))
+
+
+def _inputs(tq=T, tk=T, dtype=jnp.float32, seed=5):
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.normal(size=(2, tq, H, D)), dtype)
+  k, v = (jnp.asarray(rng.normal(size=(2, tk, H, D)), dtype) for _ in range(2))
+  w = jnp.asarray(rng.normal(size=(len(DOT_SCORES), 2, tq, H, D)), jnp.float32)
+  return q, k, v, w
+
+
+def _close_grads(got, want, rtol, scale, floor=2e-5):
+  for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+    np.testing.assert_allclose(g, r, rtol=rtol, atol=max(scale * np.abs(r).max(), floor))
+
+
+@pytest.mark.parametrize("position", sorted(n for n, cls in POSITIONS.items() if cls.biases))
+def test_bias_spec_block_function_is_the_encodings_bias(position):
+  """The per-head block function the kernel evaluates, mapped over heads and rows, gives the
+  encoding's bias() (its dense form where it has one) and the same parameter gradients, at
+  positions far apart (T5's last bucket, FIRE beyond its threshold), in both directions."""
+  pos = jnp.array([[0, 1, 3, 7, 12, 40], [2, 3, 4, 5, 30, 31]])
+  for causal in (True, False):
+    enc = _encoding(position, causal)
+    graphdef, state = nnx.split(enc)
+    weights = jnp.asarray(np.random.default_rng(3).normal(size=(2, H, 6, 6)), jnp.float32)
+
+    def total(state, blockwise):
+      spec = nnx.merge(graphdef, state).bias_spec()
+      bias = spec_bias(spec, pos, pos, blockwise=blockwise)
+      return jnp.sum(bias * weights), bias
+
+    (block, grads), (dense, want_grads) = jax.jit(
+        lambda state: [jax.grad(total, has_aux=True)(state, b)[::-1] for b in (True, False)],
+        compiler_options=FAST_COMPILE)(state)
+    np.testing.assert_allclose(dense, enc.bias(pos, pos), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(block, dense, rtol=1e-5, atol=1e-6)
+    _close_grads(grads, want_grads, 1e-4, 1e-5, 1e-7)
+
+
+@pytest.mark.parametrize("mask_kind", sorted(MASKS))
+@pytest.mark.parametrize("position", KERNEL_POSITIONS)
+def test_pallas_equals_reference(position, mask_kind):
+  causal, window = MASKS[mask_kind]
+  seg, pos = _rows()
+  mask = Mask(seg, seg, pos, pos, causal=causal, window=window)
+  enc = _encoding(position, causal)
+  scorers = [make_score(name, H, D, rngs=nnx.Rngs(2)) for name in DOT_SCORES]
+  q, k, v, w = _inputs()
+  (grads, out), (want_grads, want) = _outputs_and_grads(enc, scorers, mask, q, k, v, w)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  assert np.all(np.asarray(out)[:, 0, 16:] == 0) and np.all(np.asarray(out)[:, 1, 13:] == 0)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+  spec = enc.bias_spec()
+  if spec is not None and spec.learned:  # the encoding's parameters do learn through it
+    assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(want_grads[0]))
+
+
+def test_pallas_cross_attention_with_other_lengths():
+  """Queries and keys of different lengths (5 and 19, neither a whole number of blocks),
+  segments and positions of their own, a bidirectional T5 bias."""
+  seg, pos = _rows()
+  q_seg, q_pos = jnp.array([[1, 1, 2, 2, 0], [1, 1, 1, 0, 0]]), jnp.array([[0, 1, 0, 1, 0],
+                                                                            [0, 2, 5, 0, 0]])
+  mask = Mask(q_seg, seg, q_pos, pos)
+  enc, scorers = _encoding("t5", False), [make_score("scaled_dot", H, D, rngs=nnx.Rngs(2))]
+  q, k, v, w = _inputs(tq=5)
+  (grads, out), (want_grads, want) = _outputs_and_grads(enc, scorers, mask, q, k, v, w[:1])
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+
+
+def test_pallas_bfloat16_is_within_bfloat16_error():
+  seg, pos = _rows()
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  enc, scorers = _encoding("kerple", True), [make_score("scaled_dot", H, D, rngs=nnx.Rngs(2))]
+  q, k, v, w = _inputs(dtype=jnp.bfloat16)
+  f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+  (grads, out), (want_grads, want) = _outputs_and_grads(enc, scorers, mask, q, k, v, w[:1], f32)
+  assert out.dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=2e-2)
+  _close_grads(grads, want_grads, rtol=0, scale=5e-2)
+
+
+def test_model_with_pallas_equals_reference():
+  """A whole decoder (kernel=pallas via the KERNELS entry: scorer transforms, FIRE's bias)
+  gives the reference kernel's logits and parameter gradients on packed rows."""
+  def loss_and_grads(kernel):
+    cfg = ModelConfig(vocab_size=11, d_model=16, num_heads=2, d_ff=16, num_decoder_layers=1,
+                      dropout=0.0, arch="decoder", position="fire",
+                      attention=AttentionConfig(score="cosine", kernel=kernel, block_size=8))
+    graphdef, params = nnx.split(make_model(cfg, rngs=nnx.Rngs(0)))
+    batch = {"inputs": jnp.asarray(np.random.default_rng(1).integers(3, 11, (2, 13))),
+             "inputs_segmentation": jnp.array([[1] * 6 + [2] * 7, [1] * 10 + [0] * 3]),
+             "inputs_positions": jnp.array([list(range(6)) + list(range(7)),
+                                            list(range(10)) + [0] * 3])}
+    loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(batch)[:, :10] ** 2)  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss), compiler_options=FAST_COMPILE)(params)
+
+  (loss, grads), (want_loss, want_grads) = loss_and_grads("pallas"), loss_and_grads("reference")
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+
+
+def test_pallas_refuses_what_it_cannot_compute():
+  assert not KERNELS["pallas"].any_score and not KERNELS["pallas"].dropout
+  assert not KERNELS["pallas"].content_bias
+  with pytest.raises(ConfigError, match="kernel 'pallas' computes dot-product scores only"):
+    MultiHeadAttention(8, 2, AttentionConfig(score="additive", kernel="pallas"), rngs=nnx.Rngs(0))
+
+  class Unspecified(POSITIONS["alibi"]):  # a bias without its BiasSpec
+    def bias_spec(self):
+      return None
+
+  layer = MultiHeadAttention(8, 2, AttentionConfig(kernel="pallas"), rngs=nnx.Rngs(0))
+  seg, pos = _rows()
+  with pytest.raises(ConfigError, match="needs a BiasSpec of the positional encoding Unspecif"):
+    layer.self_attend(jnp.ones((2, T, 8)), Mask(seg, seg, pos, pos), Unspecified(8, 2, 16))
+
+
+def test_pallas_query_key_width_may_differ_from_the_values():
+  """q, k with 11 dimensions (as a transform that augments them gives) and v with 8: the
+  same outputs and gradients as the reference."""
+  seg, pos = _rows()
+  rng = np.random.default_rng(8)
+  q, k = (jnp.asarray(rng.normal(size=(2, T, H, 11)), jnp.float32) for _ in range(2))
+  v = jnp.asarray(rng.normal(size=(2, T, H, D)), jnp.float32)
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  enc = _encoding("alibi", True)
+  w = jnp.asarray(rng.normal(size=(2, T, H, D)), jnp.float32)
+  pallas = lambda q, k, v: flash_attention(  # noqa: E731
+      q, k, v, q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos, causal=True,
+      bias_spec=enc.bias_spec(), block_q=BLOCK, block_k=BLOCK)
+  reference = lambda q, k, v: reference_kernel(  # noqa: E731
+      q, k, v, mask, enc, DOT, Dropout(0.0), None)
+  (out, grads), (want, want_grads) = jax.jit(lambda *x: [
+      (f(*x), jax.grad(lambda *y: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
+      for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
