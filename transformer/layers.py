@@ -50,6 +50,13 @@ def project(x: jax.Array, *layers: Dense, groups: int = 1) -> list[jax.Array]:
     return [layers[0](x)]
   d = layers[0].in_features
   widths = [layer.out_features // groups for layer in layers]  # per group
+  if len(set(widths)) == 1:  # multi-head Q, K, V; a gated FFN's W, V: stacked, as measured
+    w = widths[0]
+    kernel = jnp.stack([layer.kernel[...].reshape(d, groups, w) for layer in layers],
+                       axis=2).reshape(d, -1)  # [d, groups, n, w]
+    flat, kernel = layers[0].promote_dtype((x.reshape(-1, d), kernel), dtype=layers[0].dtype)
+    y = (flat @ kernel).reshape(-1, groups, len(layers), w)
+    return [y[:, :, i].reshape(*x.shape[:-1], groups * w) for i in range(len(layers))]
   kernel = jnp.concatenate([layer.kernel[...].reshape(d, groups, w)
                             for layer, w in zip(layers, widths)], axis=2).reshape(d, -1)
   flat, kernel = layers[0].promote_dtype((x.reshape(-1, d), kernel), dtype=layers[0].dtype)
