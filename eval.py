@@ -111,7 +111,7 @@ def sampling_flags(defaults: EvalConfig) -> tuple[Sampling, int, bool]:
            if f[name].present}
   seed = f.sample_seed if f["sample_seed"].present else None
   try:
-    sampling, seed = chosen_sampling(defaults, given, seed)
+    sampling, seed = chosen_sampling(defaults, given, seed, f.beam_size)
   except FieldError as e:
     raise FieldError(f"--{e.field}", e.value, e.allowed) from None
   return sampling, seed, bool(given) or f["sample_seed"].present

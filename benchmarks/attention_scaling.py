@@ -10,9 +10,10 @@ Memory is what XLA allocates for the compiled program's temporaries (exact, from
 compiled program); a configuration whose temporaries would exceed --max_gib is compiled but
 not run. With a `cudnn` row without a bias at the same length (list `cudnn` first and
 `none` first), every later row's time is also given as that row's throughput relative to it
-(FlexAttention's yardstick: cuDNN's flash attention without a score modification). On the CPU the `pallas` kernel runs in Pallas'
-interpret mode, which is a correctness check (tests/test_pallas_attention.py), not a speed
-figure: its rows are marked. Prints figures; asserts nothing.
+(FlexAttention's yardstick: cuDNN's flash attention without a score modification). On the
+CPU the `pallas` kernel runs in Pallas' interpret mode, which is a correctness check
+(tests/test_pallas_attention.py), not a speed figure: its rows are marked. Prints figures;
+asserts nothing.
 """
 
 import time

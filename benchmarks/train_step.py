@@ -5,7 +5,7 @@
   python benchmarks/train_step.py --config.model.attention.score=additive   # any override
 
   python benchmarks/train_step.py --dims=base --config.model.dtype=bfloat16 \
-      --config.model.attention.kernel=cudnn                    # on a GPU
+      --config.model.attention.kernel=auto                     # on a GPU: cuDNN
 
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/train_step.py --profile
                                                 # where the step's time goes, op by op

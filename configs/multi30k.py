@@ -3,7 +3,7 @@
   python train.py --config configs/multi30k.py --workdir workdirs/multi30k
   python eval.py --workdir workdirs/multi30k --beam_size 4 --alpha 0.6 --average 5
 
-On a GPU add --config.model.dtype=bfloat16 --config.model.attention.kernel=cudnn.
+On a GPU add --config.model.dtype=bfloat16 (kernel=auto then takes cuDNN's flash attention).
 
 The corpus directory is a field: --config.data.dir=/path/to/multi30k. A joint sentencepiece
 vocabulary is trained on the training pairs into the workdir on the first run.

@@ -18,7 +18,6 @@ from transformer.registry import lookup
 from transformer.sweep import axis, product
 
 SWEEPS = {"": "blocks", "attention": "attention"}
-GATED = ("swiglu", "geglu")
 
 
 def gated_width(d_ff: int) -> int:

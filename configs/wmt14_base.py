@@ -7,7 +7,7 @@
 Reads the TFDS dataset through tfds.data_source (array_record, no TensorFlow); prepare it once
 (the error message says how). WMT17: --config.data.tfds_name=wmt17_translate/de-en. Reversed
 direction: --config.data.source_lang=de --config.data.target_lang=en. On GPUs/TPUs add
---config.model.dtype=bfloat16 (and --config.model.attention.kernel=cudnn on NVIDIA GPUs).
+--config.model.dtype=bfloat16 (kernel=auto then takes cuDNN's flash attention on NVIDIA GPUs).
 
 configs/wmt14_base.py:hf reads the hub's wmt/wmt14 de-en through Hugging Face datasets instead
 (pip install -e '.[hf]'; --config.data.hf_streaming=true streams it rather than preparing it

@@ -148,3 +148,37 @@ def test_an_encoding_declares_learned_bias_iff_its_bias_has_parameters(position)
   grads = nnx.grad(lambda e: jnp.sum(e.bias(pos, pos) * weights))(encoding)
   moves = any(bool(jnp.any(g != 0)) for g in jax.tree.leaves(grads))
   assert encoding.learned_bias == moves
+  spec = encoding.bias_spec()  # what kernel=pallas reads declares the same
+  assert (spec is not None) == encoding.biases
+  assert (spec is not None and spec.learned) == encoding.learned_bias
+
+
+def _kernel_of(exp) -> str:
+  return exp.config.model.attention.kernel
+
+
+def test_evaluation_runs_a_refused_or_emulated_kernel_as_the_same_function(tiny_config):
+  """A run is evaluated with what this machine runs: `pallas` (Pallas emulated on the CPU)
+  as its stand-in `xla`; a kernel the model's checks refuse (here `xla` with a scorer it
+  cannot compute, as a newer check might refuse a trained run's kernel) as `auto`.
+  Training keeps both refusals as they are, and pallas as asked (slow, logged)."""
+  pallas = parse(tiny_config(**{"model.attention.kernel": "pallas"}))
+  assert _kernel_of(experiment.build(pallas, evaluating=True)) == "xla"
+  assert _kernel_of(experiment.build(pallas)) == "pallas"
+  refused = parse(tiny_config(**{"model.attention.kernel": "xla",
+                                 "model.attention.score": "additive"}))
+  exp = experiment.build(refused, evaluating=True)
+  assert _kernel_of(exp) == "auto"
+  assert {line.split(" -> ")[1] for line in kernel_choices(exp.abstract_model)} == {"reference"}
+  with pytest.raises(ConfigError, match="'xla' computes dot-product scores only"):
+    experiment.build(refused)
+
+
+def test_a_single_device_kernel_is_refused_on_a_mesh_of_several(tiny_config):
+  exp = experiment.build(parse(tiny_config(**{"model.attention.kernel": "pallas"})))
+  two = jax.sharding.AbstractMesh((2, 1, 1), ("data", "fsdp", "tensor"))
+  with pytest.raises(ConfigError, match="'pallas' runs on one device.*mesh has 2.*'auto'"):
+    experiment.check_kernels_on_mesh(exp.abstract_model, two)
+  experiment.check_kernels_on_mesh(exp.abstract_model, exp.mesh)  # one device: runs
+  auto = experiment.build(parse(tiny_config()))
+  experiment.check_kernels_on_mesh(auto.abstract_model, two)

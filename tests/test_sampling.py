@@ -254,6 +254,8 @@ def test_flags_replace_the_configs_sampling_field_by_field(defaults, overrides, 
 
   cfg = EvalConfig(sampling=defaults, sample_seed=5)
   assert chosen_sampling(cfg, overrides, seed) == expected
+  # beam search takes the config's sampling as greedy; sampling flags still meet its refusal
+  assert chosen_sampling(cfg, {}, None, beam_size=4) == (Sampling(), 5)
 
 
 def test_a_filter_without_a_temperature_and_a_seed_for_greedy_decoding_are_refused():

@@ -73,6 +73,8 @@ class ModelConfig:
     check(self.num_kv_heads >= 0 and self.num_heads % (self.num_kv_heads or self.num_heads) == 0,
           "num_kv_heads", self.num_kv_heads,
           f"0 (= num_heads) or a divisor of num_heads ({self.num_heads})")
+    if self.num_kv_heads == 0:  # one spelling of multi-head attention: the run's identity
+      object.__setattr__(self, "num_kv_heads", self.num_heads)
     encoding = lookup(POSITIONS, self.position, "position")
     if self.random_positions:
       check(encoding.takes_positions, "random_positions", True,
@@ -98,7 +100,8 @@ def compute_dtype(cfg: ModelConfig):
 
 
 class PostNorm(nnx.Module):
-  """Norm(x + Dropout(sublayer(x))), as in the paper; Norm a LayerNorm (layers.NORMS)."""
+  """Norm(x + Dropout(sublayer(x))), as in the paper; Norm an entry of layers.NORMS
+  (model.norm_type)."""
 
   final_norm = False  # the stack output is already normalised
 

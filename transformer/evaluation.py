@@ -264,14 +264,16 @@ def check_decoding(exp: experiment.Experiment, beam_size: int,
                       "the most likely hypotheses and draws nothing; sample with --beam_size 1")
 
 
-def chosen_sampling(defaults: EvalConfig, overrides: dict, seed: int | None = None
-                    ) -> tuple[Sampling, int]:
+def chosen_sampling(defaults: EvalConfig, overrides: dict, seed: int | None = None,
+                    beam_size: int = 1) -> tuple[Sampling, int]:
   """(sampling, seed) of an evaluation: the run's config.eval.sampling with the fields in
   `overrides` ({"temperature": 0.8, ...}, eval.py's flags) in their place, and `seed` or
   config.eval.sample_seed. An override of temperature 0 decodes greedily (the config's
-  filters are dropped with it). A FieldError for a value out of range; a ConfigError for a
-  seed given to greedy decoding."""
-  base = GREEDY if overrides.get("temperature") == 0 else defaults.sampling
+  filters are dropped with it), and so does beam search (beam_size > 1) without overrides:
+  the config's sampling is for one beam. A FieldError for a value out of range; a
+  ConfigError for a seed given to greedy decoding."""
+  greedy = overrides.get("temperature") == 0 or (beam_size > 1 and not overrides and seed is None)
+  base = GREEDY if greedy else defaults.sampling
   sampling = dataclasses.replace(base, **overrides)
   if seed is not None and sampling.greedy:
     raise ConfigError("--sample_seed applies to sampling, which --temperature 0 (greedy) does "

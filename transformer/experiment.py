@@ -75,13 +75,24 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
   if not (sampling.greedy or family.decodes or family.generates):
     raise ConfigError(f"config.eval.sampling ({sampling}) would change nothing: model.arch "
                       f"{cfg.model.arch!r} neither decodes nor generates (its held-out splits "
-                      "are scored token by token); set config.eval.sampling.temperature=0")
+                      "are scored token by token); set config.eval.sampling.temperature=0 "
+                      "and its filters off (top_k=0, top_p=1, min_p=0)")
   schedule = optim.SCHEDULES[cfg.train.schedule](cfg.model.d_model, cfg.train.warmup_steps,
                                   cfg.train.learning_rate)
   optimizer = optim.make_optimizer(schedule, weight_decay=cfg.train.weight_decay,
                                    grad_clip_norm=cfg.train.grad_clip_norm)
   make = lambda: family(cfg.model, rngs=nnx.Rngs(params=cfg.seed))  # noqa: E731
-  abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
+  try:
+    abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
+  except ConfigError as e:
+    if not evaluating or cfg.model.attention.kernel == AUTO:
+      raise
+    # A kernel is an execution choice: one refused here (a newer check, another dtype) need
+    # not keep a trained run from being evaluated.
+    log.info("model.attention.kernel %r cannot run this model here (%s); evaluating with "
+             "'auto'", cfg.model.attention.kernel, e)
+    cfg = replace(cfg, "model.attention.kernel", AUTO)  # `make` reads cfg when called
+    abstract_model = nnx.eval_shape(make)
   for line in kernel_choices(abstract_model):  # what `auto` chose, once per layer
     log.info("attention %s", line)
 
@@ -95,6 +106,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
     sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
     tracking.check(cfg.train)  # wandb installed, if the run logs to it
   sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
+  check_kernels_on_mesh(abstract_model, mesh)
   for what, length in source.max_lengths().items():
     check_length(abstract_model, length, what)
   return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),
@@ -116,6 +128,14 @@ def runnable_kernel(cfg: Config, substitute: bool) -> Config:
   if name == AUTO:  # chosen per layer for this backend
     return cfg
   kernel, backend = KERNELS[name], jax.default_backend()
+  if backend in kernel.slow_on:
+    if substitute:
+      log.info("model.attention.kernel %r runs emulated on %s; evaluating with %r, which "
+               "computes the same function", name, backend, kernel.stand_in)
+      return replace(cfg, "model.attention.kernel", kernel.stand_in)
+    log.warning("model.attention.kernel %r runs emulated on %s (Pallas' interpret mode): "
+                "slow, for tests; %r computes the same function here", name, backend,
+                kernel.stand_in)
   if kernel.backends is None or backend in kernel.backends:
     return cfg
   if not substitute:
@@ -125,6 +145,20 @@ def runnable_kernel(cfg: Config, substitute: bool) -> Config:
   log.info("model.attention.kernel %r does not run on %s; using %r, which computes the same "
            "function", name, backend, kernel.stand_in)
   return replace(cfg, "model.attention.kernel", kernel.stand_in)
+
+
+def check_kernels_on_mesh(model: ModelFamily, mesh: Mesh) -> None:
+  """A ConfigError if an attention layer's kernel cannot be partitioned over a mesh of
+  several devices (Kernel.multi_device) and the mesh has more than one."""
+  if mesh.size == 1:
+    return
+  for _, node in nnx.iter_modules(model):
+    choice = getattr(node, "kernel_choice", None)
+    if choice is not None and not KERNELS[choice.name].multi_device:
+      raise ConfigError(f"model.attention.kernel={choice.name!r} runs on one device (its "
+                        f"kernel is not partitioned over a mesh yet) and this run's mesh has "
+                        f"{mesh.size}; use kernel 'auto' or "
+                        f"{' or '.join(repr(k) for k, v in KERNELS.items() if v.multi_device)}")
 
 
 def check_length(model: ModelFamily, length: int, what: str) -> None:

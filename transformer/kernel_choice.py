@@ -3,7 +3,7 @@ it, by the kernels' declared capabilities (transformer/kernels.py) against what 
 scorer, dropout, positional encoding, compute dtype and the JAX backend ask.
 
 The order of preference per backend is data (AUTO_ORDER); a name missing from KERNELS is
-passed over, so a kernel registered later (a Pallas kernel) takes its place when it is.
+passed over, so an order may name a kernel that is not registered everywhere.
 Each candidate is asked through check_kernel, the same check a kernel chosen by hand meets,
 so the reason auto passes one over is the error that choosing it by hand would give.
 """
@@ -33,7 +33,7 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     # measured there; until then auto prefers the kernels known to run.
     "gpu": ("cudnn", "xla", "reference"),
     "tpu": ("xla", "reference"),
-    "cpu": ("reference", "xla", "blockwise"),
+    "cpu": ("reference",),  # runs every layer
 }
 OTHER_BACKENDS = ("xla", "reference")
 

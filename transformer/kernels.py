@@ -205,37 +205,46 @@ class Kernel:
   """A way to compute softmax(score + bias)·V, and what it supports. Every kernel adds an
   encoding's positional bias (its `bias` seam)."""
 
-  make: Callable[..., Callable]  # make(block_size=...) -> the kernel function
+  make: Callable[..., Callable]  # make(block_size, softcap) -> the kernel function
   any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
   dropout: bool  # dropout on the attention weights
   # adds an encoding's content_bias, a function of each query's whole row of logits
   content_bias: bool = False
-  softcap: bool = False  # caps the scorer's logits: make(..., softcap=c)
+  softcap: bool = False  # caps the scorer's logits (make's softcap; others get 0)
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
-  stand_in: str | None = None  # a kernel computing the same function on any backend
+  # a kernel computing the same function on any backend, which evaluation uses where this
+  # one does not run (or, slow_on, runs only emulated)
+  stand_in: str | None = None
+  slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
   # gives the gradient of a positional bias with parameters (an encoding declaring
   # learned_bias: T5, KERPLE, FIRE)
   learned_bias: bool = True
   dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
+  multi_device: bool = True  # partitioned over a mesh of several devices by XLA
+
+
+def _fused(implementation: str):
+  return lambda block_size, softcap=0.0: fused_kernel(implementation)
 
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(lambda block_size, softcap=0.0: functools.partial(
         reference_kernel, softcap=softcap), any_score=True, dropout=True, content_bias=True,
                         softcap=True),
-    "xla": Kernel(lambda block_size: fused_kernel("xla"), any_score=False, dropout=False),
+    "xla": Kernel(_fused("xla"), any_score=False, dropout=False),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
     # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
     # #32242: none, or NaN): it is refused for a learned bias.
-    "cudnn": Kernel(lambda block_size: fused_kernel("cudnn"), any_score=False, dropout=False,
-                    backends=("gpu",), stand_in="xla", learned_bias=False,
-                    dtypes=("bfloat16", "float16")),
+    "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
+                    stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
     "blockwise": Kernel(lambda block_size, softcap=0.0: functools.partial(
         blockwise_kernel, block=block_size, softcap=softcap), any_score=True, dropout=False,
                         softcap=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
-    # interpret mode on the CPU
-    "pallas": Kernel(pallas_kernel, any_score=False, dropout=False),
+    # interpret mode on the CPU; a pallas_call that XLA does not partition (no shard_map yet)
+    "pallas": Kernel(lambda block_size, softcap=0.0: pallas_kernel(block_size),
+                     any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
+                     multi_device=False),
 }
 
 
@@ -270,9 +279,7 @@ def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
     raise ConfigError(f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} "
                       f"only, and model.dtype is {dtype}; set model.dtype="
                       f"{kernel.dtypes[0]} or use kernel {_able(lambda k: k.dtypes is None)}")
-  if softcap:
-    return kernel.make(block_size=block_size, softcap=softcap)
-  return kernel.make(block_size=block_size)
+  return kernel.make(block_size=block_size, softcap=softcap)
 
 
 def _able(capable: Callable[[Kernel], bool]) -> str:

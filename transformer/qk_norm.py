@@ -1,6 +1,6 @@
 """QK-norm: each attention head's queries and keys normalised over head_dim, with a learned
 scale (and, for `layernorm`, a bias), before the positional rotation and the scorer, as
-OLMo-2, Gemma 3 and MaxText do, to keep the attention logits from growing without bound.
+Gemma 3 and MaxText do, to keep the attention logits from growing without bound.
 
 QK_NORMS: `model.attention.qk_norm` is `none` or a key of layers.NORMS, the norms of the
 residual blocks (`model.norm_type`), so the two axes name and compute their norms alike.
