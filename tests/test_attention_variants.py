@@ -3,10 +3,6 @@ multi-head attention with each key/value head repeated (every kernel, scorer and
 its smaller KV cache, cached decoding = the full pass; QK-norm; logit soft-capping; a tiny
 run with all three learns; sharded = unsharded with grouped K/V heads."""
 
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +12,7 @@ from flax import nnx
 
 from tests.conftest import make_tiny_config
 from tests.test_decoding import BATCH, _cached_logits, _full_logits
-from tests.test_sharding import ROOT, SHARDED_RUN, _train_losses
+from tests.test_sharding import _train_losses, sharded_matches_single
 from transformer import sharding
 from transformer.attention import AttentionConfig, MultiHeadAttention
 from transformer.blocks import ModelConfig
@@ -314,15 +310,4 @@ def test_sharded_grouped_query_run_matches_one_device(tmp_path):
   losses of the 1-device run."""
   overrides = {"model.dropout": 0.0, "model.num_heads": 4, "model.num_kv_heads": 2,
                "model.attention.qk_norm": "rmsnorm", "train.num_steps": 10, "train.log_every": 5}
-  single = str(tmp_path / "single")
-  train_and_evaluate(parse(make_tiny_config(**overrides)), single)
-  sharded = str(tmp_path / "sharded")
-  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded,
-                         json.dumps({**overrides, **mesh})],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "MESH {'data': 2, 'fsdp': 2, 'tensor': 2} DEVICES 8" in proc.stdout
-  np.testing.assert_allclose(_train_losses(sharded), _train_losses(single), rtol=1e-5)
+  sharded_matches_single(tmp_path, overrides, {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})

@@ -16,6 +16,7 @@ from flax import nnx
 
 from tests.clirun import ROOT
 from tests.conftest import make_tiny_config
+from tests.test_families import _batch
 from tests.test_model import _equations
 from transformer import config as config_lib
 from transformer import step as step_lib
@@ -290,14 +291,6 @@ def test_parameters_follow_the_choices(norm_type, ffn):
   ffn_params = {"wi": {"kernel", "bias"}, "wo": {"kernel", "bias"}} if ffn in ("relu", "gelu") \
       else {"wi_0": {"kernel"}, "wi_1": {"kernel"}, "wo": {"kernel"}}
   assert {k: set(v) for k, v in layer["ffn"].items()} == ffn_params
-
-
-def _batch(arch, b=2, t=8):
-  rng = np.random.default_rng(0)
-  inputs = rng.integers(3, 19, (b, t)).astype(np.int32)
-  targets = (rng.integers(0, 5, (b, t)) if arch == "encoder" else
-             rng.integers(3, 19, (b, t))).astype(np.int32)
-  return {"inputs": inputs, "targets": targets, "targets_segmentation": np.ones((b, t), np.int32)}
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "encoder", "decoder"])

@@ -140,14 +140,15 @@ def test_mesh_shape_errors_name_the_mesh():
     sharding.make_mesh({"model": 1})
 
 
-def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_path, tiny_config):
-  overrides = {"model.dropout": 0.0, "train.num_steps": 20, "train.log_every": 5}
-  single = str(tmp_path / "single")
-  train_and_evaluate(parse(tiny_config(**overrides)), single)
+def sharded_matches_single(tmp_path, overrides: dict, mesh: dict) -> tuple[str, str]:
+  """Trains make_tiny_config(**overrides) on one device and, in a subprocess of 8 CPU
+  devices, with `mesh` (and any other overrides) added; asserts the 2x2x2 mesh was used and
+  the training losses agree. Returns (single workdir, sharded workdir)."""
+  from tests.conftest import make_tiny_config  # noqa: PLC0415
 
+  single = str(tmp_path / "single")
+  train_and_evaluate(parse(make_tiny_config(**overrides)), single)
   sharded = str(tmp_path / "sharded")
-  # The sharded run also scans its layers: the stacked layer states shard as the loop's do.
-  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
          "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded,
@@ -156,6 +157,14 @@ def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_pat
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "MESH {'data': 2, 'fsdp': 2, 'tensor': 2} DEVICES 8" in proc.stdout
   np.testing.assert_allclose(_train_losses(sharded), _train_losses(single), rtol=1e-5)
+  return single, sharded
+
+
+def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_path):
+  overrides = {"model.dropout": 0.0, "train.num_steps": 20, "train.log_every": 5}
+  # The sharded run also scans its layers: the stacked layer states shard as the loop's do.
+  mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}
+  single, sharded = sharded_matches_single(tmp_path, overrides, mesh)
 
   # The checkpoint written under the 2x2x2 mesh restores onto this process's single device.
   step, results, _ = restore_and_evaluate(sharded)
