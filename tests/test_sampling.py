@@ -282,9 +282,7 @@ def test_training_evaluates_with_the_configs_sampling(tmp_path, monkeypatch, tin
   class Recording(training.Evaluator):
     def __init__(self, exp, **kwargs):
       seen.append(kwargs)
-      # Decodes greedily: the sampled decoding's compile is tested by the tests above, and
-      # in the full suite (not alone) XLA:CPU's compiler segfaulted on it here, at jax 0.10.2.
-      super().__init__(exp)
+      super().__init__(exp, **kwargs)
 
   monkeypatch.setattr(training, "Evaluator", Recording)
   config = tiny_config(**{"train.num_steps": 2, "eval.sampling.temperature": 0.7,
