@@ -21,8 +21,9 @@ bootstrap p-value; the evaluations must have scored the same references.
 
 from absl import app, flags
 
-from transformer import cli, compare, stats
-from transformer.errors import ConfigError
+from transformer.core.errors import ConfigError
+from transformer.run import cli
+from transformer.study import compare, stats
 
 flags.DEFINE_string("output", None, "Also write report.md, report.csv and the plots into "
                     "this directory.")

@@ -38,15 +38,16 @@ import sys
 
 from absl import app, flags
 
-from transformer import cli, pictures
-from transformer.errors import ConfigError, Interrupted
-from transformer.evaluation import (check_decoding, check_prompts, check_sampling,
-                                    chosen_sampling, continue_prompts, evaluate_run,
-                                    format_table, output_path, restore_run,
-                                    sentence_predictions)
-from transformer.fields import FieldError
-from transformer.config import EvalConfig
-from transformer.sampling import Sampling
+from transformer.core.errors import ConfigError, Interrupted
+from transformer.core.fields import FieldError
+from transformer.model.sampling import Sampling
+from transformer.run import cli
+from transformer.run.config import EvalConfig
+from transformer.run.evaluation import (check_decoding, check_prompts, check_sampling,
+                                        chosen_sampling, continue_prompts, evaluate_run,
+                                        format_table, output_path, restore_run,
+                                        sentence_predictions)
+from transformer.study import pictures
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
 flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the latest).")

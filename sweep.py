@@ -31,7 +31,9 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import cli, report, stats, storage, sweep
+from transformer.core import storage
+from transformer.run import cli
+from transformer.study import report, stats, sweep
 
 config_flags.DEFINE_config_file("config", None, "A sweep config file (get_config and "
                                 "get_sweep); --config.FIELD=VALUE overrides every run.")

@@ -16,8 +16,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import cli, config, config_help
-from transformer.training import train_and_evaluate
+from transformer.run import cli, config, config_help
+from transformer.run.training import train_and_evaluate
 
 config_flags.DEFINE_config_file("config", None, "A config file (e.g. configs/default.py; "
                                 "FILE:ARG calls its get_config(ARG)); set its fields with "

@@ -23,10 +23,10 @@ import jax.numpy as jnp
 from absl import app, flags
 from flax import nnx
 
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.errors import ConfigError
-from transformer.masks import Mask
-from transformer.positions import make_positional_encoding
+from transformer.core.errors import ConfigError
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.masks import Mask
+from transformer.model.positions import make_positional_encoding
 
 flags.DEFINE_list("lengths", ["256", "1024", "4096", "8192", "16384"], "Sequence lengths.")
 flags.DEFINE_list("kernels", ["reference", "blockwise"], "Kernels (model.attention.kernel).")

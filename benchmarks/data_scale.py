@@ -57,8 +57,8 @@ def peak_rss_mb() -> float:
 
 
 def child(args) -> dict:
-  from transformer import experiment  # noqa: PLC0415
-  from transformer.config import parse  # noqa: PLC0415
+  from transformer.run import experiment  # noqa: PLC0415
+  from transformer.run.config import parse  # noqa: PLC0415
 
   imported = time.perf_counter()
 

@@ -14,9 +14,10 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from transformer import config
-from transformer.evaluation import Evaluator, restore_run
-from transformer.vocab import PAD_ID
+from transformer.core.vocab import PAD_ID
+from transformer.run import config
+from transformer.run.evaluation import restore_run
+from transformer.run.evaluator import Evaluator
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.", required=True)
 flags.DEFINE_list("beam_sizes", ["1", "4"], "Beam sizes to time (1 = greedy).")

@@ -14,9 +14,9 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import experiment
-from transformer import step as step_lib
-from transformer.config import parse
+from transformer.run import experiment
+from transformer.run import step as step_lib
+from transformer.run.config import parse
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")

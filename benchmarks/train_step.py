@@ -32,10 +32,10 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer import experiment
-from transformer import step as step_lib
-from transformer.config import parse
-from transformer.vocab import NUM_RESERVED
+from transformer.core.vocab import NUM_RESERVED
+from transformer.run import experiment
+from transformer.run import step as step_lib
+from transformer.run.config import parse
 
 DIMS = {
     "small": dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3),

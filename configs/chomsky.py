@@ -27,7 +27,7 @@ import ml_collections
 
 from configs import default
 from transformer.data.chomsky import TASKS
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 # The encodings the papers compare (sinusoidal, learned, rotary, ALiBi, T5's relative bias,
 # and none), in this codebase's names.

@@ -9,9 +9,9 @@ Every field can be overridden on the command line, e.g.
 
 import ml_collections
 
-from transformer.positions import PositionSettings
-from transformer.registry import settings_config
-from transformer.scores import ScoreSettings
+from transformer.core.registry import settings_config
+from transformer.model.positions import PositionSettings
+from transformer.model.scores import ScoreSettings
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -32,7 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.task.heldout_modulus = 10  # 1/10 of string space is held out for evaluation
   config.task.longer_max_len = 24  # the `longer` split: lengths max_len+1 .. this
 
-  # Model (transformer/blocks.py: ModelConfig; transformer/attention.py: AttentionConfig).
+  # Model (transformer/model/blocks.py: ModelConfig; transformer/model/attention.py: AttentionConfig).
   config.model = ml_collections.ConfigDict()
   # encoder_decoder (seq2seq) | encoder (classification, labelling) | decoder (causal LM);
   # the data source says which it needs.
@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
   # reference and blockwise only.
   config.model.attention.logit_softcap = 0.0
   # Each scorer's and encoding's own knobs, one section per registry entry with any, from
-  # its Settings (defaults: its paper's values; transformer/scores.py, positions.py), e.g.
+  # its Settings (defaults: its paper's values; transformer/model/scores.py, positions.py), e.g.
   #   --config.model.attention.score_settings.additive.dim=32  (0: head_dim)
   #   --config.model.attention.score_settings.gaussian.sigma=2.0  (0: head_dim ** 0.25)
   #   --config.model.position_settings.alibi.max_bias=4
@@ -119,7 +119,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.wandb_entity = ""
   config.train.wandb_group = ""
 
-  # Device mesh (transformer/sharding.py): batch split over data x fsdp, parameters and
+  # Device mesh (transformer/run/sharding.py): batch split over data x fsdp, parameters and
   # optimizer state split over fsdp and tensor. -1: the devices left over.
   config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
 

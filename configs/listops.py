@@ -14,7 +14,7 @@ from the seed; held-out expressions never occur in training.
 import ml_collections
 
 from configs import default
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 
 def get_config(arg: str = ""):

@@ -21,9 +21,9 @@ training files into each workdir.
 import ml_collections
 
 from configs import default
-from transformer import fields
+from transformer.core import fields
 from transformer.data.lm import LMData
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
 

@@ -10,7 +10,7 @@ are swept the same way, e.g. axis("model.position_settings.xpos.scale_base", [64
 """
 
 from configs import default
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 
 def get_config():

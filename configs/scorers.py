@@ -4,7 +4,7 @@
 """
 
 from configs import default
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 
 def get_config():

@@ -14,8 +14,8 @@ MHA/LayerNorm/ReLU model, 2 seeds: 16 runs.
 """
 
 from configs import lm_extrapolation
-from transformer.registry import lookup
-from transformer.sweep import axis, product
+from transformer.core.registry import lookup
+from transformer.study.sweep import axis, product
 
 SWEEPS = {"": "blocks", "attention": "attention"}
 

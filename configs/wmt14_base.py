@@ -18,9 +18,9 @@ whole); reversed: --config.data.source_column=translation.de
 import ml_collections
 
 from configs import default
-from transformer import fields
+from transformer.core import fields
+from transformer.core.registry import lookup
 from transformer.data.hf import HfData
-from transformer.registry import lookup
 
 
 def get_config(source: str = "tfds"):

@@ -22,9 +22,9 @@ TINY = ["--config.task.name=copy", "--config.task.num_symbols=6", "--config.task
         "--config.model.num_decoder_layers=1", "--config.train.batch_size=16",
         "--config.train.log_every=5", "--config.train.eval_every=0",
         "--config.eval.num_examples=16", "--config.eval.batch_size=16"]
-PRELOAD = ["jax", "flax.nnx", "orbax.checkpoint", "grain", "matplotlib", "transformer.cli",
-           "transformer.training", "transformer.evaluation", "transformer.sweep",
-           "transformer.pictures", "transformer.compare"]
+PRELOAD = ["jax", "flax.nnx", "orbax.checkpoint", "grain", "matplotlib", "transformer.run.cli",
+           "transformer.run.training", "transformer.run.evaluation", "transformer.study.sweep",
+           "transformer.study.pictures", "transformer.study.compare"]
 
 
 def _main(script: str, argv: list[str], cwd: str, out: str, err: str) -> None:

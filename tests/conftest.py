@@ -90,6 +90,6 @@ def tiny_config():
 def restore_and_evaluate(workdir, step=None, average=1, **kwargs):
   """eval.py's work: evaluation.evaluate_run (kwargs: output, beam_size, alpha, files,
   sampling, seed) of the run restore_run(workdir, step, average) restores."""
-  from transformer import evaluation  # noqa: PLC0415 - conftest stays light to import
+  from transformer.run import evaluation  # noqa: PLC0415 - conftest stays light to import
 
   return evaluation.evaluate_run(evaluation.restore_run(workdir, step, average), **kwargs)

@@ -11,17 +11,19 @@ import pytest
 from ml_collections import config_dict
 
 from configs import chomsky
-from transformer import optim, pictures, report_plots, workdir as workdir_lib
-from transformer.config import parse
+from transformer.core.errors import ConfigError
+from transformer.core.vocab import EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs
 from transformer.data.algorithmic import (AlgorithmicData, AlgorithmicSource, length_accuracy,
                                           slot_id)
 from transformer.data.base import Split
 from transformer.data.chomsky import TASKS
 from transformer.data.chomsky.base import up_to_termination
-from transformer.errors import ConfigError
-from transformer.training import train_and_evaluate
-from transformer.vocab import EOS_ID, NUM_RESERVED
+from transformer.run import optim
+from transformer.run import workdir as workdir_lib
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
+from transformer.study import pictures, report_plots
 
 LENGTHS = [1, 2, 3, 4, 5, 7, 40, 41, 100]
 

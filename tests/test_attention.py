@@ -9,14 +9,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.blocks import ModelConfig
-from transformer.errors import ConfigError
-from transformer.families import make_model
-from transformer.kernels import KERNELS, attention_weights, reference_kernel
-from transformer.masks import WINDOWS, Mask, causal_mask, local_window, masked_softmax, segment_mask
-from transformer.positions import POSITIONS, ALiBi, PositionalEncoding, make_positional_encoding
-from transformer.scores import SCORES, ScaledDot, make_score, unit
+from transformer.core.errors import ConfigError
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.model.kernels import KERNELS, attention_weights, reference_kernel
+from transformer.model.masks import (WINDOWS, Mask, causal_mask, local_window, masked_softmax,
+                                     segment_mask)
+from transformer.model.positions import (POSITIONS, ALiBi, PositionalEncoding,
+                                         make_positional_encoding)
+from transformer.model.scores import SCORES, ScaledDot, make_score, unit
 
 B, TQ, TK, H, D = 2, 3, 4, 2, 4
 NONE = PositionalEncoding()

@@ -13,21 +13,21 @@ from flax import nnx
 from tests.conftest import make_tiny_config
 from tests.test_decoding import BATCH, _cached_logits, _full_logits
 from tests.test_sharding import _train_losses, sharded_matches_single
-from transformer import sharding
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.blocks import ModelConfig
-from transformer.config import parse
-from transformer.decoding import generate
-from transformer.errors import ConfigError
-from transformer.families import EncoderDecoder, make_model
-from transformer.fields import FieldError
-from transformer.kernels import KERNELS, attention_weights, check_kernel, soft_cap
-from transformer.masks import Mask
-from transformer.positions import POSITIONS, PositionalEncoding, make_positional_encoding
-from transformer.qk_norm import EPSILON
-from transformer.registry import UnknownName
-from transformer.scores import SCORES, make_score
-from transformer.training import train_and_evaluate
+from transformer.core.errors import ConfigError
+from transformer.core.fields import FieldError
+from transformer.core.registry import UnknownName
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.config import ModelConfig
+from transformer.model.decoding import generate
+from transformer.model.families import EncoderDecoder, make_model
+from transformer.model.kernels import KERNELS, attention_weights, check_kernel, soft_cap
+from transformer.model.masks import Mask
+from transformer.model.positions import POSITIONS, PositionalEncoding, make_positional_encoding
+from transformer.model.qk_norm import EPSILON
+from transformer.model.scores import SCORES, make_score
+from transformer.run import sharding
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
 
 D_MODEL, H, HEAD_DIM, T = 16, 4, 4, 11
 NONE = PositionalEncoding()

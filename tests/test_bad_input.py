@@ -13,14 +13,14 @@ from tests.clirun import ROOT, CliRunner
 from tests.test_stats import fake_run, write_evaluation
 from transformer.data.sources import SOURCES
 from transformer.data.synthetic import TRANSFORMS
-from transformer.evaluation import text_paths
-from transformer.feedforward import FFNS
-from transformer.kernels import KERNELS
-from transformer.layers import NORMS
-from transformer.masks import WINDOWS
-from transformer.positions import POSITIONS
-from transformer.qk_norm import QK_NORMS
-from transformer.scores import SCORES
+from transformer.model.feedforward import FFNS
+from transformer.model.kernels import KERNELS
+from transformer.model.layers import NORMS
+from transformer.model.masks import WINDOWS
+from transformer.model.positions import POSITIONS
+from transformer.model.qk_norm import QK_NORMS
+from transformer.model.scores import SCORES
+from transformer.run.evaluation import text_paths
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 TINY = [*clirun.TINY, "--config.train.num_steps=10", "--config.train.checkpoint_every=5"]
@@ -50,7 +50,7 @@ STDLIB_LM = "train.py", ["--config", os.path.join(ROOT, "configs", "lm_extrapola
                          "--workdir", "{new}"]
 SWEEP = """
 from tests.conftest import make_tiny_config
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 def get_config():
   return make_tiny_config(**{{"train.num_steps": 10}})
@@ -61,7 +61,7 @@ def get_sweep():
 
 SWEEP_LM = """
 from configs import lm_extrapolation
-from transformer.sweep import axis
+from transformer.study.sweep import axis
 
 def get_config():
   config = lm_extrapolation.get_config()

@@ -18,17 +18,17 @@ from tests.clirun import ROOT
 from tests.conftest import make_tiny_config
 from tests.test_families import _batch
 from tests.test_model import _equations
-from transformer import config as config_lib
-from transformer import step as step_lib
-from transformer import sweep
-from transformer.blocks import ModelConfig
-from transformer.config import parse
-from transformer.families import make_model
-from transformer.feedforward import FFNS
-from transformer.layers import NORMS, RMSNorm
-from transformer.metrics import loss_head_metrics, token_metrics
-from transformer.training import train_and_evaluate
-from transformer.workdir import METRICS_FILE
+from transformer.core.metrics import loss_head_metrics, token_metrics
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.model.feedforward import FFNS
+from transformer.model.layers import NORMS, RMSNorm
+from transformer.run import config as config_lib
+from transformer.run import step as step_lib
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
+from transformer.run.workdir import METRICS_FILE
+from transformer.study import sweep
 
 
 def _randomized(module, seed=0):
@@ -137,8 +137,8 @@ import json, sys
 import jax, jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
-from transformer import sharding
-from transformer.feedforward import FFNS
+from transformer.run import sharding
+from transformer.model.feedforward import FFNS
 mesh = sharding.make_mesh({"tensor": 2})
 counts = {}
 for name in ("swiglu", "geglu"):

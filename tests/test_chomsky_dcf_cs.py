@@ -10,12 +10,12 @@ import random
 import numpy as np
 import pytest
 
+from transformer.core.errors import ConfigError
 from transformer.data.chomsky import TASKS
+from transformer.data.chomsky.base import uniform_int
 from transformer.data.chomsky.context_free import (ModularArithmeticBrackets, SolveEquation,
                                                    StackManipulation, bracket_expression)
-from transformer.data.chomsky.base import uniform_int
 from transformer.data.chomsky.context_sensitive import BinaryMultiplication, ComputeSqrt
-from transformer.errors import ConfigError
 
 NAMES = ("stack_manipulation", "modular_arithmetic_brackets", "solve_equation",
          "binary_multiplication", "compute_sqrt")

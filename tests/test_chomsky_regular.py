@@ -6,9 +6,8 @@ the generator's seed; bad fields are refused by name. numpy only: fast."""
 import numpy as np
 import pytest
 
-from transformer.data.chomsky import TASKS
-from transformer.data.chomsky import regular
-from transformer.errors import ConfigError
+from transformer.core.errors import ConfigError
+from transformer.data.chomsky import TASKS, regular
 
 # ----------------------------------------------------------------- reference answers
 

@@ -14,7 +14,7 @@ from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flags_module
 
 from tests.clirun import ROOT, TINY, CliRunner
-from transformer import cli
+from transformer.run import cli
 
 
 def _run(script, *args, timeout=180):
@@ -188,12 +188,12 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   """Every field of the typed config (overrides applied), with the choices of registry
   fields and the ranges of numeric ones, as the registries and checks say."""
   from configs import listops  # noqa: PLC0415
-  from transformer import config as config_lib  # noqa: PLC0415
   from transformer.data.labelled import TASKS  # noqa: PLC0415
   from transformer.data.sources import SOURCES  # noqa: PLC0415
-  from transformer.families import ARCHS  # noqa: PLC0415
-  from transformer.positions import POSITIONS  # noqa: PLC0415
-  from transformer.scores import SCORES  # noqa: PLC0415
+  from transformer.model.families import ARCHS  # noqa: PLC0415
+  from transformer.model.positions import POSITIONS  # noqa: PLC0415
+  from transformer.model.scores import SCORES  # noqa: PLC0415
+  from transformer.run import config as config_lib  # noqa: PLC0415
 
   result = cli_runner.run("train.py", "--config", os.path.join(ROOT, "configs", "listops.py"),
                           "--config.model.position=rotary", "--show_config", cwd=str(tmp_path))
@@ -238,8 +238,10 @@ def _leaves(d, prefix=""):
 def test_show_config_follows_the_code_not_a_list(monkeypatch):
   """A registry entry added, a section's check changed: described as the code now says."""
   from configs import default  # noqa: PLC0415
-  from transformer import config as config_lib, config_help, fields  # noqa: PLC0415
-  from transformer.positions import POSITIONS  # noqa: PLC0415
+  from transformer.core import fields
+  from transformer.model.positions import POSITIONS  # noqa: PLC0415
+  from transformer.run import config as config_lib  # noqa: PLC0415
+  from transformer.run import config_help
 
   monkeypatch.setitem(POSITIONS, "zz_new", POSITIONS["none"])
   monkeypatch.setattr(config_lib.EvalConfig, "__post_init__", lambda self: fields.check_ranges(
@@ -255,7 +257,7 @@ def test_show_config_marks_the_fields_an_override_cannot_set():
   default, but --config.FIELD=VALUE cannot add it to the file's ConfigDict: the listing
   says so rather than offer it."""
   from configs import lm_extrapolation  # noqa: PLC0415
-  from transformer import config_help  # noqa: PLC0415
+  from transformer.run import config_help  # noqa: PLC0415
 
   given = lm_extrapolation.get_config()
   del given.data.dir

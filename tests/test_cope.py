@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer import experiment, pictures
-from transformer.blocks import ModelConfig
-from transformer.families import make_model
-from transformer.kernels import reference_kernel
-from transformer.masks import Mask
-from transformer.positions import CoPE, PositionSettings, make_positional_encoding
-from transformer.scores import ScaledDot
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.model.kernels import reference_kernel
+from transformer.model.masks import Mask
+from transformer.model.positions import CoPE, PositionSettings, make_positional_encoding
+from transformer.model.scores import ScaledDot
+from transformer.run import experiment
+from transformer.study import pictures
 
 B, T, H, D = 2, 7, 2, 4
 # Row 0: two packed sequences (4 and 2 tokens) and a padded slot; row 1: one sequence.

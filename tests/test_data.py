@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from transformer.core.errors import ConfigError
+from transformer.core.vocab import EOS_ID, NUM_RESERVED
 from transformer.data.synthetic import TRANSFORMS, SyntheticTask, eval_splits, train_dataset
-from transformer.errors import ConfigError
-from transformer.vocab import EOS_ID, NUM_RESERVED
 
 
 def _strip(row):

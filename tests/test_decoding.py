@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import AttentionConfig
-from transformer.blocks import ModelConfig
-from transformer.decoding import beam_search, greedy_decode, length_penalty
-from transformer.errors import ConfigError
-from transformer.families import EncoderDecoder, shift_right
-from transformer.positions import POSITIONS
-from transformer.scores import SCORES
-from transformer.vocab import EOS_ID, PAD_ID
+from transformer.core.errors import ConfigError
+from transformer.core.vocab import EOS_ID, PAD_ID
+from transformer.model.attention import AttentionConfig
+from transformer.model.config import ModelConfig
+from transformer.model.decoding import beam_search, greedy_decode, length_penalty
+from transformer.model.families import EncoderDecoder, shift_right
+from transformer.model.positions import POSITIONS
+from transformer.model.scores import SCORES
 
 TINY = dict(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
             num_decoder_layers=2, dropout=0.0, max_len=16)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from configs import multi30k
-from transformer import experiment
-from transformer.config import parse
+from transformer.core.errors import ConfigError
 from transformer.data import encoded, translation
 from transformer.data.pipeline import permute
 from transformer.data.tokenizer import sample
-from transformer.errors import ConfigError
+from transformer.run import experiment
+from transformer.run.config import parse
 
 WORDS = ("red", "small", "old", "happy", "dog", "cat", "man", "bird", "tree", "car")
 SOURCES = [f"the {a} {b} sees {c} {d}" for a in WORDS[:4] for b in WORDS[4:8]

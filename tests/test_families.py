@@ -11,22 +11,21 @@ import pytest
 from flax import nnx
 
 from tests.conftest import make_tiny_config
-from transformer import experiment, training
-from transformer import step as step_lib
-from transformer.attention import AttentionConfig
-from transformer.blocks import ModelConfig
-from transformer.config import parse
-from transformer.data import corpora, labelled, lm
-from transformer.decoding import generate
-from transformer.errors import ConfigError
-from transformer.blocks import Stack
-from transformer.data import Targets
-from transformer.decoding import greedy_decode
-from transformer.families import ARCHS, ModelFamily, make_model
-from transformer.vocab import EOS_ID
-from transformer.metrics import macro_f1
-from transformer.positions import POSITIONS
-from transformer.scores import SCORES
+from transformer.core.errors import ConfigError
+from transformer.core.metrics import macro_f1
+from transformer.core.vocab import EOS_ID
+from transformer.data import Targets, corpora, labelled, lm
+from transformer.model.attention import AttentionConfig
+from transformer.model.config import ModelConfig
+from transformer.model.decoding import generate, greedy_decode
+from transformer.model.families import ARCHS, ModelFamily, make_model
+from transformer.model.positions import POSITIONS
+from transformer.model.scores import SCORES
+from transformer.model.stack import Stack
+from transformer.run import experiment
+from transformer.run import step as step_lib
+from transformer.run import training
+from transformer.run.config import parse
 
 TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
             num_decoder_layers=2, dropout=0.0, max_len=64)
@@ -344,7 +343,7 @@ def test_a_tiny_encoder_learns_each_task(tmp_path, task, pooling, chance):
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
 def test_pictures_of_each_family(tmp_path, arch):
-  from transformer import pictures  # noqa: PLC0415 - matplotlib only here
+  from transformer.study import pictures  # noqa: PLC0415 - matplotlib only here
   model = _model(arch, "alibi")
   task = labelled.Duplicates(num_symbols=16)
   encoded = [np.array([3, 4, 5, 3], np.int32), np.array([6, 7], np.int32)]
@@ -358,7 +357,7 @@ def test_pictures_of_each_family(tmp_path, arch):
 
 
 def test_sweep_plots_perplexity_by_length(tmp_path):
-  from transformer import pictures, report_plots  # noqa: PLC0415
+  from transformer.study import pictures, report_plots  # noqa: PLC0415
   run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
                                       "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
                        for w in (64, 128) for s in ("", "_sliding")}
@@ -380,8 +379,8 @@ def listops_config(**overrides):
 SHARDED_RUN = """
 import json, sys
 from tests.test_families import listops_config
-from transformer.config import parse
-from transformer.training import train_and_evaluate
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
 train_and_evaluate(parse(listops_config(**json.loads(sys.argv[2]))), sys.argv[1])
 """
 

@@ -20,15 +20,14 @@ import pytest
 from orbax.checkpoint._src.handlers import standard_checkpoint_handler
 
 from tests.clirun import ROOT, TINY, CliRunner
-from tests.conftest import make_tiny_config
-from transformer import checkpoint, evaluation, experiment, lock
-from transformer import step as step_lib
-from transformer.config import parse
-from transformer.errors import RunError
-from tests.conftest import restore_and_evaluate
-from transformer.step import make_train_step
-from transformer.training import train_and_evaluate
-from transformer.workdir import CONFIG_FILE, read_metrics
+from tests.conftest import make_tiny_config, restore_and_evaluate
+from transformer.core.errors import RunError
+from transformer.run import checkpoint, evaluator, experiment, lock
+from transformer.run import step as step_lib
+from transformer.run.config import parse
+from transformer.run.step import make_train_step
+from transformer.run.training import train_and_evaluate
+from transformer.run.workdir import CONFIG_FILE, read_metrics
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 TINY_CONFIG = ("import sys\nsys.path.insert(0, {root!r})\n"
@@ -375,7 +374,7 @@ def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_pat
   with monkeypatch.context() as patch:
     def broken(*args, **kwargs):
       raise RuntimeError("evaluation broke")
-    patch.setattr(evaluation.Evaluator, "evaluate", broken)
+    patch.setattr(evaluator.Evaluator, "evaluate", broken)
     with pytest.raises(RuntimeError, match="evaluation broke"):  # the final save in flight
       train_and_evaluate(parse(config), run)
   assert _steps(run) == [20] and not glob.glob(os.path.join(run, "checkpoints", "*tmp*"))
@@ -476,7 +475,7 @@ def test_sigterm_during_an_evaluation_stops_it_between_batches(tmp_path):
 
 def test_a_second_signal_exits_at_once():
   code = ("import os, signal, time\n"
-          "from transformer.cli import StopSignals\n"
+          "from transformer.run.cli import StopSignals\n"
           "with StopSignals() as stop:\n"
           "  os.kill(os.getpid(), signal.SIGINT)\n"
           "  assert stop() and stop.exit_status == 130\n"
@@ -543,7 +542,7 @@ def test_sigterm_stops_a_sweep_after_saving_its_current_run(tmp_path):
   sweep_file = tmp_path / "sweep.py"
   sweep_file.write_text(
       "from tests.conftest import make_tiny_config\n"
-      "from transformer.sweep import axis\n"
+      "from transformer.study.sweep import axis\n"
       "def get_config():\n"
       "  return make_tiny_config(**{'train.num_steps': 100000, 'train.checkpoint_every': 100000})\n"
       "def get_sweep():\n"

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.kernels import KERNELS, equal_head_dims, reference_kernel
-from transformer.masks import Mask
-from transformer.positions import make_positional_encoding
-from transformer.scores import Gaussian
+from transformer.model.kernels import KERNELS, equal_head_dims, reference_kernel
+from transformer.model.masks import Mask
+from transformer.model.positions import make_positional_encoding
+from transformer.model.scores import Gaussian
 
 H, D = 2, 5
 SEG = jnp.array([[1] * 6 + [2] * 3 + [0] * 2, [1] * 11])  # packing, then padding

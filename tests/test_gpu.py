@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.errors import ConfigError
-from transformer.kernels import KERNELS, reference_kernel
-from transformer.masks import Mask
-from transformer.positions import POSITIONS, PositionalEncoding, make_positional_encoding
-from transformer.scores import Gaussian, ScaledDot
+from transformer.core.errors import ConfigError
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.kernels import KERNELS, reference_kernel
+from transformer.model.masks import Mask
+from transformer.model.positions import POSITIONS, PositionalEncoding, make_positional_encoding
+from transformer.model.scores import Gaussian, ScaledDot
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU")
 

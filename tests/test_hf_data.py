@@ -16,13 +16,15 @@ import pyarrow as pa  # noqa: E402 - datasets' own dependency
 import pyarrow.parquet as pq  # noqa: E402
 
 from tests.conftest import make_tiny_config  # noqa: E402
-from transformer import config as config_lib, experiment, fields  # noqa: E402
-from transformer.config import parse  # noqa: E402
+from transformer.core import fields
+from transformer.core.errors import ConfigError  # noqa: E402
 from transformer.data import encoded, hf  # noqa: E402
 from transformer.data.hf import HfData  # noqa: E402
 from transformer.data.lm import LMData  # noqa: E402
-from transformer.errors import ConfigError  # noqa: E402
-from transformer.training import train_and_evaluate  # noqa: E402
+from transformer.run import config as config_lib  # noqa: E402
+from transformer.run import experiment
+from transformer.run.config import parse  # noqa: E402
+from transformer.run.training import train_and_evaluate  # noqa: E402
 
 WORDS = ["a", "dog", "cat", "runs", "sleeps", "the", "big", "small", "here", "now"]
 EN = [f"{a} {b} {c}" for a in WORDS[:5] for b in WORDS[5:] for c in WORDS[::4]]  # 75

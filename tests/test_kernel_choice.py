@@ -10,16 +10,17 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from transformer import experiment, kernel_choice
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.blocks import ModelConfig
-from transformer.config import parse
-from transformer.errors import ConfigError
-from transformer.families import make_model
-from transformer.kernel_choice import AUTO_ORDER, choose_kernel, kernel_choices
-from transformer.kernels import KERNELS
-from transformer.positions import POSITIONS, make_positional_encoding
-from transformer.scores import SCORES, make_score
+from transformer.core.errors import ConfigError
+from transformer.model import kernel_choice
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.model.kernel_choice import AUTO_ORDER, choose_kernel, kernel_choices
+from transformer.model.kernels import KERNELS
+from transformer.model.positions import POSITIONS, make_positional_encoding
+from transformer.model.scores import SCORES, make_score
+from transformer.run import experiment
+from transformer.run.config import parse
 
 H, D = 2, 8
 DOT = {"scaled_dot", "dot", "gaussian", "cosine"}  # the scorers that are dot products

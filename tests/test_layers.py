@@ -1,4 +1,4 @@
-"""transformer/layers.py against the Flax layers they replace and the dropout formula."""
+"""transformer/model/layers.py against the Flax layers they replace and the dropout formula."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.layers import Dense, Dropout, LayerNorm, project
+from transformer.model.layers import Dense, Dropout, LayerNorm, project
 
 
 def _x(*shape, seed=0):

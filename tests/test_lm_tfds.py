@@ -6,8 +6,8 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from tests.conftest import make_tiny_config  # noqa: E402
-from transformer import experiment  # noqa: E402
-from transformer.config import parse
+from transformer.run import experiment  # noqa: E402
+from transformer.run.config import parse
 
 LINES = ["def add(a, b):", "    return a + b", "", "class Point:", "    x = 0"]
 

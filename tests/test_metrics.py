@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from transformer.metrics import exact_match_by_length, loss_head_metrics, text_scores, token_metrics
+from transformer.core.metrics import (exact_match_by_length, loss_head_metrics, text_scores,
+                                      token_metrics)
 
 
 def _problem(n=24, d=8, vocab=11, seed=0):

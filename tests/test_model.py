@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.blocks import ModelConfig
-from transformer.config import parse
-from transformer.decoding import greedy_decode
-from transformer.errors import ConfigError
-from transformer.families import EncoderDecoder, make_model, shift_right
-from transformer.positions import POSITIONS, make_positional_encoding
-from transformer.scores import SCORES, make_score
+from transformer.core.errors import ConfigError
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.config import ModelConfig
+from transformer.model.decoding import greedy_decode
+from transformer.model.families import EncoderDecoder, make_model, shift_right
+from transformer.model.positions import POSITIONS, make_positional_encoding
+from transformer.model.scores import SCORES, make_score
+from transformer.run.config import parse
 
 TINY = dict(vocab_size=11, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
             num_decoder_layers=2, dropout=0.1, max_len=32)

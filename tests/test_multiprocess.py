@@ -21,17 +21,17 @@ import numpy as np
 import pytest
 
 from tests.clirun import ROOT
-from transformer import sweep
 from tests.conftest import restore_and_evaluate
-from transformer.evaluation import restore_run
-from transformer.workdir import read_metrics
+from transformer.run.evaluation import restore_run
+from transformer.run.workdir import read_metrics
+from transformer.study import sweep
 
 # Beyond ~30 steps the 1e-6 differences between 1 and 2 processes (the order of their sums)
 # grow chaotically at this learning rate; up to here they stay below 1e-5.
 STEPS = 30
 SWEEP = f"""
 from tests.conftest import make_tiny_config
-from transformer.sweep import axis
+from transformer.study.sweep import axis
 
 def get_config():
   return make_tiny_config(**{{"train.num_steps": {STEPS}, "train.checkpoint_every": 100,

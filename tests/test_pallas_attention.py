@@ -1,4 +1,4 @@
-"""The Pallas flash-attention kernel (transformer/pallas_attention.py; Pallas' interpret mode
+"""The Pallas flash-attention kernel (transformer/model/pallas_attention.py; Pallas' interpret mode
 on the CPU) against the reference kernel: outputs and gradients (of q, k, v, the scorers'
 parameters and the bias encodings' parameters) for every dot-product scorer × every
 bias-declaring encoding (and rotary, which biases nothing) × {causal, bidirectional, local
@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.blocks import ModelConfig
-from transformer.errors import ConfigError
-from transformer.families import make_model
-from transformer.kernels import KERNELS, reference_kernel
-from transformer.layers import Dropout
-from transformer.masks import Mask
-from transformer.pallas_attention import flash_attention
-from transformer.positions import POSITIONS, Fire, T5Bias
-from transformer.positions.base import spec_bias
-from transformer.scores import SCORES, Dot, make_score
+from transformer.core.errors import ConfigError
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.model.kernels import KERNELS, reference_kernel
+from transformer.model.layers import Dropout
+from transformer.model.masks import Mask
+from transformer.model.pallas_attention import flash_attention
+from transformer.model.positions import POSITIONS, Fire, T5Bias
+from transformer.model.positions.base import spec_bias
+from transformer.model.scores import SCORES, Dot, make_score
 
 H, D, T, BLOCK = 2, 8, 19, 8
 DOT_SCORES = sorted(name for name in SCORES

@@ -11,12 +11,13 @@ import pytest
 from flax import nnx
 
 from tests.conftest import make_tiny_config
-from transformer import evaluation, experiment, pictures
-from transformer.config import parse
-from transformer.attention import AttentionConfig, MultiHeadAttention
-from transformer.blocks import ModelConfig
-from transformer.families import EncoderDecoder
-from transformer.positions import POSITIONS, alibi_slopes, make_positional_encoding, sinusoid
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.config import ModelConfig
+from transformer.model.families import EncoderDecoder
+from transformer.model.positions import POSITIONS, alibi_slopes, make_positional_encoding, sinusoid
+from transformer.run import evaluation, experiment
+from transformer.run.config import parse
+from transformer.study import pictures
 
 PNG = b"\x89PNG\r\n\x1a\n"
 forward = nnx.jit(lambda model, batch: model(batch))

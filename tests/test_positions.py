@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.errors import ConfigError
-from transformer.fields import FieldError
-from transformer.positions import (POSITIONS, ALiBi, CoPE, Fire, Kerple, PositionSettings, Rotary,
-                                   T5Bias, XPos, alibi_slopes, make_positional_encoding,
-                                   relative_position_bucket, rotate_half_pairs, sinusoid)
+from transformer.core.errors import ConfigError
+from transformer.core.fields import FieldError
+from transformer.model.positions import (POSITIONS, ALiBi, CoPE, Fire, Kerple, PositionSettings,
+                                         Rotary, T5Bias, XPos, alibi_slopes,
+                                         make_positional_encoding, relative_position_bucket,
+                                         rotate_half_pairs, sinusoid)
 
 CAUSAL_ONLY = sorted(name for name, cls in POSITIONS.items() if cls.causal_only)
 
@@ -131,8 +132,8 @@ def test_every_encoding_declares_whether_it_biases(name):
 def test_causal_only_encodings_are_refused_in_a_bidirectional_stack(name):
   """An encoding declaring causal_only serves decoder stacks and is refused, with one
   ConfigError saying what to use, for an encoder's, in every family that has one."""
-  from transformer.blocks import ModelConfig  # noqa: PLC0415
-  from transformer.families import ARCHS, make_model  # noqa: PLC0415
+  from transformer.model.config import ModelConfig  # noqa: PLC0415
+  from transformer.model.families import ARCHS, make_model  # noqa: PLC0415
   message = (f"position '{name}' is defined for causal self-attention only (decoder stacks; "
              "keys never after the query), and this model has a bidirectional (encoder) stack: "
              "use model.arch=decoder or another position")

@@ -14,16 +14,18 @@ from scipy import stats
 
 from tests.test_decoding import BATCH, MAX_LEN, TINY, _cached_logits, _full_logits
 from tests.test_training import _params, _records
-from transformer.blocks import CausalLayer, ModelConfig, Stack
-from transformer.config import parse
-from transformer.decoding import generate
-from transformer.families import DecoderOnly, EncoderDecoder
-from transformer.errors import ConfigError
-from transformer.fields import FieldError
-from transformer.masks import Mask
-from transformer.positions import POSITIONS, make_positional_encoding
-from transformer.positions.randomized import sample_positions
-from transformer.training import train_and_evaluate
+from transformer.core.errors import ConfigError
+from transformer.core.fields import FieldError
+from transformer.model.blocks import CausalLayer
+from transformer.model.config import ModelConfig
+from transformer.model.decoding import generate
+from transformer.model.families import DecoderOnly, EncoderDecoder
+from transformer.model.masks import Mask
+from transformer.model.positions import POSITIONS, make_positional_encoding
+from transformer.model.positions.randomized import sample_positions
+from transformer.model.stack import Stack
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
 
 TAKES_POSITIONS = sorted(name for name, cls in POSITIONS.items() if cls.takes_positions)
 # Packed rows: segments of 3, 2 and 4 tokens with padding between and after.

@@ -1,4 +1,4 @@
-"""Sampling the next token (transformer/sampling.py): the settings are checked; temperature → 0
+"""Sampling the next token (transformer/model/sampling.py): the settings are checked; temperature → 0
 and top_k = 1 are greedy, in the pure function and through cached decoding; each filter
 keeps exactly its tokens; the draws follow the renormalised filtered distribution (a
 chi-square test that rejects the usual wrong ones); a key repeats its tokens."""
@@ -12,13 +12,13 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from transformer.attention import AttentionConfig
-from transformer.blocks import ModelConfig
-from transformer.decoding import generate, greedy_decode
-from transformer.families import EncoderDecoder, make_model
-from transformer.fields import FieldError
-from transformer.sampling import GREEDY, Sampling, next_tokens
-from transformer.vocab import EOS_ID, PAD_ID
+from transformer.core.fields import FieldError
+from transformer.core.vocab import EOS_ID, PAD_ID
+from transformer.model.attention import AttentionConfig
+from transformer.model.config import ModelConfig
+from transformer.model.decoding import generate, greedy_decode
+from transformer.model.families import EncoderDecoder, make_model
+from transformer.model.sampling import GREEDY, Sampling, next_tokens
 
 VOCAB = 32
 LOGITS = jnp.asarray(2.0 * np.random.default_rng(0).standard_normal((8, VOCAB)), jnp.float32)
@@ -249,8 +249,8 @@ SAMPLED = Sampling(temperature=0.8, top_p=0.9)
     (Sampling(), {"temperature": 1.0, "min_p": 0.1}, None, (Sampling(1.0, min_p=0.1), 5)),
 ])
 def test_flags_replace_the_configs_sampling_field_by_field(defaults, overrides, seed, expected):
-  from transformer.config import EvalConfig  # noqa: PLC0415
-  from transformer.evaluation import chosen_sampling  # noqa: PLC0415
+  from transformer.run.config import EvalConfig  # noqa: PLC0415
+  from transformer.run.evaluation import chosen_sampling  # noqa: PLC0415
 
   cfg = EvalConfig(sampling=defaults, sample_seed=5)
   assert chosen_sampling(cfg, overrides, seed) == expected
@@ -259,9 +259,9 @@ def test_flags_replace_the_configs_sampling_field_by_field(defaults, overrides, 
 
 
 def test_a_filter_without_a_temperature_and_a_seed_for_greedy_decoding_are_refused():
-  from transformer.config import EvalConfig  # noqa: PLC0415
-  from transformer.errors import ConfigError  # noqa: PLC0415
-  from transformer.evaluation import chosen_sampling  # noqa: PLC0415
+  from transformer.core.errors import ConfigError  # noqa: PLC0415
+  from transformer.run.config import EvalConfig  # noqa: PLC0415
+  from transformer.run.evaluation import chosen_sampling  # noqa: PLC0415
 
   with pytest.raises(FieldError, match="top_k=4"):
     chosen_sampling(EvalConfig(), {"top_k": 4})
@@ -272,10 +272,10 @@ def test_a_filter_without_a_temperature_and_a_seed_for_greedy_decoding_are_refus
 def test_training_evaluates_with_the_configs_sampling(tmp_path, monkeypatch, tiny_config):
   """The run's config.eval.sampling and sample_seed reach the evaluations during training;
   a family that neither decodes nor generates refuses a temperature in its config."""
-  from transformer import training  # noqa: PLC0415
-  from transformer.config import parse  # noqa: PLC0415
-  from transformer.errors import ConfigError  # noqa: PLC0415
-  from transformer.experiment import build  # noqa: PLC0415
+  from transformer.core.errors import ConfigError  # noqa: PLC0415
+  from transformer.run import training  # noqa: PLC0415
+  from transformer.run.config import parse  # noqa: PLC0415
+  from transformer.run.experiment import build  # noqa: PLC0415
 
   seen = []
 

@@ -15,13 +15,14 @@ from flax import nnx
 from ml_collections import config_flags
 
 from tests.conftest import make_tiny_config
-from transformer import experiment, sweep, workdir
-from transformer import config as config_lib
-from transformer.config import parse
-from transformer.errors import ConfigError
-from transformer.families import EncoderDecoder
-from transformer.positions import ALiBi, PositionSettings, T5Bias, make_positional_encoding
-from transformer.scores import ScoreSettings
+from transformer.core.errors import ConfigError
+from transformer.model.families import EncoderDecoder
+from transformer.model.positions import ALiBi, PositionSettings, T5Bias, make_positional_encoding
+from transformer.model.scores import ScoreSettings
+from transformer.run import config as config_lib
+from transformer.run import experiment, workdir
+from transformer.run.config import parse
+from transformer.study import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,12 +16,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tests.conftest import restore_and_evaluate
-from transformer import experiment, sharding
-from transformer.blocks import ModelConfig
-from transformer.config import parse
-from transformer.errors import ConfigError
-from transformer.families import make_model
-from transformer.training import train_and_evaluate
+from transformer.core.errors import ConfigError
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.run import experiment, sharding
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,9 +29,9 @@ SHARDED_RUN = """
 import json, sys
 import jax
 from tests.conftest import make_tiny_config
-from transformer import sharding
-from transformer.config import parse
-from transformer.training import train_and_evaluate
+from transformer.run import sharding
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
 config = make_tiny_config(**json.loads(sys.argv[2]))
 train_and_evaluate(parse(config), sys.argv[1])
 mesh = sharding.make_mesh(config.mesh.to_dict())

@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 from tests.conftest import make_tiny_config, restore_and_evaluate
-from transformer import config as config_lib, experiment
-from transformer.config import parse
-from transformer.data import Targets
+from transformer.core.fields import Chosen
+from transformer.data import Targets, labelled
 from transformer.data.base import DataSource, Split
-from transformer.data import labelled
 from transformer.data.labelled import TASKS
 from transformer.data.sources import SOURCES
-from transformer.families import ARCHS
-from transformer.fields import Chosen
-from transformer.training import train_and_evaluate
+from transformer.model.families import ARCHS
+from transformer.run import config as config_lib
+from transformer.run import experiment
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
 
 BATCH_KEYS = ("inputs", "targets", "inputs_positions", "inputs_segmentation",
               "targets_segmentation")

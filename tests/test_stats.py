@@ -1,4 +1,4 @@
-"""Statistics over seeds (transformer/stats.py) against direct computation; the report's
+"""Statistics over seeds (transformer/study/stats.py) against direct computation; the report's
 tables of them over run directories written as training writes them (compare.py, no
 training); paired bootstrap resampling of translation hypotheses (sacreBLEU)."""
 
@@ -14,9 +14,11 @@ import sacrebleu
 from scipy import stats as scipy_stats
 
 from tests.conftest import make_tiny_config
-from transformer import compare, config as config_lib, stats, workdir as workdir_lib
-from transformer.evaluation import text_paths
-from transformer.errors import ConfigError
+from transformer.core.errors import ConfigError
+from transformer.run import config as config_lib
+from transformer.run import workdir as workdir_lib
+from transformer.run.evaluation import text_paths
+from transformer.study import compare, stats
 
 
 def test_summary_is_the_t_interval_of_the_mean():

@@ -14,11 +14,13 @@ from etils import epath
 from etils.epath import testing as epath_testing
 
 from tests.conftest import make_tiny_config
-from transformer import lock, pictures, storage
-from transformer import workdir as workdir_lib
-from transformer.config import parse
+from transformer.core import storage
 from transformer.data import text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
+from transformer.run import lock
+from transformer.run import workdir as workdir_lib
+from transformer.run.config import parse
+from transformer.study import pictures
 
 
 @contextlib.contextmanager

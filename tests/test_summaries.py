@@ -6,10 +6,10 @@ import os
 import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer.config import parse
-from transformer.summaries import SUMMARY_DIR
-from transformer.training import train_and_evaluate
-from transformer.workdir import read_metrics
+from transformer.run.config import parse
+from transformer.run.summaries import SUMMARY_DIR
+from transformer.run.training import train_and_evaluate
+from transformer.run.workdir import read_metrics
 
 
 def _scalars(workdir, split):

@@ -15,15 +15,15 @@ import pytest
 
 from tests.clirun import CliRunner
 from tests.conftest import make_tiny_config
-from transformer import report, report_plots, results, sweep
+from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
-from transformer.errors import ConfigError
+from transformer.study import report, report_plots, results, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SWEEP_CONFIG = """
 from tests.conftest import make_tiny_config
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 def get_config():
   return make_tiny_config(**{"train.num_steps": 30, "train.checkpoint_every": 10})
@@ -135,7 +135,7 @@ def test_sweep_argument_is_checked():
 
 FAILING_SWEEP = """
 from tests.conftest import make_tiny_config
-from transformer.sweep import axis, product
+from transformer.study.sweep import axis, product
 
 def get_config():
   return make_tiny_config(**{"train.num_steps": 6, "train.log_every": 3,
@@ -216,7 +216,7 @@ def test_a_run_whose_data_cannot_be_prepared_is_recorded_and_the_sweep_goes_on(t
   config["data"] = sections["data"]
   config_path.write_text(
       "import ml_collections\n"
-      "from transformer.sweep import axis\n"
+      "from transformer.study.sweep import axis\n"
       f"def get_config():\n  return ml_collections.ConfigDict({config!r})\n"
       "def get_sweep():\n  return axis('data.train_source', ['bad.en', 'train.en.gz'])\n")
   trained, failed = sweep.run(str(config_path), str(sweep_dir))

@@ -6,11 +6,11 @@ import os
 import numpy as np
 import pytest
 
+from transformer.core.errors import ConfigError
+from transformer.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from transformer.data.pipeline import PackedStream
 from transformer.data.text import read_parallel
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
-from transformer.errors import ConfigError
-from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
 SENTENCES = [f"the {a} {n} sees {b} {m}" for a in ("red", "small", "old", "happy")

@@ -11,13 +11,13 @@ import pytest
 
 from configs import multi30k
 from tests.conftest import make_tiny_config, restore_and_evaluate
-from transformer import checkpoint, experiment
-from transformer.config import parse
+from transformer.core.errors import ConfigError
 from transformer.data.tokenizer import RECORD_FILE, TOKENIZER_FILE, UNK_ID
-from transformer.errors import ConfigError
-from transformer.evaluation import text_paths
-from transformer.training import train_and_evaluate
-from transformer.workdir import METRICS_FILE
+from transformer.run import checkpoint, experiment
+from transformer.run.config import parse
+from transformer.run.evaluation import text_paths
+from transformer.run.training import train_and_evaluate
+from transformer.run.workdir import METRICS_FILE
 
 WORDS = {"the": "der", "dog": "hund", "cat": "katze", "runs": "läuft", "sleeps": "schläft",
          "big": "große", "small": "kleine", "here": "hier", "now": "jetzt"}
@@ -122,7 +122,7 @@ def _unknowns(workdir, lines):
 
 
 def _config_of(workdir):
-  from transformer.workdir import load_config  # noqa: PLC0415
+  from transformer.run.workdir import load_config  # noqa: PLC0415
   return load_config(workdir)
 
 

@@ -13,10 +13,10 @@ import pytest
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from configs import wmt14_base  # noqa: E402
-from transformer import experiment  # noqa: E402
-from transformer.config import parse  # noqa: E402
-from transformer.errors import ConfigError  # noqa: E402
-from transformer.training import train_and_evaluate  # noqa: E402
+from transformer.core.errors import ConfigError  # noqa: E402
+from transformer.run import experiment  # noqa: E402
+from transformer.run.config import parse  # noqa: E402
+from transformer.run.training import train_and_evaluate  # noqa: E402
 
 EN = ["a dog runs", "the cat sleeps", "a big dog", "the small cat", "here now", "a cat runs"]
 DE = ["ein hund läuft", "die katze schläft", "ein großer hund", "die kleine katze", "hier jetzt",

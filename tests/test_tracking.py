@@ -1,4 +1,4 @@
-"""Weights & Biases tracking (transformer/tracking.py): real offline runs read back from
+"""Weights & Biases tracking (transformer/run/tracking.py): real offline runs read back from
 wandb's own run files (the scalars are metrics.jsonl's, the config is config.json's, a
 resumed run continues the same W&B run and sends no step twice, a sweep's runs share a
 group), and with a stand-in wandb module: process 0 only, a run begun part-way gets the
@@ -16,15 +16,16 @@ import jax
 import numpy as np
 import pytest
 
-from transformer import summaries, sweep, tracking
-from transformer.config import parse
-from transformer.errors import ConfigError, RunError
-from transformer.training import train_and_evaluate
-from transformer.workdir import read_metrics
+from transformer.core.errors import ConfigError, RunError
+from transformer.run import summaries, tracking
+from transformer.run.config import parse
+from transformer.run.training import train_and_evaluate
+from transformer.run.workdir import read_metrics
+from transformer.study import sweep
 
 SWEEP_CONFIG = """
 from tests.conftest import make_tiny_config
-from transformer.sweep import axis
+from transformer.study.sweep import axis
 
 def get_config():
   return make_tiny_config(**{"train.num_steps": 2, "train.log_every": 1,

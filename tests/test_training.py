@@ -10,14 +10,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from transformer import checkpoint, evaluation, experiment, logs, sharding
-from transformer.config import parse
-from transformer.errors import ConfigError
 from tests.conftest import restore_and_evaluate
-from transformer.metrics import cross_entropy, language_model_metrics
-from transformer.optim import rsqrt_schedule
-from transformer.training import log_eval, train_and_evaluate
-from transformer.workdir import METRICS_FILE
+from transformer.core.errors import ConfigError
+from transformer.core.metrics import cross_entropy, language_model_metrics
+from transformer.run import checkpoint, evaluator, experiment, logs, sharding
+from transformer.run.config import parse
+from transformer.run.optim import rsqrt_schedule
+from transformer.run.training import log_eval, train_and_evaluate
+from transformer.run.workdir import METRICS_FILE
 
 
 def _records(workdir):
@@ -203,7 +203,7 @@ def test_a_long_evaluation_logs_progress(tiny_config, log_lines, monkeypatch):
   monkeypatch.setattr(logs, "PROGRESS_EVERY", 0.0)
   config = tiny_config(**{"eval.num_examples": 40, "eval.batch_size": 16})  # 3 batches
   exp = experiment.build(parse(config))
-  evaluator = evaluation.Evaluator(exp)
+  evaluator = evaluator.Evaluator(exp)
   evaluator.evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits())
   progress = [m for m in log_lines() if m.startswith("eval ")]
   assert [m.split(",")[0] for m in progress] == [

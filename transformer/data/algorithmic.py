@@ -25,14 +25,14 @@ import dataclasses
 import grain
 import numpy as np
 
+from transformer.core.errors import ConfigError
+from transformer.core.fields import Chosen, check
+from transformer.core.registry import lookup
+from transformer.core.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 from transformer.data import SourceArgs, Targets, pipeline
 from transformer.data.base import DataSource, Example, Split, SplitResult
 from transformer.data.chomsky import TASKS
 from transformer.data.labelled import label_batch
-from transformer.errors import ConfigError
-from transformer.fields import Chosen, check
-from transformer.registry import lookup
-from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 _TRAIN_STREAM = 0  # evaluation splits use 1, 2, ...
 CASTS = {"slots": Targets.TOKEN_LABELS, "seq2seq": Targets.SEQUENCE}  # data.cast

@@ -4,7 +4,7 @@ source (each gives a tiny instance of itself: DataSource.example), so a new sour
 tested the moment it is registered.
 
 A source declares its config sections (Data: config.data; Task: config.task, or None) as
-frozen dataclasses, parsed once by transformer/config.py, and what its batches ask a model
+frozen dataclasses, parsed once by transformer/run/config.py, and what its batches ask a model
 to predict (targets), which the model family must learn (families.ModelFamily.learns). It
 gives training batches (a checkpointable grain IterDataset of the batch layout in
 data/__init__.py), held-out Splits, and the metrics of a model's outputs on them.
@@ -17,9 +17,9 @@ from typing import Any, ClassVar, NamedTuple
 import grain
 import numpy as np
 
+from transformer.core.errors import ConfigError
+from transformer.core.fields import Chosen
 from transformer.data import SourceArgs, Targets
-from transformer.errors import ConfigError
-from transformer.fields import Chosen
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from etils import epath
 
-from transformer import storage
+from transformer.core import storage
+from transformer.core.errors import ConfigError
 from transformer.data import encoded, hf, text
-from transformer.errors import ConfigError
 
 if TYPE_CHECKING:
   from transformer.data.lm import LMData

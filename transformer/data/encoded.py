@@ -38,9 +38,9 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 from etils import epath
 
-from transformer import storage
-from transformer.errors import ConfigError
-from transformer.vocab import EOS_ID
+from transformer.core import storage
+from transformer.core.errors import ConfigError
+from transformer.core.vocab import EOS_ID
 
 FORMAT = 2  # 2: the manifest has a checksum
 MANIFEST = "manifest.json"

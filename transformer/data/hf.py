@@ -33,12 +33,12 @@ from collections.abc import Iterator
 
 from etils import epath
 
-from transformer import storage
+from transformer.core import storage
+from transformer.core.errors import ConfigError
+from transformer.core.fields import check, execution
 from transformer.data import SourceArgs, encoded
 from transformer.data.base import Example
 from transformer.data.translation import TranslationData, TranslationSource
-from transformer.errors import ConfigError
-from transformer.fields import check, execution
 
 LOCAL_BUILDERS = ("arrow", "csv", "json", "parquet")
 LOCAL_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # files: split names

@@ -17,12 +17,12 @@ import zlib
 import grain
 import numpy as np
 
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_1, Chosen, Range, check, check_ranges
+from transformer.core.metrics import macro_f1
+from transformer.core.vocab import BOS_ID, NUM_RESERVED, RESERVED_PIECES
 from transformer.data import SourceArgs, Targets, pipeline
 from transformer.data.base import DataSource, Example, Split, SplitResult
-from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, Chosen, Range, check, check_ranges
-from transformer.metrics import macro_f1
-from transformer.vocab import BOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 _TRAIN_STREAM = 0  # evaluation splits use 1, 2, ...
 _MAX_DRAWS = 10_000  # a task with no sequence of the wanted kind is an error, not a hang

@@ -22,17 +22,17 @@ import unicodedata
 import grain
 import numpy as np
 
-from transformer import storage
+from transformer.core import storage
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges, execution
+from transformer.core.metrics import language_model_metrics
+from transformer.core.registry import lookup
+from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs, Targets, hf, pipeline
-from transformer.data.corpora import CORPORA, corpus_identity, matching_files, stdlib_files
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Example, Split, SplitResult
+from transformer.data.corpora import CORPORA, corpus_identity, matching_files, stdlib_files
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
-from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, Range, check, check_ranges, execution
-from transformer.metrics import language_model_metrics
-from transformer.registry import lookup
-from transformer.vocab import BOS_ID, EOS_ID, NUM_RESERVED
 
 _TRAIN_STREAM = 0
 _TOKENIZER_LINES = 300_000  # lines the tokenizer is trained on (the first ones)

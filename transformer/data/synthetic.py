@@ -18,14 +18,14 @@ import grain
 import jax
 import numpy as np
 
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges
+from transformer.core.metrics import exact_match_by_length
+from transformer.core.registry import lookup
+from transformer.core.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 from transformer.data import SourceArgs, Targets
 from transformer.data.base import DataSource, Example, Split, SplitResult
 from transformer.data.pipeline import READ_OPTIONS, generated_batches, pad_batch
-from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_1, Range, check, check_ranges
-from transformer.registry import lookup
-from transformer.metrics import exact_match_by_length
-from transformer.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 
 TRANSFORMS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "reverse": lambda s: s[::-1],

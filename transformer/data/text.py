@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from etils import epath
 
-from transformer.errors import ConfigError
+from transformer.core.errors import ConfigError
 
 
 def read_lines(path: str) -> list[str]:

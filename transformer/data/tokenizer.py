@@ -36,9 +36,9 @@ import sentencepiece as spm
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer import storage
-from transformer.errors import ConfigError, RunError
-from transformer.vocab import BOS_ID, EOS_ID, PAD_ID
+from transformer.core import storage
+from transformer.core.errors import ConfigError, RunError
+from transformer.core.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MODEL_TYPES = ("unigram", "bpe", "char", "word")
 TOKENIZER_FILE = "spm.model"  # the name of a tokenizer a run trains into its workdir

@@ -24,16 +24,16 @@ import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer import storage
+from transformer.core import storage
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_0, Range, check_ranges, execution
+from transformer.core.metrics import text_scores
+from transformer.core.registry import lookup
+from transformer.core.vocab import NUM_RESERVED
 from transformer.data import SourceArgs, Targets, encoded, pipeline, text
-from transformer.data.base import DataSource, Example, Split, SplitResult
 from transformer.data import tokenizer as tokenizer_lib
+from transformer.data.base import DataSource, Example, Split, SplitResult
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
-from transformer.errors import ConfigError
-from transformer.fields import AT_LEAST_0, Range, check_ranges, execution
-from transformer.metrics import text_scores
-from transformer.registry import lookup
-from transformer.vocab import NUM_RESERVED
 
 ENCODED_DIR = "encoded_train"  # the encoded training corpus, under data.cache_dir
 

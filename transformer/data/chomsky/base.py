@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from transformer.fields import AT_LEAST_1, Range, check, check_ranges
+from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,9 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from transformer.data.chomsky.base import (ModularTask, StringTask, Task, strings,
-                                           up_to_termination)
-from transformer.fields import check
+from transformer.core.fields import check
+from transformer.data.chomsky.base import ModularTask, StringTask, Task, strings, up_to_termination
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,8 +5,7 @@ import math
 
 import numpy as np
 
-from transformer.data.chomsky.base import (StringTask, Task, strings, uniform_int,
-                                           up_to_termination)
+from transformer.data.chomsky.base import StringTask, Task, strings, uniform_int, up_to_termination
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,8 +4,8 @@ import dataclasses
 
 import numpy as np
 
+from transformer.core.fields import Range, check_ranges
 from transformer.data.chomsky.base import ModularTask, Task, strings
-from transformer.fields import Range, check_ranges
 
 
 @dataclasses.dataclass(frozen=True)

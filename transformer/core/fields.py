@@ -1,0 +1,229 @@
+"""Typed config fields: allowed ranges, type checks, building a frozen dataclass from a config
+section (dataclass_from) with errors that name the field and what it allows, and each
+field's declared role:
+  * identity (the default): what the run's parameters mean; a workdir's run keeps them;
+  * execution: how the run computes or where its files are (kernel, dtype, paths, the
+    training schedule); may differ when a run is resumed or evaluated elsewhere;
+  * derived: not a config field; set from other parts (a model's vocabulary size from its
+    data source).
+A field may also declare where it lived in an older config layout (`moved_from`), and a
+section of per-entry settings which entry counts (`chosen_by`): checks and migrations derive
+from these declarations (identity, migrate), never from hand-kept lists of paths."""
+
+import dataclasses
+import math
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from transformer.core.errors import ConfigError
+from transformer.core.registry import lookup
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """Allowed values of a numeric field: lo ≤ (or <) value ≤ (or <) hi, either end open."""
+
+  lo: float | None = None
+  hi: float | None = None
+  lo_open: bool = False
+  hi_open: bool = False
+
+  def __contains__(self, value) -> bool:
+    return ((self.lo is None or value > self.lo or (not self.lo_open and value == self.lo))
+            and (self.hi is None or value < self.hi or (not self.hi_open and value == self.hi)))
+
+  def __str__(self) -> str:
+    if self.hi is None:
+      return f"{'>' if self.lo_open else '≥'} {self.lo}"
+    return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
+
+
+AT_LEAST_0, AT_LEAST_1 = Range(0), Range(1)
+POSITIVE = Range(0, lo_open=True)
+FRACTION = Range(0, 1, hi_open=True)  # rates and probabilities below 1
+
+
+class FieldError(ConfigError):
+  """A field outside its allowed values; dataclass_from prefixes the config section."""
+
+  def __init__(self, field: str, value, allowed: str):
+    super().__init__(f"{field}={value!r} is not allowed; it must be {allowed}")
+    self.field, self.value, self.allowed = field, value, allowed
+
+
+def check_ranges(obj, **ranges: Range) -> None:
+  """Raises FieldError for the first of obj's numeric fields outside its Range."""
+  for field, allowed in ranges.items():
+    value = getattr(obj, field)
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value in allowed):
+      raise FieldError(field, value, str(allowed))
+
+
+def check(ok: bool, field: str, value, allowed: str) -> None:
+  """Raises FieldError(field, value, allowed) unless ok."""
+  if not ok:
+    raise FieldError(field, value, allowed)
+
+
+_TYPES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _check_type(field: str, value, annotation) -> None:
+  expected = typing.get_args(annotation) or (annotation,)  # e.g. int | None
+  for t in expected:
+    if t is type(None) and value is None:
+      return
+    if t is bool and isinstance(value, bool):
+      return
+    if t in (int, float) and isinstance(value, int if t is int else (int, float)) \
+        and not isinstance(value, bool):
+      return
+    if t is str and isinstance(value, str):
+      return
+    if t not in _TYPES and t is not type(None):
+      return  # a nested dataclass or another type: checked by its own constructor
+  names = " or ".join(_TYPES.get(t, "null") for t in expected)
+  raise FieldError(field, value, names)
+
+
+def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra) -> T:
+  """cls(**section, **extra) with every value type-checked against cls's annotations and
+  each nested section (a field whose type is a dataclass) built the same way; a
+  ConfigError names unknown fields, and a FieldError raised by cls's checks gets the
+  section's name (`config.train.batch_size=0 is not allowed; ...`)."""
+  fields = {f.name: f for f in dataclasses.fields(cls) if is_config_field(f)}
+  unknown = sorted(set(section) - set(fields))
+  if unknown:
+    hint = getattr(cls, "unknown_hint", "")  # a class may say where such fields belong
+    raise ConfigError(f"unknown field(s) {', '.join(unknown)} in config.{name}; "
+                      f"fields: {', '.join(sorted(set(fields) - set(extra))) or 'none'}"
+                      + (f"; {hint}" if hint else ""))
+  hints = typing.get_type_hints(cls)
+  section = {key: dataclass_from(hints[key], value, f"{name}.{key}")
+             if dataclasses.is_dataclass(hints[key]) and isinstance(value, Mapping) else value
+             for key, value in section.items()}
+  try:
+    for key, value in section.items():
+      _check_type(key, value, hints[key])
+    return cls(**{**section, **extra})
+  except FieldError as e:  # the same error, its field named by its whole path
+    raise FieldError(f"config.{name}.{e.field}", e.value, e.allowed) from None
+
+
+# --------------------------------------------------------------------------- roles
+
+ROLE, EXECUTION, DERIVED = "role", "execution", "derived"
+
+
+def execution(default: Any = dataclasses.MISSING, **kwargs) -> Any:
+  """A field with the execution role (module docstring); `default` may be a dataclass
+  instance (a section)."""
+  if dataclasses.is_dataclass(default):
+    kwargs["default_factory"], default = (lambda d=default: d), dataclasses.MISSING
+  return dataclasses.field(default=default, metadata={ROLE: EXECUTION}, **kwargs)
+
+
+def derived(default: Any = dataclasses.MISSING) -> Any:
+  """A field set from other parts of the config, never given in it (module docstring)."""
+  return dataclasses.field(default=default, metadata={ROLE: DERIVED})
+
+
+def is_config_field(field: dataclasses.Field) -> bool:
+  return field.metadata.get(ROLE) != DERIVED
+
+
+def identity(obj, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of the identity fields of a typed config (or section), recursing
+  into sections; in a settings section declared `chosen_by` a sibling field, only the
+  chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  out = {}
+  for field in dataclasses.fields(obj):
+    if field.metadata.get(ROLE) in (EXECUTION, DERIVED):
+      continue
+    value, path = getattr(obj, field.name), f"{prefix}{field.name}"
+    chosen = field.metadata.get("chosen_by")
+    if chosen is not None:
+      key = getattr(obj, chosen)
+      entry = getattr(value, key, None)
+      out.update(identity(entry, f"{path}.{key}.") if entry is not None else {})
+    elif dataclasses.is_dataclass(value):
+      out.update(identity(value, f"{path}."))
+    else:
+      out[path] = value
+  return out
+
+
+def to_dict(obj) -> dict[str, Any]:
+  """A typed config (or section) as the nested dict of its config fields: what a config
+  file gives, and what dataclass_from reads back."""
+  values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if is_config_field(f)}
+  return {name: to_dict(value) if dataclasses.is_dataclass(value) else value
+          for name, value in values.items()}
+
+
+def migrate(raw: dict, cls: type, prefix: tuple[str, ...]) -> dict:
+  """`raw` (a whole config as nested dicts) with the value of every field of `cls` (the
+  section at `prefix`) and of its nested sections that declares `moved_from` (a dotted
+  path in an older layout) moved from there to its place; a value given at the old path
+  replaces one at the new. Returns a new dict; `raw` is not changed."""
+  moves = list(_moves(cls, prefix))
+  if not any(_get(raw, old) is not _ABSENT for old, _ in moves):
+    return raw
+  raw = _copy(raw)
+  for old, new in moves:
+    value = _pop(raw, old)
+    if value is not _ABSENT:
+      _put(raw, new, value)
+  return raw
+
+
+def _moves(cls: type, prefix: tuple[str, ...]):
+  hints = typing.get_type_hints(cls)
+  for field in dataclasses.fields(cls):
+    path = (*prefix, field.name)
+    if "moved_from" in field.metadata:
+      yield tuple(field.metadata["moved_from"].split(".")), path
+    if dataclasses.is_dataclass(hints[field.name]):
+      yield from _moves(hints[field.name], path)
+
+
+_ABSENT = object()
+
+
+def _copy(d):
+  return {k: _copy(v) for k, v in d.items()} if isinstance(d, Mapping) else d
+
+
+def _get(d, path):
+  for key in path:
+    if not isinstance(d, Mapping) or key not in d:
+      return _ABSENT
+    d = d[key]
+  return d
+
+
+def _pop(d, path):
+  parent = _get(d, path[:-1])
+  return parent.pop(path[-1]) if isinstance(parent, dict) and path[-1] in parent else _ABSENT
+
+
+def _put(d, path, value):
+  for key in path[:-1]:
+    d = d.setdefault(key, {})
+  d[path[-1]] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class Chosen:
+  """A config section whose dataclass one of its fields chooses from a registry (e.g.
+  task.name picks the labelled task); parse() builds the section as that dataclass."""
+
+  registry: Mapping[str, type]
+  key: str  # the field naming the entry
+  what: str  # names the registry in the error for an unknown entry
+
+  def parse(self, section: Mapping[str, Any], name: str):
+    return dataclass_from(lookup(self.registry, section.get(self.key), self.what), section, name)

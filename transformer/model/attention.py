@@ -1,0 +1,169 @@
+"""The multi-head attention layer and its key/value cache.
+
+The layer's parts come from their registries, chosen once here: the scorer
+(transformer/model/scores.py), the kernel computing softmax(score + bias)·V
+(transformer/model/kernels.py), the norm of each head's queries and keys (transformer/model/qk_norm.py);
+masks (transformer/model/masks.py) and the positional encoding are
+handed to each call, and the layer hands the encoding on to the kernel, which calls its
+logit seams. With num_kv_heads < num_heads (grouped-query attention; 1: multi-query) the
+key and value projections, and the KV cache, have num_kv_heads heads, each read by
+num_heads / num_kv_heads query heads.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
+from transformer.core.registry import lookup
+from transformer.model.kernel_choice import check_kernel_name, choose_kernel
+from transformer.model.layers import Dense, Dropout, project
+from transformer.model.masks import WINDOWS, Mask
+from transformer.model.positions import PositionalEncoding
+from transformer.model.qk_norm import QK_NORMS, make_qk_norm
+from transformer.model.scores import SCORES, ScoreSettings, make_score
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  score: str = "scaled_dot"  # a key of SCORES
+  window: str = "full"  # a key of WINDOWS
+  window_size: int = 16  # `local`: each query sees keys within ±window_size positions
+  dropout: float = 0.0  # on the attention weights
+  # a key of KERNELS, how softmax(score + bias)·V is computed, or "auto": per layer the
+  # fastest that can (transformer/model/kernel_choice.py)
+  kernel: str = execution("auto")
+  block_size: int = execution(512)  # `blockwise`: queries and keys per block
+  qk_norm: str = "none"  # a key of QK_NORMS: none | rmsnorm | layernorm, per head
+  # c > 0: the scorer's logits become c·tanh(logit / c), positional biases added after the
+  # cap (so distance biases are not bounded by c); 0: off
+  logit_softcap: float = 0.0
+  # Each scorer's own knobs (`score_settings.additive.dim`, ...): every section is checked,
+  # the chosen scorer's is used (and is the run's identity).
+  score_settings: ScoreSettings = dataclasses.field(default_factory=ScoreSettings,
+                                                    metadata={"chosen_by": "score"})
+
+  def __post_init__(self):
+    check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
+                 logit_softcap=AT_LEAST_0)
+    lookup(SCORES, self.score, "attention score")
+    lookup(WINDOWS, self.window, "attention window")
+    check_kernel_name(self.kernel)
+    lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
+
+
+class MultiHeadAttention(nnx.Module):
+  """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads; K and V
+  with num_kv_heads heads (0: num_heads)."""
+
+  def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
+               num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
+               position: str = "none", rngs: nnx.Rngs):
+    """dtype: of the computation; parameters stay float32. encoding: the positional encoding
+    its calls will be handed (None: none), whose declarations the kernel must meet;
+    position: its config name, for error lines."""
+    if d_model % num_heads:
+      raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
+    num_kv_heads = num_kv_heads or num_heads
+    if num_kv_heads < 0 or num_heads % num_kv_heads:
+      raise ConfigError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+    self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+    self.head_dim = d_model // num_heads
+    # Heads split over the mesh's tensor axis: Q kernel [d_model, heads·head_dim], K and V
+    # kernels [d_model, kv_heads·head_dim] by their columns, the output kernel
+    # [heads·head_dim, d_model] by its rows (sharding.check_kv_heads: whole kv heads).
+    dense = lambda width, axes: Dense(d_model, width, use_bias=False,  # noqa: E731
+                                      kernel_axes=axes, dtype=dtype, rngs=rngs)
+    heads_in, heads_out = ("fsdp", "tensor"), ("tensor", "fsdp")
+    kv_width = num_kv_heads * self.head_dim
+    self.query = dense(d_model, heads_in)
+    self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
+    self.out = dense(d_model, heads_out)
+    self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
+    self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
+    self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
+    self.logit_softcap = cfg.logit_softcap
+    self.kernel_choice, self.kernel = choose_kernel(
+        cfg.kernel, score_name=cfg.score, score=self.score, dropout=cfg.dropout,
+        block_size=cfg.block_size, softcap=cfg.logit_softcap, encoding=encoding,
+        position=position, dtype=dtype)
+    self.dropout = Dropout(cfg.dropout)
+    self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
+
+  def _heads(self, x: jax.Array, heads: int) -> jax.Array:
+    return x.reshape(*x.shape[:2], heads, self.head_dim)
+
+  def keys_values(self, x_kv: jax.Array, k_positions: jax.Array,
+                  encoding: PositionalEncoding) -> tuple[jax.Array, jax.Array]:
+    """Per-head keys (normalised, position-rotated) and values of x_kv [b, tk, d_model]:
+    [b, tk, kv_heads, d] each.
+
+    Computed apart from the queries so that cross-attention K/V are projected once per
+    source sentence and decoder self-attention K/V are cached step by step.
+    """
+    k, v = project(x_kv, self.key, self.value, groups=self.num_kv_heads)
+    return self._keys_values(k, v, k_positions, encoding)
+
+  def _keys_values(self, k, v, k_positions, encoding):
+    k = self.k_norm(self._heads(k, self.num_kv_heads))
+    return encoding.rotate_keys(k, k_positions), self._heads(v, self.num_kv_heads)
+
+  def __call__(self, x_q: jax.Array, kv: tuple[jax.Array, jax.Array], mask: Mask, *,
+               encoding: PositionalEncoding, rngs: nnx.Rngs | None = None) -> jax.Array:
+    """Attends from x_q [b, tq, d_model] to kv = keys_values(...) under `mask`.
+
+    `encoding` rotates the queries and biases the logits (the identity for cross-attention).
+    `rngs` with a `dropout` stream enables dropout; None means deterministic.
+    """
+    return self._attend(self.query(x_q), kv, mask, encoding, rngs)
+
+  def _attend(self, q, kv, mask, encoding, rngs):
+    """__call__ with the queries projected: q [b, tq, d_model]."""
+    k, v = kv
+    q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
+    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs)
+    return self.out(out.reshape(*out.shape[:2], -1))
+
+  def self_attend(self, x, mask: Mask, encoding, rngs=None):
+    """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
+    (init_self_cache), x holds the next token(s): their keys/values are appended and they
+    attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
+    q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
+    kv = self._keys_values(k, v, mask.q_positions, encoding)
+    if self.cache is not None:
+      kv = self.cache.append(kv)
+    return self._attend(q, kv, mask, encoding, rngs)
+
+  def cross_attend(self, x, encoded, mask: Mask, encoding, rngs=None):
+    """Attention from x to the encoder output; K/V come from the cache when one was made
+    (init_cross_cache), so decoding projects the source once, not at every step."""
+    kv = (self.cache.k[...], self.cache.v[...]) if self.cache is not None else (
+        self.keys_values(encoded, mask.k_positions, encoding))
+    return self(x, kv, mask, encoding=encoding, rngs=rngs)
+
+  def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
+    shape = (batch, max_len, self.num_kv_heads, self.head_dim)
+    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+
+  def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
+    self.cache = KVCache(*self.keys_values(encoded, encoded_positions, encoding))
+
+
+class KVCache(nnx.Module):
+  """Keys and values [b, max_len, kv_heads, d] of the positions decoded so far, and their
+  count."""
+
+  def __init__(self, k: jax.Array, v: jax.Array):
+    self.k, self.v = nnx.Cache(k), nnx.Cache(v)
+    self.index = nnx.Cache(jnp.zeros((), jnp.int32))
+
+  def append(self, kv):
+    """Writes kv ([b, t, kv_heads, d] each) at the current index; returns the whole cache."""
+    i = self.index[...]
+    self.k[...] = jax.lax.dynamic_update_slice_in_dim(self.k[...], kv[0].astype(self.k.dtype), i, 1)
+    self.v[...] = jax.lax.dynamic_update_slice_in_dim(self.v[...], kv[1].astype(self.v.dtype), i, 1)
+    self.index[...] = i + kv[0].shape[1]
+    return self.k[...], self.v[...]

@@ -1,0 +1,68 @@
+"""Positional encodings, keyed by config string.
+
+An encoding acts at up to four seams, and the layers call all of them on every encoding:
+  * `embed(x, positions)`: added to the scaled token embeddings (sinusoidal, learned);
+  * `rotate_queries(x, positions)` and `rotate_keys(x, positions)`: applied to the queries
+    and to the keys of every self-attention layer (rotary; xPos, which scales queries up and
+    keys down);
+  * `bias(q_positions, k_positions)`: added to the attention logits (ALiBi, T5 buckets,
+    KERPLE, FIRE); an encoding that adds one declares `biases = True`, and
+    `learned_bias = True` if that bias has parameters (a kernel must then give their
+    gradient: cuDNN's is refused);
+  * `content_bias(q, logits)`: added to the attention logits too, but a function of the
+    queries and of the logits before it (CoPE, whose positions count the keys the query
+    attends to); an encoding that adds one declares `content_biases = True`, and only the
+    kernels declaring `content_bias` (transformer/model/kernels.py) can add it, since it needs
+    each query's whole row of logits.
+The base class is the identity at each seam; built without arguments it is the identity
+encoding. Every registry entry has one constructor, `(d_model, num_heads, max_len, *, causal,
+settings, rngs)` (causal: it serves a decoder, whose keys never follow the query), and its
+knobs in its own `Settings` (config.model.position_settings.<name>). An encoding defined
+only where keys never follow the query declares `causal_only = True`, and
+make_positional_encoding refuses it for a bidirectional (encoder) stack.
+
+Positions are explicit int arrays [batch, length] (0-based within each packed segment),
+never inferred from array indices, so packing and cached decoding see the right positions.
+"""
+
+from flax import nnx
+
+from transformer.core.errors import ConfigError
+from transformer.core.registry import lookup, settings_of, settings_sections
+from transformer.model.positions import absolute, base, contextual, relative, rotary
+from transformer.model.positions.absolute import Learned, Sinusoidal, sinusoid
+from transformer.model.positions.base import NoPosition, PositionalEncoding
+from transformer.model.positions.contextual import CoPE
+from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, alibi_slopes,
+                                                  relative_position_bucket)
+from transformer.model.positions.rotary import Rotary, XPos, rotate_half_pairs, xpos_scale
+
+__all__ = ["ALiBi", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "POSITIONS",
+           "PositionSettings", "PositionalEncoding", "Rotary", "Sinusoidal", "T5Bias", "XPos",
+           "alibi_slopes", "make_positional_encoding", "relative_position_bucket",
+           "rotate_half_pairs", "sinusoid", "xpos_scale"]
+
+# Every encoding, by its config name: the entries each module declares (a new encoding is
+# one class and one line in its module's ENCODINGS).
+POSITIONS: dict[str, type[PositionalEncoding]] = {
+    **base.ENCODINGS, **absolute.ENCODINGS, **rotary.ENCODINGS, **relative.ENCODINGS,
+    **contextual.ENCODINGS}
+
+# config.model.position_settings: a section per encoding with settings.
+PositionSettings = settings_sections(POSITIONS, "PositionSettings")
+
+
+def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
+                             causal: bool = False, settings=None,
+                             rngs: nnx.Rngs | None) -> PositionalEncoding:
+  """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults),
+  for a causal (decoder) or bidirectional (encoder) stack: a ConfigError if the encoding is
+  defined for causal self-attention only and the stack is bidirectional."""
+  cls = lookup(POSITIONS, name, "position")
+  if cls.causal_only and not causal:
+    raise ConfigError(
+        f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
+        "never after the query), and this model has a bidirectional (encoder) stack: use "
+        "model.arch=decoder or another position")
+  return cls(d_model, num_heads, max_len, causal=causal,
+             settings=settings_of(settings, POSITIONS, name), rngs=rngs)

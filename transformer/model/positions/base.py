@@ -1,0 +1,113 @@
+"""The positional-encoding interface (transformer/model/positions/__init__.py): the identity at
+every seam."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer.core.registry import NoSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasSpec:
+  """A positional logit bias declared as a function a kernel can evaluate on any block of
+  (query, key) positions, one head at a time, without the whole [tq, tk] array:
+
+    fn(params, q_positions [m], k_positions [n]) -> float32 [m, n]
+
+  with `params` one head's slice of `params`, a dict of float32 arrays [num_heads, size]
+  (parameters shared by the heads are broadcast to every head, so that the gradient of the
+  broadcast sums theirs). fn uses elementwise operations and static Python loops only (no
+  gather, no matmul), so that it lowers inside a Pallas kernel.
+
+  `dense(params, q_positions [b, tq], k_positions [b, tk]) -> [b, h, tq, tk]`, if given, is
+  the same bias over whole arrays with the gathers and matmuls that fn avoids (a table
+  lookup, an MLP), where fn's select-sums and unrolled loops would compile and run many
+  times slower; both are built on the same formula functions, and tests check that they
+  agree. None: fn mapped over the heads and rows. `learned`: the params carry gradients a
+  kernel must compute (False for constants)."""
+
+  fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
+  params: dict[str, Any]
+  learned: bool = True
+  dense: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
+
+
+def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,
+              blockwise: bool = False) -> jax.Array:
+  """The bias of `spec` over whole arrays: q [b, tq], k [b, tk] positions -> [b, h, tq, tk];
+  by spec.dense where given, unless `blockwise`: then always by spec.fn (the kernels' form)."""
+  if spec.dense is not None and not blockwise:
+    return spec.dense(spec.params, q_positions, k_positions)
+  per_head = jax.vmap(spec.fn, in_axes=(0, None, None))
+  return jax.vmap(per_head, in_axes=(None, 0, 0))(spec.params, q_positions, k_positions)
+
+
+class PositionalEncoding(nnx.Module):
+  """No positional information: the identity at every seam."""
+
+  Settings = NoSettings
+  biases = False  # bias() is not zero: the attention kernel must add it
+  learned_bias = False  # bias() has parameters: the kernel must give their gradient
+  content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
+  causal_only = False  # defined only for causal self-attention: no encoder stack may use it
+  takes_positions = True  # its seams read the positions (model.random_positions may sample them)
+
+  def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
+    del positions
+    return x
+
+  def rotate_queries(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Queries x: [b, t, h, d], positions: [b, t] -> [b, t, h, d]."""
+    del positions
+    return x
+
+  def rotate_keys(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """Keys x: [b, t, h, d], positions: [b, t] -> [b, t, h, d]."""
+    del positions
+    return x
+
+  def check_length(self, length: int) -> None:
+    """Raises ConfigError if sequences of `length` tokens cannot be encoded."""
+
+  def bias_spec(self) -> BiasSpec | None:
+    """The logit bias as a BiasSpec (an encoding that biases defines it), or None: no bias."""
+    return None
+
+  def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
+    """-> a logit bias broadcastable to [b, h, tq, tk]: bias_spec() over the whole arrays."""
+    spec = self.bias_spec()
+    if spec is None:
+      return jnp.zeros((), jnp.float32)
+    return spec_bias(spec, q_positions, k_positions)
+
+  def content_bias(self, q: jax.Array, logits: jax.Array) -> jax.Array:
+    """A logit bias that depends on content, added after bias().
+
+    Args:
+      q: the per-head queries as the scorer saw them (rotated), [b, tq, h, d].
+      logits: the scorer's logits plus bias(), float32 [b, h, tq, tk], −inf at masked keys.
+    Returns:
+      a logit bias broadcastable to [b, h, tq, tk].
+    """
+    del q, logits
+    return jnp.zeros((), jnp.float32)
+
+
+class NoPosition(PositionalEncoding):
+  """`none`: the identity encoding, built like every registry entry."""
+
+  takes_positions = False
+
+  def __init__(self, d_model: int, num_heads: int, max_len: int, *, causal: bool = False,
+               settings=None, rngs: nnx.Rngs | None = None):
+    del d_model, num_heads, max_len, causal, settings, rngs
+
+
+# The registry entries of this module (positions.POSITIONS).
+ENCODINGS = {"none": NoPosition}

@@ -1,0 +1,153 @@
+"""The Evaluator: a trained state's held-out metrics, split by split, in compiled batches —
+teacher-forced loss and accuracy, then decoding (greedy, sampled or beam search) for a family
+that decodes — used by the training loop and by eval.py (run/evaluation.py)."""
+
+import functools
+
+import jax
+import numpy as np
+from flax import nnx
+
+from transformer.core.errors import Interrupted
+from transformer.core.metrics import exact_matches, token_metrics, token_nll
+from transformer.data.base import Split
+from transformer.model.decoding import beam_search, greedy_decode
+from transformer.model.sampling import GREEDY, Sampling
+from transformer.run import experiment, logs
+
+
+class Evaluator:
+  """Jitted evaluation of an experiment's model, given its params, over padded batches:
+  teacher-forced loss and accuracy, then decoding (greedy or as `sampling` says, or beam
+  search when beam_size > 1) if the family decodes, and the source's metrics
+  (source.split_results). Sampling draws each batch with the key of `seed` folded with the
+  batch's number."""
+
+  def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6,
+               sampling: Sampling = GREEDY, seed: int = 0):
+    self.exp, self.batch_size, graphdef = exp, exp.eval.batch_size, exp.graphdef
+
+    @jax.jit
+    def score(params, batch):
+      logits = nnx.merge(graphdef, params)(batch)
+      return token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def predict(params, batch, max_len, number):
+      model = nnx.merge(graphdef, params)
+      if beam_size == 1:
+        key = jax.random.fold_in(jax.random.key(seed), number)
+        return greedy_decode(model, batch, max_len, sampling, key)
+      return beam_search(model, batch, max_len, beam_size, alpha)[0]
+
+    @jax.jit
+    def tokenwise(params, batch):  # score's sums, and per position the argmax and −log p
+      logits = nnx.merge(graphdef, params)(batch)
+      sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
+      return sums, jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
+
+    self._score, self._predict, self._tokenwise = score, predict, tokenwise
+
+  def num_batches(self, arrays: dict[str, np.ndarray]) -> int:
+    return -(-len(arrays["inputs"]) // self.batch_size)
+
+  def _batches(self, arrays: dict[str, np.ndarray], progress: "logs.Progress | None" = None):
+    """The arrays in padded batches of batch_size rows; each batch, once its consumer asks
+    for the next, counts as done in `progress`."""
+    for start in range(0, len(arrays["inputs"]), self.batch_size):
+      yield _pad_rows({k: v[start:start + self.batch_size] for k, v in arrays.items()},
+                      self.batch_size)
+      if progress is not None:
+        progress.advance()
+
+  def predict(self, params, arrays: dict[str, np.ndarray], decode_len: int,
+              should_stop=lambda: False, progress: "logs.Progress | None" = None) -> np.ndarray:
+    """Decoded tokens [n, decode_len] of every row."""
+    predictions = []
+    for number, batch in enumerate(self._batches(arrays, progress)):
+      _check_stop(should_stop)
+      predictions.append(np.asarray(self._predict(params, batch, decode_len, number)))
+    return np.concatenate(predictions)[:len(arrays["inputs"])]
+
+  def evaluate_split(self, params, arrays: dict[str, np.ndarray], decode_len: int,
+                     should_stop=lambda: False, progress: "logs.Progress | None" = None):
+    """Returns (metrics, predictions [n, decode_len]) of a split that is decoded; raises
+    Interrupted between batches once should_stop() is true."""
+    totals = self._totals(params, arrays, should_stop, progress)
+    predictions = self.predict(params, arrays, decode_len, should_stop, progress)
+    metrics = {"loss": totals["nll"] / totals["tokens"],
+               "accuracy": totals["correct"] / totals["tokens"],
+               "exact_match": float(np.mean(exact_matches(predictions, arrays["targets"]))),
+               "examples": len(arrays["inputs"])}
+    return metrics, predictions
+
+  def _totals(self, params, arrays, should_stop, progress=None) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for batch in self._batches(arrays, progress):
+      _check_stop(should_stop)
+      _add(totals, jax.device_get(self._score(params, batch)))
+    return totals
+
+  def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
+                  progress: "logs.Progress | None" = None):
+    """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
+    accuracy over the weighted targets, and outputs {"predictions", "nll"} [n, t] (the
+    argmax and −log p(target) at every position), from one forward pass per batch."""
+    totals: dict[str, float] = {}
+    outputs = {"predictions": [], "nll": []}
+    for batch in self._batches(arrays, progress):
+      _check_stop(should_stop)
+      sums, *values = jax.device_get(self._tokenwise(params, batch))
+      _add(totals, sums)
+      for key, value in zip(outputs, values):
+        outputs[key].append(np.asarray(value))
+    n = len(arrays["inputs"])
+    outputs = {k: np.concatenate(v)[:n] for k, v in outputs.items()}
+    metrics = {"loss": totals["nll"] / max(totals["tokens"], 1.0),
+               "accuracy": totals["correct"] / max(totals["tokens"], 1.0), "examples": n}
+    return metrics, outputs
+
+  def evaluate(self, params, splits: dict[str, Split], should_stop=lambda: False):
+    """(metrics, hypotheses) by split: loss and accuracy, exact match of the decoded
+    predictions for a family that decodes, and the source's metrics of the outputs; the
+    hypotheses are the source's text predictions (None without text). Raises Interrupted
+    once should_stop() is true."""
+    results, hypotheses = {}, {}
+    decodes = self.exp.family.decodes
+    for name, split in splits.items():
+      # decoded splits take two passes: scoring, then decoding
+      passes = 2 if decodes else 1
+      progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
+      if decodes:
+        metrics, predictions = self.evaluate_split(
+            params, split.arrays, self.exp.source.decode_length(split), should_stop, progress)
+        outputs = {"predictions": predictions}
+      else:
+        metrics, outputs = self.score_split(params, split.arrays, should_stop, progress)
+      extra = self.exp.source.split_results(name, split, outputs)
+      results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
+    return results, hypotheses
+
+def _add(totals: dict[str, float], sums: dict) -> None:
+  """Adds a batch's metric sums into totals."""
+  for k, v in sums.items():
+    totals[k] = totals.get(k, 0.0) + float(v)
+
+def _check_stop(should_stop) -> None:
+  if should_stop():
+    raise Interrupted("evaluation stopped by a signal")
+
+def _pad_rows(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+  """Pads a final short batch with all-padding rows (weight 0) to keep one compiled shape."""
+  n = len(batch["inputs"])
+  padded = {k: np.pad(v, [(0, size - n)] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}
+  padded["row_mask"] = (np.arange(size) < n).astype(np.int32)
+  return padded
+
+def check_split_lengths(exp: experiment.Experiment, splits: dict[str, Split]) -> None:
+  """A ConfigError if a held-out split has sequences the positional encoding cannot encode."""
+  for name, split in splits.items():
+    length = split.arrays["inputs"].shape[1]
+    if exp.family.decodes:
+      length = max(length, exp.source.decode_length(split))
+    experiment.check_length(exp.abstract_model, length, f"the {name} split")

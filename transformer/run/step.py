@@ -1,0 +1,109 @@
+"""The train step: one pure function of (train state, batch), jitted once over the mesh with
+the state's and the batch's shardings. The training loop (training.py), the benchmarks and
+the tests run the same compiled step."""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from transformer.core.metrics import loss_head_metrics
+from transformer.run import experiment, sharding
+
+
+def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int,
+                    accumulation_steps: int = 1, loss_chunks: int = 1, z_loss: float = 0.0):
+  """(state, batch) -> (state, metric sums); dropout keys are folded from (seed, step), so
+  a resumed run draws the same masks as an uninterrupted one.
+
+  With accumulation_steps = k the batch is split into k micro-batches (rows i, i+k, ...)
+  whose gradients of the summed loss are added up before dividing by the batch's token
+  count: the update of the whole batch, in 1/k of the activation memory.
+
+  The loss head (metrics.loss_head_metrics) makes the logits of 1/loss_chunks of the
+  target tokens at a time and their gradients in the same pass, so the [tokens, vocab]
+  logits never exist whole. z_loss > 0 adds z_loss·log²Z per target token to the loss
+  (and its sum as the metric `z_loss`).
+
+  A step whose loss, gradient norm or update norm is not finite leaves the parameters and
+  optimizer state as they were (the step counter still advances, so the data moves on);
+  its sums are zero but for `nonfinite` = 1. optax.apply_if_finite does the same but adds
+  counters to the optimizer state, which would change the checkpoints' structure.
+  """
+
+  def summed_loss(params, batch, key):
+    model = nnx.merge(graphdef, params)
+    y = model.features(batch, rngs=nnx.Rngs(dropout=key))
+    w_out, bias = model.projection(y.dtype)
+    flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
+    sums = loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]),
+                             flat(batch["targets_segmentation"] > 0).astype(jnp.float32),
+                             label_smoothing, loss_chunks, z_loss)
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(summed_loss, has_aux=True)
+
+  def gradients(params, batch, key):
+    if accumulation_steps == 1:
+      return grad_fn(params, batch, key)
+    k = accumulation_steps
+    micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+                         batch)
+
+    def add_micro_batch(total, xs):
+      part = grad_fn(params, xs[0], jax.random.fold_in(key, xs[1]))
+      return jax.tree.map(jnp.add, total, part), None
+
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, batch, key))
+    return jax.lax.scan(add_micro_batch, zeros, (micro, jnp.arange(k)))[0]
+
+  def train_step(state, batch):
+    key = jax.random.fold_in(jax.random.key(seed), state["step"])
+    grads, sums = gradients(state["params"], batch, key)
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+    updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+    grad_norm = optax.tree.norm(grads)
+    finite = (jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+              & jnp.isfinite(optax.tree.norm(updates)))
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    params = jax.tree.map(keep, optax.apply_updates(state["params"], updates), state["params"])
+    sums = {k: jnp.where(finite, v, 0.0) for k, v in {**sums, "grad_norm": grad_norm}.items()}
+    sums["nonfinite"] = (~finite).astype(jnp.float32)
+    sums["learning_rate"] = schedule(state["step"])
+    new_state = {"step": state["step"] + 1, "params": params,
+                 "opt_state": jax.tree.map(keep, opt_state, state["opt_state"])}
+    return new_state, sums
+
+  return train_step
+
+
+class CompiledStep(NamedTuple):
+  """The train step of an experiment, wired to its mesh: what the training loop, the
+  benchmarks and tests run, so that they all time and test the same computation."""
+
+  state_sharding: Any  # a NamedSharding per leaf of the train state
+  batch_sharding: NamedSharding  # batch rows over the mesh's data and fsdp axes
+  init: Callable[[], dict]  # jitted: the initial state, laid out by state_sharding
+  step: Callable  # jitted (state, batch) -> (state, metric sums); donates the state
+
+
+def compile_step(exp: experiment.Experiment) -> CompiledStep:
+  """The one place the train state's sharding and the jitted step are built from an
+  experiment's config (train.label_smoothing, accumulation_steps, loss_chunks, z_loss,
+  seed)."""
+  cfg = exp.train
+  state_sharding = sharding.state_shardings(jax.eval_shape(exp.init), exp.param_specs,
+                                            exp.optimizer, exp.mesh)
+  batch_sharding = sharding.batch_sharding(exp.mesh)
+  step = make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
+                         label_smoothing=cfg.label_smoothing, seed=exp.config.seed,
+                         accumulation_steps=cfg.accumulation_steps, loss_chunks=cfg.loss_chunks,
+                         z_loss=cfg.z_loss)
+  return CompiledStep(state_sharding, batch_sharding,
+                      jax.jit(exp.init, out_shardings=state_sharding),
+                      jax.jit(step, in_shardings=(state_sharding, batch_sharding),
+                              out_shardings=(state_sharding, None), donate_argnums=0))

@@ -1,0 +1,318 @@
+"""Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
+
+What a run guarantees, whatever fails:
+  * the config is validated whole (experiment.build), and the data read and checked
+    (DataSource.load), before anything is written;
+  * the workdir is locked (lock.py), so two runs never write into one;
+  * a step whose loss, gradient or update is not finite is not applied; more than
+    `train.skip_nonfinite` of them in a row stop the run (RunError) before anything
+    trained after them is saved, and rotation keeps the lowest-loss checkpoint;
+  * a checkpoint in flight is committed (or cleanly abandoned) on every way out, and the
+    final one is saved before the final evaluation;
+  * a stop request (signal) is honoured between steps and between evaluation batches, and
+    reported once its checkpoint is committed;
+  * WORKDIR/train.log holds the run's log lines and the details of what failed (logs.py).
+"""
+
+import logging
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from transformer.core import storage
+from transformer.core.errors import Interrupted, RunError
+from transformer.run import checkpoint, experiment, lock, logs, sharding, tracking
+from transformer.run import workdir as workdir_lib
+from transformer.run.config import Config
+from transformer.run.evaluator import Evaluator, check_split_lengths
+from transformer.run.step import compile_step
+
+log = logging.getLogger("transformer")
+
+
+def _format_duration(seconds: float) -> str:
+  m, s = divmod(int(seconds), 60)
+  return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
+
+
+def log_train(step: int, num_steps: int, sums: list[dict], elapsed: float, steps: int,
+              eta_seconds: float) -> dict:
+  """Logs the metrics summed over the last `steps` train steps; returns their record."""
+  totals = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
+  applied = max(steps - totals["nonfinite"], 1)
+  record = {"step": step, "split": "train",
+            "loss": totals["loss"] / max(totals["tokens"], 1.0),
+            "accuracy": totals["correct"] / max(totals["tokens"], 1.0),
+            "learning_rate": float(sums[-1]["learning_rate"]),
+            "grad_norm": totals["grad_norm"] / applied,
+            "skipped_steps": int(totals["nonfinite"]),
+            "tokens_per_sec": totals["tokens"] / elapsed,
+            "ms_per_step": 1e3 * elapsed / steps}
+  if "z_loss" in totals:  # train.z_loss > 0: its term's mean per token (included in loss)
+    record["z_loss"] = totals["z_loss"] / max(totals["tokens"], 1.0)
+  log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | grad norm %.3f | %s tgt tok/s | "
+           "%.1f ms/step | ETA %s%s%s", step, num_steps, record["loss"], record["accuracy"],
+           record["learning_rate"], record["grad_norm"], f"{record['tokens_per_sec']:,.0f}",
+           record["ms_per_step"], _format_duration(eta_seconds),
+           f" | z-loss {record['z_loss']:.4f}" if "z_loss" in record else "",
+           f" | {record['skipped_steps']} non-finite steps skipped" if record["skipped_steps"]
+           else "")
+  return record
+
+
+def log_eval(step: int, results: dict[str, dict]) -> list[dict]:
+  """Logs the held-out metrics (numbers: floats to 4 decimals, counts as integers); returns
+  a record per split."""
+  for split, m in results.items():
+    shown = " | ".join(f"{k} {_number(v)}" for k, v in m.items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)
+                       and k != "examples")
+    log.info("eval %s step %d | %s (%d examples)", split, step, shown, m["examples"])
+  return [{"step": step, "split": split, **m} for split, m in results.items()]
+
+
+def log_eval_start(step: int, splits: dict) -> None:
+  """Logs that an evaluation begins (its first batches wait for compilation)."""
+  log.info("evaluating step %d: %s", step,
+           ", ".join(f"{name} ({len(split)} examples)" for name, split in splits.items()))
+
+
+def _number(value: int | float) -> str:
+  return f"{value:d}" if isinstance(value, int) else f"{value:.4f}"
+
+
+def timing_first_call(fn: Callable, what: str) -> Callable:
+  """`fn` (a jitted function), logging around its first call, which traces and compiles
+  it: 'compiling WHAT...' before, 'compiled WHAT in N s' after (the call returns once the
+  computation is compiled and dispatched), so the wait before the first log line is
+  explained. Later calls are fn's."""
+  first = True
+
+  def call(*args):
+    nonlocal first
+    if not first:
+      return fn(*args)
+    first = False
+    log.info("compiling %s...", what)
+    start = time.time()
+    out = fn(*args)
+    log.info("compiled %s in %.1f s", what, time.time() - start)
+    return out
+
+  return call
+
+
+def train_and_evaluate(cfg: Config, workdir: str,
+                       should_stop: Callable[[], bool] = lambda: False) -> int:
+  """Trains to cfg.train.num_steps, resuming from the newest checkpoint in `workdir` that
+  restores, and evaluates at the end (and every train.eval_every steps).
+
+  `should_stop` is polled between steps and between evaluation batches; once it returns
+  True the state is saved and training returns early. Returns the step reached. Raises
+  ConfigError for a bad config or workdir (before anything is written) and RunError when
+  the run cannot go on (the workdir is locked, training diverged, no checkpoint restores).
+  """
+  exp = experiment.build(cfg, workdir)
+  workdir_lib.check_usable(workdir)
+  has_checkpoints = checkpoint.has_checkpoints(workdir)
+  workdir_lib.check_identity(cfg, workdir, has_checkpoints)
+  # The data is read and checked before anything is written (the workdir and its lock
+  # included): a tokenizer is trained in memory, from a pass over the corpus that checks it.
+  exp.source.load(has_checkpoints)
+  splits = exp.source.eval_splits(exp.train.eval_examples)
+  check_split_lengths(exp, splits)
+  with lock.hold(workdir):
+    exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
+    workdir_lib.write_config(cfg, workdir)
+    with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
+      return _run(exp, workdir, splits, should_stop)
+
+
+def _run(exp: experiment.Experiment, workdir: str, splits: dict,
+         should_stop: Callable[[], bool]) -> int:
+  mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
+  loop, finished = None, False
+  try:
+    loop = _Loop(exp, workdir, mngr, splits, should_stop)
+    step = loop.run()
+    finished = True
+    return step
+  finally:
+    checkpoint.finish(mngr)
+    if loop is not None:
+      loop.writers.close(failed=not finished)
+
+
+class _Loop:
+  """The training loop of one run, with its bookkeeping between steps."""
+
+  def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop):
+    self.exp, self.cfg, self.workdir, self.mngr = exp, exp.train, workdir, mngr
+    self.splits, self.should_stop = splits, should_stop
+    compiled = compile_step(exp)
+    self.batch_sharding = compiled.batch_sharding
+    self.train_step = timing_first_call(compiled.step, "the train step")
+    self.step, self.state, self.batches = checkpoint.restore(
+        mngr, jax.eval_shape(exp.init), compiled.state_sharding,
+        make_iterator=lambda: iter(exp.source.train_batches()))
+    logged = workdir_lib.read_metrics(workdir)  # what the trackers were given before
+    if self.step is None:
+      self.state, self.step = compiled.init(), 0
+    else:
+      log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
+      workdir_lib.truncate_metrics(workdir, self.step)  # later records are trained again
+    self.saved = self.step  # the newest step with a checkpoint (0: none yet)
+    self.writers = tracking.Writers(exp.config, workdir, resumed_at=self.step, logged=logged)
+    self.trace_from = self.step + self.cfg.log_every - self.step % self.cfg.log_every
+    self.tracing = False
+    self.pending: list[dict] = []  # metric sums of the steps not yet logged
+    self.unchecked: list[tuple[int, dict]] = []  # steps not yet checked for non-finite sums
+    self.in_a_row = 0  # non-finite steps in a row
+    self.last_loss = float("inf")
+    self.evaluator = Evaluator(exp, sampling=exp.eval.sampling, seed=exp.eval.sample_seed)
+    n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
+    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
+
+  def run(self) -> int:
+    cfg = self.cfg
+    self._log_finished()
+    try:
+      if 0 < self.step < cfg.num_steps and self._is_eval_step(self.step):
+        self._evaluate_if_missing()  # an evaluation that a stop interrupted
+      self._train()
+      if self.step == cfg.num_steps:
+        checkpoint.wait(self.mngr)  # the final checkpoint exists before the evaluation
+        self._evaluate_if_missing()
+    except Interrupted:
+      self._save(wait=True)
+      log.warning("stopped during the evaluation at step %d; the checkpoint of that step is "
+                  "saved; re-run the same command to resume (the evaluation runs again)",
+                  self.step)
+    finally:
+      self._stop_trace()
+    return self.step
+
+  def _log_finished(self) -> None:
+    """Says so when the run in the workdir has already trained train.num_steps (or more,
+    when num_steps was lowered), and what is left to do."""
+    if self.step < self.cfg.num_steps:
+      return
+    evaluated = workdir_lib.has_evaluation(self.workdir, self.step)
+    todo = ("evaluating" if self.step == self.cfg.num_steps and not evaluated
+            else "nothing to do")
+    past = (f", past train.num_steps={self.cfg.num_steps}" if self.step > self.cfg.num_steps
+            else "")
+    log.info("already finished at step %d%s; %s", self.step, past, todo)
+
+  def _is_eval_step(self, step: int) -> bool:
+    return step == self.cfg.num_steps or bool(self.cfg.eval_every
+                                                and step % self.cfg.eval_every == 0)
+
+  def _train(self) -> None:
+    cfg = self.cfg
+    interval_start, interval_steps, timed_steps, timed_seconds = time.time(), 0, 0, 0.0
+    first_interval = True
+    while self.step < cfg.num_steps:
+      if self.should_stop():
+        self._save(wait=True)
+        log.warning("stopped at step %d; %s; re-run the same command to resume", self.step,
+                    "checkpoint saved" if self.saved else "nothing trained yet")
+        return
+      self._profile()
+      batch = jax.make_array_from_process_local_data(self.batch_sharding, next(self.batches))
+      self.state, metrics = self.train_step(self.state, batch)
+      self.step += 1
+      self.pending.append(metrics)
+      self.unchecked.append((self.step, metrics))
+      interval_steps += 1
+      if self.step % cfg.log_every == 0 or self.step == cfg.num_steps:
+        self._check_finite()  # also waits for the dispatched steps: time them to completion
+        elapsed = time.time() - interval_start
+        if not first_interval:  # the first interval includes compilation
+          timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
+        first_interval = False
+        sec_per_step = timed_seconds / timed_steps if timed_steps else elapsed / interval_steps
+        record = log_train(self.step, cfg.num_steps, self.pending, elapsed, interval_steps,
+                           eta_seconds=sec_per_step * (cfg.num_steps - self.step))
+        self._write(record)
+        if record["skipped_steps"] < interval_steps:
+          self.last_loss = record["loss"]
+        self.pending, interval_start, interval_steps = [], time.time(), 0
+      if self.step % cfg.checkpoint_every == 0 or self.step == cfg.num_steps:
+        self._save()
+      if self.step < cfg.num_steps and self._is_eval_step(self.step):
+        eval_start = time.time()
+        self._evaluate()
+        interval_start += time.time() - eval_start  # evaluation time is not training throughput
+
+  def _profile(self) -> None:
+    """train.profile_steps > 0: traces that many steps, from the end of the first logging
+    interval (past compilation), into WORKDIR/profile (TensorBoard's profile plugin or
+    Perfetto read it); process 0."""
+    if not self.cfg.profile_steps or jax.process_index() != 0:
+      return
+    if self.step == self.trace_from:
+      jax.profiler.start_trace(storage.join(self.workdir, "profile"))
+      self.tracing = True
+    elif self.tracing and self.step == self.trace_from + self.cfg.profile_steps:
+      self._stop_trace()
+
+  def _stop_trace(self) -> None:
+    if self.tracing:
+      jax.block_until_ready(self.state)
+      jax.profiler.stop_trace()
+      self.tracing = False
+      log.info("profile of steps %d-%d written to %s", self.trace_from + 1,
+               self.step, storage.join(self.workdir, "profile"))
+
+  def _check_finite(self) -> None:
+    """Raises RunError once more than train.skip_nonfinite steps in a row were not finite."""
+    flags = jax.device_get([m["nonfinite"] for _, m in self.unchecked])
+    for (step, _), bad in zip(self.unchecked, flags):
+      if not bad:
+        self.in_a_row = 0
+        continue
+      self.in_a_row += 1
+      if self.in_a_row > self.cfg.skip_nonfinite:
+        last = f"step {self.saved}" if self.saved else "none"
+        raise RunError(
+            f"training diverged at step {step}: the loss, a gradient or the update is not "
+            f"finite (NaN or inf); that update was not applied and nothing trained since "
+            f"was saved (last checkpoint: {last}). Lower train.learning_rate (now "
+            f"{self.cfg.learning_rate}), raise train.warmup_steps or set "
+            f"train.grad_clip_norm; train.skip_nonfinite=N skips up to N such steps in a row")
+      log.warning("step %d: the loss or a gradient is not finite; the update was skipped "
+                  "(%d in a row; train.skip_nonfinite=%d)", step, self.in_a_row,
+                  self.cfg.skip_nonfinite)
+    self.unchecked = []
+
+  def _save(self, wait: bool = False) -> None:
+    """Saves the state at the current step unless it is saved: only after checking the
+    steps since the last check (a diverged state is never saved). The training loss since
+    the last log line ranks the checkpoint for rotation. `wait`: until it is committed
+    (before a stop is reported as saved; RunError if it failed)."""
+    if self.step != self.saved:
+      self._check_finite()
+      totals = jax.device_get([(m["loss"], m["tokens"]) for m in self.pending])
+      tokens = sum(float(t) for _, t in totals)
+      loss = sum(float(x) for x, _ in totals) / tokens if tokens else self.last_loss
+      checkpoint.save(self.mngr, self.step, self.state, self.batches, loss)
+      self.saved = self.step
+    if wait:
+      checkpoint.wait(self.mngr)
+
+  def _evaluate(self) -> None:
+    log_eval_start(self.step, self.splits)
+    results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.should_stop)
+    self._write(*log_eval(self.step, results))
+
+  def _write(self, *records: dict) -> None:
+    workdir_lib.append_metrics(self.workdir, *records)
+    for record in records:
+      self.writers.scalars(record["split"], record["step"], record)
+
+  def _evaluate_if_missing(self) -> None:
+    if not sharding.process0_decides(workdir_lib.has_evaluation(self.workdir, self.step)):
+      self._evaluate()
