@@ -554,7 +554,7 @@ def test_a_closed_stdout_fails_no_write_and_not_the_exit():
   flush at exit (status 120 and a traceback, had it failed) go to /dev/null once the reader
   of the pipe is gone."""
   code = ("import sys, time\n"
-          "from transformer import logs\n"
+          "from transformer.run import logs\n"
           "logs.unbreakable_streams()\n"
           "time.sleep(0.5)  # the reader closes the pipe\n"
           "print('x' * 100000)\n"

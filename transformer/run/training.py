@@ -11,6 +11,9 @@ What a run guarantees, whatever fails:
     final one is saved before the final evaluation;
   * a stop request (signal) is honoured between steps and between evaluation batches, and
     reported once its checkpoint is committed;
+  * metrics.jsonl and the trackers record each step once: a run that goes on from its
+    newest checkpoint, or begins again from scratch without one, first drops the records
+    after it, and an evaluation cut short there is done again (workdir.truncate_metrics);
   * WORKDIR/train.log holds the run's log lines and the details of what failed (logs.py).
 """
 
@@ -23,10 +26,10 @@ import jax
 from transformer.core import storage
 from transformer.core.errors import Interrupted, RunError
 from transformer.run import checkpoint, experiment, lock, logs, sharding, tracking
-from transformer.run.progress import log_eval, log_eval_start, log_train, timing_first_call
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import Config
 from transformer.run.evaluator import Evaluator, check_split_lengths
+from transformer.run.progress import log_eval, log_eval_start, log_train, timing_first_call
 from transformer.run.step import compile_step
 
 log = logging.getLogger("transformer")
