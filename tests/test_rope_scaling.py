@@ -2,6 +2,7 @@
 papers' definitions, and evaluating a trained run under them (eval.py --config.FIELD=VALUE,
 transformer/run/overrides.py) without retraining and as the same run."""
 
+import dataclasses
 import json
 import math
 import os
@@ -15,12 +16,14 @@ from flax import nnx
 from tests.clirun import CliRunner
 from tests.test_bad_input import write_lm_config  # a tiny language model on files
 from transformer.core import fields
+from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import make_model
 from transformer.model.positions import PositionSettings, Rotary, XPos
 from transformer.model.positions.rotary import (SCALINGS, Frequencies, rope, rotate_pairs,
                                                 xpos_scale, yarn_interpolation)
+from transformer.run import config as config_lib
 from transformer.run import overrides
 from transformer.run import workdir as workdir_lib
 
@@ -223,6 +226,24 @@ def test_override_file_names():
   named = overrides.suffix({"data.dir": "/some/where"})
   assert named.startswith(",overrides-") and "/" not in named
   assert named != overrides.suffix({"data.dir": "/else/where"})
+
+
+def test_an_old_rotary_run_resumes_under_a_scaling_but_not_partly_rotated():
+  """A rotary run saved before these fields existed (tests/fixtures/workdirs_043b6c9) rotated
+  every dimension: resuming it with rotated_fraction 0.5 is another model (refused), under
+  YaRN the same run."""
+  old = os.path.join(os.path.dirname(__file__), "fixtures", "workdirs_043b6c9",
+                     "decoder_lm_rotary")
+  assert "rotated_fraction" not in open(os.path.join(old, "config.json")).read()
+  cfg = workdir_lib.saved_config(old)
+  section = cfg.model.position_settings.rotary
+  partly = config_lib.replace(cfg, "model.position_settings.rotary",
+                              dataclasses.replace(section, rotated_fraction=0.5))
+  with pytest.raises(ConfigError, match="differs in: position_settings.rotary.rotated_fraction"):
+    workdir_lib.check_identity(partly, old, has_checkpoints=True)
+  scaled = config_lib.replace(cfg, "model.position_settings.rotary", dataclasses.replace(
+      section, scaling="yarn", factor=2.0, original_length=16))
+  workdir_lib.check_identity(scaled, old, has_checkpoints=True)
 
 
 YARN = [f"--config.{ROTARY}scaling=yarn", f"--config.{ROTARY}factor=2",
