@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -145,11 +146,8 @@ def test_partial_scores_depend_only_on_the_offset():
                                                      scaling="yarn", factor=4.0,
                                                      original_length=16))
     q, k = _x((1, 1, 2, 8), 1), _x((1, 1, 2, 8), 2)
-
-    def score(m, n):
-      return np.asarray(jnp.sum(enc.rotate_queries(q, jnp.array([[m]]))
-                                * enc.rotate_keys(k, jnp.array([[n]])), -1))
-
+    score = lambda m, n, enc=enc, q=q, k=k: np.asarray(jnp.sum(
+        enc.rotate_queries(q, jnp.array([[m]])) * enc.rotate_keys(k, jnp.array([[n]])), -1))
     np.testing.assert_allclose(score(3, 1), score(40, 38), rtol=1e-4, atol=1e-5)
 
 
@@ -234,7 +232,7 @@ def test_an_old_rotary_run_resumes_under_a_scaling_but_not_partly_rotated():
   YaRN the same run."""
   old = os.path.join(os.path.dirname(__file__), "fixtures", "workdirs_043b6c9",
                      "decoder_lm_rotary")
-  assert "rotated_fraction" not in open(os.path.join(old, "config.json")).read()
+  assert "rotated_fraction" not in pathlib.Path(old, "config.json").read_text()
   cfg = workdir_lib.saved_config(old)
   section = cfg.model.position_settings.rotary
   partly = config_lib.replace(cfg, "model.position_settings.rotary",
@@ -262,7 +260,7 @@ def test_a_trained_run_evaluates_under_yarn_as_the_same_run(tmp_path):
   assert trained.returncode == 0, trained.stderr[-3000:]
   plain = cli.run("eval.py", "--workdir", workdir)
   assert plain.returncode == 0, plain.stderr[-3000:]
-  files = {name: open(os.path.join(workdir, name), "rb").read()
+  files = {name: pathlib.Path(workdir, name).read_bytes()
            for name in ("config.json", "eval_step_5.json")}
   scaled = cli.run("eval.py", "--workdir", workdir, *YARN)
   assert scaled.returncode == 0, scaled.stderr[-3000:]
@@ -271,9 +269,9 @@ def test_a_trained_run_evaluates_under_yarn_as_the_same_run(tmp_path):
   assert f"overrides: {ROTARY}factor=2.0, {ROTARY}original_length=8, {ROTARY}scaling='yarn'" \
       in scaled.stdout
   for kept, content in files.items():
-    assert open(os.path.join(workdir, kept), "rb").read() == content, kept
+    assert pathlib.Path(workdir, kept).read_bytes() == content, kept
   plain_record = json.loads(files["eval_step_5.json"])
-  record = json.loads(open(os.path.join(workdir, name)).read())
+  record = json.loads(pathlib.Path(workdir, name).read_text())
   assert plain_record["overrides"] == {}
   assert record["overrides"] == {ROTARY + "scaling": "yarn", ROTARY + "factor": 2.0,
                                  ROTARY + "original_length": 8}
@@ -291,8 +289,7 @@ def test_a_trained_run_evaluates_under_yarn_as_the_same_run(tmp_path):
                     os.path.join(workdir, "eval_step_5.json"))
   assert refused.returncode == 2
   assert "holds an evaluation under other overrides (none; this one:" in refused.stderr
-  assert open(os.path.join(workdir, "eval_step_5.json"), "rb").read() == \
-      files["eval_step_5.json"]
+  assert pathlib.Path(workdir, "eval_step_5.json").read_bytes() == files["eval_step_5.json"]
   # On a rotary run: the rotated fraction is its identity; YaRN needs the length trained on.
   for args, fragment in (([f"--config.{ROTARY}rotated_fraction=0.5"],
                           f"{ROTARY}rotated_fraction is part of the run's identity"),

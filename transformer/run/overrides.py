@@ -77,8 +77,8 @@ def apply(cfg: config_lib.Config, overrides: Mapping[str, str]
       execution = sorted(p for p in read if p.startswith("model.") and p not in identity)
       raise ConfigError(
           f"{PREFIX}{path}={text}: {path} is part of the run's identity (what its parameters "
-          f"mean: it was trained with {before[path]!r}); eval.py overrides execution fields only, such as "
-          f"{', '.join(execution)}")
+          f"mean: it was trained with {before[path]!r}); eval.py overrides execution fields "
+          f"only, such as {', '.join(execution)}")
   applied = {path: read[path] for path in overrides if read.get(path) != before[path]}
   return (new if applied else cfg), applied
 

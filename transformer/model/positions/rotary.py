@@ -56,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, check, check_ranges,
-                                     execution)
+from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, check,
+                                     check_ranges, execution)
 from transformer.model.positions.base import PositionalEncoding
 
 ABOVE_1 = Range(1, lo_open=True)
