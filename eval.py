@@ -22,8 +22,8 @@ decodes greedily.
 Overrides: --config.FIELD=VALUE evaluates the same parameters with an execution field of the
 run's config changed, e.g. a RoPE scaling (transformer/model/positions/rotary.py) for
 sequences longer than it was trained on, without retraining and as the same run:
-  python eval.py --workdir DIR --config.model.position_settings.rotary.scaling=yarn \
-      --config.model.position_settings.rotary.factor=4 \
+  python eval.py --workdir DIR --config.model.position_settings.rotary.scaling=yarn \\
+      --config.model.position_settings.rotary.factor=4 \\
       --config.model.position_settings.rotary.original_length=64
 Only fields the evaluation reads and that are not the run's identity (what its parameters
 mean: model.d_model, model.position, rotary's base, ...) may be overridden. The metrics go
@@ -41,7 +41,7 @@ as the metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
   python eval.py --workdir DIR --sentence "[MAX 2 9 [MIN 4 7 ] 0 ]" --nometrics  # ListOps
   python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics  # an LM
-  python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics \
+  python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics \\
       --temperature 0.8 --top_p 0.95 --sample_seed 1                              # sampled
 """
 
