@@ -6,8 +6,9 @@ from transformer.data.base import DataSource
 from transformer.data.hf import HfSource
 from transformer.data.labelled import LabelledSource
 from transformer.data.lm import LanguageModelSource
+from transformer.data.parallel_text import ParallelTextSource
 from transformer.data.synthetic import SyntheticSource
-from transformer.data.translation import ParallelTextSource, TfdsSource
+from transformer.data.tfds_translation import TfdsSource
 
 SOURCES: dict[str, type[DataSource]] = {
     "synthetic": SyntheticSource,  # reverse / copy / sort random strings (seq2seq)
