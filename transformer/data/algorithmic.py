@@ -27,6 +27,7 @@ import numpy as np
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import Chosen, check
+from transformer.core.metrics import Metric
 from transformer.core.registry import lookup
 from transformer.core.vocab import EOS_ID, NUM_RESERVED, RESERVED_PIECES
 from transformer.data import SourceArgs, Targets, pipeline
@@ -105,17 +106,29 @@ def answers(task, cast: str, split: Split, predictions: np.ndarray):
     yield int(n), targets[row, slots[row]], predictions[row, slots[row]]
 
 
+def row_accuracy(task, split: Split, predictions: np.ndarray, cast: str = "slots"
+                 ) -> dict[str, np.ndarray]:
+  """Each row's input `length`, the output symbols the task scores (`scored`) and how many
+  of them were predicted (`hits`), [rows] each: mean_accuracy's per-example parts."""
+  rows = []
+  for n, answer, predicted in answers(task, cast, split, predictions):
+    scored = task.accuracy_mask(answer)
+    rows.append((n, int((scored & (answer == predicted)).sum()), int(scored.sum())))
+  return dict(zip(("length", "hits", "scored"), np.array(rows, np.int64).reshape(-1, 3).T))
+
+
+def pooled_accuracy(rows: dict[str, np.ndarray]) -> dict[int, float]:
+  """{input length: Σ hits / Σ scored over the rows of that length} of row_accuracy's rows."""
+  lengths = rows["length"]
+  return {int(n): int(rows["hits"][lengths == n].sum()) / int(rows["scored"][lengths == n].sum())
+          for n in np.unique(lengths)}
+
+
 def length_accuracy(task, split: Split, predictions: np.ndarray, cast: str = "slots"
                     ) -> dict[int, float]:
   """{input length: accuracy over the output symbols the task scores}, pooled over the
   split's rows of that length (DeepMind's per-length accuracy)."""
-  correct: dict[int, list[int]] = {}
-  for n, answer, predicted in answers(task, cast, split, predictions):
-    scored = task.accuracy_mask(answer)
-    sums = correct.setdefault(n, [0, 0])
-    sums[0] += int((scored & (answer == predicted)).sum())
-    sums[1] += int(scored.sum())
-  return {n: hits / total for n, (hits, total) in sorted(correct.items())}
+  return pooled_accuracy(row_accuracy(task, split, predictions, cast))
 
 
 class AlgorithmicSource(DataSource):
@@ -125,6 +138,8 @@ class AlgorithmicSource(DataSource):
 
   Data = AlgorithmicData
   Task = Chosen(TASKS, "name", "algorithmic task")
+  own_metrics = {"mean_accuracy": Metric(0.0, 1.0, parts=("hits", "scored"), stratum="length"),
+                 "accuracy_by_length": Metric(0.0, 1.0)}  # {length: accuracy}
 
   def __init__(self, data, task, args: SourceArgs):
     super().__init__(data, task, args)
@@ -195,9 +210,10 @@ class AlgorithmicSource(DataSource):
     return split.arrays["targets"].shape[1]  # the whole answer and its EOS
 
   def split_results(self, name, split, outputs) -> SplitResult:
-    by_length = length_accuracy(self.task, split, outputs["predictions"], self.data.cast)
+    rows = row_accuracy(self.task, split, outputs["predictions"], self.data.cast)
+    by_length = pooled_accuracy(rows)
     return SplitResult({"mean_accuracy": float(np.mean(list(by_length.values()))),
-                        "accuracy_by_length": by_length})
+                        "accuracy_by_length": by_length}, examples=rows)
 
   def encode(self, text: str) -> np.ndarray:
     """Space-separated input pieces (e.g. "0 1 1") -> the input's tokens and answer slots

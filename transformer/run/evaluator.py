@@ -3,17 +3,21 @@ teacher-forced loss and accuracy, then decoding (greedy, sampled or beam search)
 that decodes — used by the training loop and by eval.py (run/evaluation.py)."""
 
 import functools
+import hashlib
 
 import jax
 import numpy as np
 from flax import nnx
 
 from transformer.core.errors import Interrupted
-from transformer.core.metrics import exact_matches, token_metrics, token_nll
+from transformer.core.metrics import exact_matches, row_metrics, token_metrics, token_nll
 from transformer.data.base import Split
 from transformer.model.decoding import beam_search, greedy_decode
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment, logs
+
+# In a split's record of a run's final evaluation: its results example by example (examples)
+PER_EXAMPLE = "per_example"
 
 
 class Evaluator:
@@ -46,7 +50,12 @@ class Evaluator:
       sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
       return sums, jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
 
-    self._score, self._predict, self._tokenwise = score, predict, tokenwise
+    @jax.jit
+    def rows(params, batch):  # per row: token_metrics' sums (a pass of its own: score's sums
+      logits = nnx.merge(graphdef, params)(batch)  # stay the programs they were)
+      return row_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
+
+    self._score, self._predict, self._tokenwise, self._rows = score, predict, tokenwise, rows
 
   def num_batches(self, arrays: dict[str, np.ndarray]) -> int:
     return -(-len(arrays["inputs"]) // self.batch_size)
@@ -107,16 +116,18 @@ class Evaluator:
                "accuracy": totals["correct"] / max(totals["tokens"], 1.0), "examples": n}
     return metrics, outputs
 
-  def evaluate(self, params, splits: dict[str, Split], should_stop=lambda: False):
+  def evaluate(self, params, splits: dict[str, Split], should_stop=lambda: False,
+               per_example: bool = False):
     """(metrics, hypotheses) by split: loss and accuracy, exact match of the decoded
-    predictions for a family that decodes, and the source's metrics of the outputs; the
+    predictions for a family that decodes, and the source's metrics of the outputs (with
+    `per_example`, also its results example by example under PER_EXAMPLE: examples); the
     hypotheses are the source's text predictions (None without text). Raises Interrupted
     once should_stop() is true."""
     results, hypotheses = {}, {}
     decodes = self.exp.family.decodes
     for name, split in splits.items():
-      # decoded splits take two passes: scoring, then decoding
-      passes = 2 if decodes else 1
+      # decoded splits take two passes: scoring, then decoding (and one per example)
+      passes = (2 if decodes else 1) + per_example
       progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
       if decodes:
         metrics, predictions = self.evaluate_split(
@@ -126,7 +137,42 @@ class Evaluator:
         metrics, outputs = self.score_split(params, split.arrays, should_stop, progress)
       extra = self.exp.source.split_results(name, split, outputs)
       results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
+      if per_example:
+        parts = self.examples(params, split.arrays, should_stop, progress)
+        if decodes:
+          parts["exact"] = exact_matches(outputs["predictions"], split.arrays["targets"])
+        results[name][PER_EXAMPLE] = {"digest": digest(split.arrays), **{
+            part: _compact(values) for part, values in {**parts, **(extra.examples or {})}.items()}}
     return results, hypotheses
+
+  def examples(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
+               progress: "logs.Progress | None" = None) -> dict[str, np.ndarray]:
+    """Each row's sums of token_metrics ({"nll", "correct", "tokens"}: [n] each), the parts
+    of the loss and accuracy that paired tests over examples resample (Metric.parts)."""
+    rows: dict[str, list] = {}
+    for batch in self._batches(arrays, progress):
+      _check_stop(should_stop)
+      for key, value in jax.device_get(self._rows(params, batch)).items():
+        rows.setdefault(key, []).append(np.asarray(value))
+    return {key: np.concatenate(v)[:len(arrays["inputs"])] for key, v in rows.items()}
+
+def digest(arrays: dict[str, np.ndarray]) -> str:
+  """A fingerprint of a split's arrays: two evaluations with the same one scored the same
+  examples in the same order (a paired test over examples needs that)."""
+  h = hashlib.sha256()
+  for key in sorted(arrays):
+    array = np.ascontiguousarray(arrays[key])
+    h.update(f"{key} {array.dtype} {array.shape}".encode())
+    h.update(array.tobytes())
+  return h.hexdigest()[:16]
+
+def _compact(values: np.ndarray) -> list:
+  """Per-example values as a JSON list: whole numbers as ints, others to 7 significant
+  digits (float32's precision, in fewer characters)."""
+  values = np.asarray(values)
+  if values.dtype == bool or np.all(values == np.rint(values)):
+    return [int(v) for v in values]
+  return [float(f"{v:.7g}") for v in values]
 
 def _add(totals: dict[str, float], sums: dict) -> None:
   """Adds a batch's metric sums into totals."""
