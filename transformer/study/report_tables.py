@@ -14,6 +14,7 @@ from transformer.study import bootstrap, stats
 from transformer.study.results import Results, baseline_of, grid
 
 CLIPPED = "‡"  # after an interval the metric's range clipped
+COUNTS = ("seeds", *STATES[1:])  # the columns of the run counts: finished ones are the seeds
 
 
 def cell(text: str) -> str:
@@ -71,8 +72,7 @@ def markdown(results: Results, header: list[str], baseline: str | None,
   variant (n, failed, mean, std, interval, min, max, success rates, the values per seed);
   its paired differences against `baseline` (baseline_of); the runs without results."""
   names, main = results.names, results.main
-  columns = ["variant", *STATES]
-  columns[1] = "seeds"
+  columns = ["variant", *COUNTS]
   lines = header + ["| " + " | ".join(columns + names) + " |",
                     "|---" * (len(columns) + len(names)) + "|"]
   for variant in results.variants:
@@ -162,7 +162,7 @@ def table_csv(results: Results, baseline: str | None,
   stat_columns = ("mean", "std", "ci_low", "ci_high", "ci_clipped", "identical", "min", "max",
                   "n", "values")
   diff_columns = ("mean", "ci_low", "ci_high", "identical", "n")
-  writer.writerow(["variant", *STATES, "seed ids"]
+  writer.writerow(["variant", *COUNTS, "seed ids"]
                   + [f"{n} {c}" for n in names for c in stat_columns] + ["baseline"]
                   + [f"{n} diff {c}" for n in names for c in diff_columns]
                   + ([f"{main} diff bootstrap {c}" for c in ("ci_low", "ci_high", "examples")]
