@@ -5,6 +5,12 @@ bias-declaring encoding (and rotary, which biases nothing) × {causal, bidirecti
 window}, each batch holding a packed row (two segments, restarting positions) and a padded
 row (sorted positions with gaps, as randomized positions give), 19 tokens in blocks of 8.
 
+The compiled lowerings' layouts (Triton's, Mosaic TPU's: pallas_layouts.LAYOUTS) run in
+interpret mode against the reference too, every encoding per layout with grouped-query heads
+in every other case; tests/test_lowering.py lowers them for cuda and tpu. A one-query row (a
+KV-cached decoding step) takes the reference formula: it is checked against the reference
+kernel for every encoding.
+
 Tolerances: float32 outputs within atol = rtol = 1e-5; float32 gradients within rtol 1e-4
 and atol max(1e-4 × the largest |entry| of that gradient, 2e-5) (the blocks sum in another
 order; the floor covers gradients that are 0 in exact arithmetic, e.g. of FIRE's output bias,
@@ -182,6 +188,32 @@ def test_compiled_layouts_equal_reference(layout, position, mask_kind, kv_heads)
   q, k, v, w = _inputs(kv_heads=kv_heads)
   (grads, out), (want_grads, want) = _outputs_and_grads(enc, scorers, mask, q, k, v, w[:1],
                                                         layout=layout)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["triton", "mosaic_tpu"])
+def test_compiled_layouts_over_many_blocks(layout):
+  """Rows of 300 tokens in the layouts' default blocks: Mosaic TPU's inner blocks are grid
+  steps (3 of 128 keys), its running sums carried in scratch between them; Triton's
+  forward and backward blocks differ (128 and 64). Packed and padded rows, causal, T5's
+  bias, one K/V head for both query heads."""
+  t = 300
+  seg = jnp.array([[1] * 150 + [2] * 100 + [0] * 50, [1] * 280 + [0] * 20])
+  pos = jnp.array([list(range(150)) + list(range(100)) + [0] * 50,
+                   list(range(280)) + [0] * 20])
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  enc = _encoding("t5", True)
+  q, k, v, _ = _inputs(tq=t, tk=t, kv_heads=1)
+  w = jnp.asarray(np.random.default_rng(6).normal(size=(2, t, H, D)), jnp.float32)
+  pallas = lambda q, k, v: flash_attention(  # noqa: E731
+      q, k, v, q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos,
+      causal=True, bias_spec=enc.bias_spec(), layout=layout)
+  reference = lambda q, k, v: reference_kernel(  # noqa: E731
+      q, k, v, mask, enc, DOT, Dropout(0.0), None)
+  (out, grads), (want, want_grads) = jax.jit(lambda *x: [
+      (f(*x), jax.grad(lambda *y: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
+      for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
   _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
 

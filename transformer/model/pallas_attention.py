@@ -216,7 +216,8 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
       nearest it allows (pallas_layouts.LAYOUTS), capped at the lengths; lengths are
       zero-padded to whole blocks inside.
     interpret: run the kernels in Pallas' interpret mode; None: on the CPU (and platforms
-      without a Pallas lowering) only, decided for the platform being lowered for.
+      without a Pallas lowering) only, decided for the platform being lowered for; False:
+      never (compiled on cuda, rocm and tpu; lowering for the CPU then fails).
     layout: a key of pallas_layouts.LAYOUTS run in interpret mode on every platform (a
       compiled lowering's layout checked on the CPU, as tests do); None: each platform's
       own (PLATFORMS).

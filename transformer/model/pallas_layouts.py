@@ -10,7 +10,9 @@ A Layout meets one lowering's rules:
   are capped (128 forward, 64 backward, as JAX's own Triton attention keeps register use
   bounded); the inner loop runs in the kernel over whole rows left in global memory.
 - `mosaic_tpu`: Mosaic (TPU). A block's last two dimensions are multiples of (8, 128) or
-  the array's own: query blocks of multiples of 8, key blocks of multiples of 128; as JAX's
+  the array's own: query and key blocks of multiples of 128 (the query side's 8 would do
+  for the blocks, but the backward pass transposes [block_q, block_k] probabilities, and
+  JAX's own TPU kernels keep such transposes 128-aligned); as JAX's
   splash attention does, the query side's segment ids and positions are broadcast along
   the 128 lanes [t, 128], the key side's along 8 sublanes [8, t], and the row statistics
   (logsumexp, delta) are [t, 128]; the bias parameters live in SMEM (scalar memory) and
