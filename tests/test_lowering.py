@@ -30,7 +30,6 @@ unit) keep the module to a few minutes; each trace is shared by the two platform
 """
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp

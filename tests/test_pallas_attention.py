@@ -212,7 +212,7 @@ def test_compiled_layouts_over_many_blocks(layout):
   reference = lambda q, k, v: reference_kernel(  # noqa: E731
       q, k, v, mask, enc, DOT, Dropout(0.0), None)
   (out, grads), (want, want_grads) = jax.jit(lambda *x: [
-      (f(*x), jax.grad(lambda *y: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
+      (f(*x), jax.grad(lambda *y, f=f: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
       for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
   _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
