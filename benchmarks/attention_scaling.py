@@ -21,15 +21,14 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
-import smoke
+import harness
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.masks import Mask
 from transformer.model.positions import make_positional_encoding
-from transformer.run import cli
 
 flags.DEFINE_list("lengths", ["256", "1024", "4096", "8192", "16384"], "Sequence lengths.")
 flags.DEFINE_list("kernels", ["reference", "blockwise"], "Kernels (model.attention.kernel).")
@@ -40,8 +39,8 @@ flags.DEFINE_integer("heads", 4, "Attention heads.")
 flags.DEFINE_integer("block", 512, "Block size of the blockwise and pallas kernels.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Computation dtype.")
 flags.DEFINE_float("max_gib", 12.0, "Skip running configurations needing more temporaries.")
-smoke.define(lengths=["32"], kernels=["blockwise"], windows=["full", "8"], d_model=16, heads=2,
-             block=8)
+harness.define_smoke(lengths=["32"], kernels=["blockwise"], windows=["full", "8"], d_model=16,
+                     heads=2, block=8)
 
 
 def timed(compiled, *args, repeats: int = 3) -> float:
@@ -81,14 +80,6 @@ def measure(kernel: str, position: str, window: int | None, length: int):
   return out
 
 
-def main(argv):
-  cli.no_arguments(argv)
-  smoke.apply()
-  cli.setup_logging()
-  with cli.one_line_errors():
-    report()
-
-
 def report() -> None:
   f = flags.FLAGS
   backend = jax.default_backend()
@@ -122,4 +113,4 @@ def report() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  harness.run(report)

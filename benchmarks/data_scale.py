@@ -25,11 +25,10 @@ import time
 
 START = time.perf_counter()
 
-from absl import app, flags  # noqa: E402 - START times the imports too
+from absl import flags  # noqa: E402 - START times the imports too
 
-import smoke  # noqa: E402
+import harness  # noqa: E402
 from transformer.core.errors import ConfigError  # noqa: E402
-from transformer.run import cli  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 flags.DEFINE_list("sizes", ["29000", "1000000"], "Corpus sizes N (pairs).")
@@ -42,7 +41,7 @@ flags.DEFINE_integer("batches", 2000, "Batches timed in the re-run.")
 flags.DEFINE_bool("keep", False, "Keep the corpora and their caches.")
 flags.DEFINE_enum("child", None, ["prepare", "rerun"], "(internal) one process's part.")
 flags.DEFINE_string("corpus", None, "(internal) the corpus directory of --child.")
-smoke.define(sizes=["300"], batch_size=8, vocab_size=256, batches=20)
+harness.define_smoke(sizes=["300"], batch_size=8, vocab_size=256, batches=20)
 
 
 def recipe():
@@ -150,19 +149,15 @@ def child() -> dict:
   return result
 
 
-def main(argv):
-  cli.no_arguments(argv)
-  smoke.apply()
+def report() -> None:
   f = flags.FLAGS
-  with cli.one_line_errors():
-    if f.multi30k is None:
-      f.multi30k = recipe().data.dir
-    if f.child:
-      print(json.dumps({"child": f.child, **child()}), flush=True)
-      return
-    multi30k_files(f.multi30k)  # a missing corpus fails here, before anything is written
-    sizes = [int(s) for s in f.sizes]
-    rows = [measure(n) for n in sizes]
+  if f.multi30k is None:
+    f.multi30k = recipe().data.dir
+  if f.child:
+    print(json.dumps({"child": f.child, **child()}), flush=True)
+    return
+  multi30k_files(f.multi30k)  # a missing corpus fails here, before anything is written
+  rows = [measure(int(n)) for n in f.sizes]
   print(f"\n{'N':>9} {'prepare s':>9} {'enc sent/s':>10} {'1st batch s':>11} {'rss MB':>7} "
         f"{'batch/s':>8} {'fill':>6} {'max gap s':>9} {'epoch gap s':>11}")
   for r in rows:
@@ -199,4 +194,4 @@ def measure(n: int) -> dict:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  harness.run(report)

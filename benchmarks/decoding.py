@@ -15,12 +15,12 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-import smoke
+import harness
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import PAD_ID
-from transformer.run import cli, config
+from transformer.run import config
 from transformer.run.evaluation import restore_run
 from transformer.run.evaluator import Evaluator
 
@@ -29,15 +29,7 @@ flags.DEFINE_list("beam_sizes", ["1", "4"], "Beam sizes to time (1 = greedy).")
 flags.DEFINE_string("split", None, "Held-out split to decode (default: the run's first).")
 flags.DEFINE_integer("batch_size", 0, "Sentences per batch (0: config.eval.batch_size).")
 flags.DEFINE_integer("num_sentences", 0, "Decode the split's first N sentences (0: all).")
-smoke.define(beam_sizes=["1", "2"], batch_size=8, num_sentences=8)
-
-
-def main(argv):
-  cli.no_arguments(argv)
-  smoke.apply()
-  cli.setup_logging()
-  with cli.one_line_errors():
-    report()
+harness.define_smoke(beam_sizes=["1", "2"], batch_size=8, num_sentences=8)
 
 
 def report() -> None:
@@ -76,4 +68,4 @@ def report() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  harness.run(report)

@@ -17,17 +17,17 @@ import time
 
 import grain
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-import smoke
-from transformer.run import cli, experiment
+import harness
+from transformer.run import experiment
 from transformer.run.config import parse
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
 flags.DEFINE_integer("batches", 100, "Batches timed per packer (after one warm-up batch).")
-smoke.define(batches=3, config={"data.vocab_size": 256, "train.batch_size": 8})
+harness.define_smoke(batches=3, config={"data.vocab_size": 256, "train.batch_size": 8})
 
 
 def grain_packed(examples, packer, *, batch_size: int, max_len: int, seed: int):
@@ -51,14 +51,6 @@ def measure(name: str, batches, count: int) -> None:
   print(f"{name:<32} {count / seconds:10,.0f} batches/s  target fill {filled / slots:6.1%}")
 
 
-def main(argv):
-  cli.no_arguments(argv)
-  smoke.apply()
-  cli.setup_logging()
-  with cli.one_line_errors():
-    report()
-
-
 def report() -> None:
   config, count = flags.FLAGS.config, flags.FLAGS.batches
   exp = experiment.build(parse(config), flags.FLAGS.workdir)
@@ -77,4 +69,4 @@ def report() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  harness.run(report)

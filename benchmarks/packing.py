@@ -15,28 +15,20 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-import smoke
-from transformer.run import cli, experiment
+import harness
+from transformer.run import experiment
 from transformer.run import step as step_lib
 from transformer.run.config import parse
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
 flags.DEFINE_integer("steps", 20, "Timed steps per setting (after two warm-up steps).")
-smoke.define(steps=1, config={
+harness.define_smoke(steps=1, config={
     "data.vocab_size": 256, "train.batch_size": 8, "model.d_model": 32, "model.num_heads": 2,
     "model.d_ff": 64, "model.num_encoder_layers": 1, "model.num_decoder_layers": 1})
-
-
-def main(argv):
-  cli.no_arguments(argv)
-  smoke.apply()
-  cli.setup_logging()
-  with cli.one_line_errors():
-    report()
 
 
 def report() -> None:
@@ -68,4 +60,4 @@ def report() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  harness.run(report)

@@ -30,12 +30,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-import smoke
+import harness
 from transformer.core.vocab import NUM_RESERVED
-from transformer.run import cli, experiment
+from transformer.run import experiment
 from transformer.run import step as step_lib
 from transformer.run.config import parse
 
@@ -54,7 +54,8 @@ flags.DEFINE_integer("peak_size", 0, "Matmul size for the peak; 0: 2048 on CPU, 
 flags.DEFINE_bool("profile", False, "Trace 3 steps and print the time of the matmul ops (XLA "
                   "dot/YNNPACK fusions, cuBLAS/cuDNN kernels) against the rest, and the top ops.")
 
-smoke.define(dims="tiny", vocab_size=64, batch_size=4, length=8, steps=2, peak_size=128)
+harness.define_smoke(dims="tiny", vocab_size=64, batch_size=4, length=8, steps=2,
+                     peak_size=128)
 
 MATMUL_OPS = re.compile(r"dot|ynn_fusion|gemm|cublas|cutlass|xmma|fmha|flash", re.IGNORECASE)
 
@@ -125,14 +126,6 @@ def peak_memory() -> str:
   return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB RSS"
 
 
-def main(argv):
-  cli.no_arguments(argv)
-  smoke.apply()
-  cli.setup_logging()
-  with cli.one_line_errors():
-    report()
-
-
 def report() -> None:
   FLAGS = flags.FLAGS
   config = FLAGS.config
@@ -197,4 +190,4 @@ def report() -> None:
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  harness.run(report)

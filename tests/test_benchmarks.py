@@ -3,7 +3,6 @@ on the Quick start's kind of run and on a corpus laid out as configs/multi30k.py
 and one without what it needs says so in one `error:` line."""
 
 import gzip
-import os
 import pathlib
 import random
 
