@@ -33,8 +33,8 @@ def check(script: str, args: list[str]) -> None:
   namespace = runpy.run_path(path, run_name="docs_check")  # its flags; its main not called
   rest = cli.parse_flags([path, *args])  # a bad flag, config file or override: exits 2
   f = flags.FLAGS
-  with open(path, encoding="utf-8") as source:
-    takes_arguments = "no_arguments(argv)" not in source.read()
+  with open(path, encoding="utf-8") as source:  # compare.py reads its run directories so
+    takes_arguments = "argv[1:]" in source.read()
   with cli.one_line_errors():
     if rest[1:] and not takes_arguments:
       raise ConfigError(f"unexpected arguments: {' '.join(rest[1:])} (every option is a --flag)")

@@ -170,17 +170,27 @@ def _spans(doc: str):
     yield text.count("\n", 0, match.start()) + 1, match[1] or match[2], match[2] is not None
 
 
+def _anchors(path: pathlib.Path) -> set[str]:
+  """The anchors GitHub gives the headings of a markdown file."""
+  return {re.sub(r"[^\w\- ]", "", match[1].strip().lower()).replace(" ", "-")
+          for match in re.finditer(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.MULTILINE)}
+
+
 def test_named_paths_exist():
   """Every repository path a doc names in code (`transformer/model/attention.py`,
   `configs/chomsky.py:cpu`, `transformer/model/decoding.py:generate`) and every relative link
-  exists; a `.py:NAME` names something the file defines."""
+  (with its #heading) exists; a `.py:NAME` names something the file defines."""
   wrong = []
   for doc in DOCS:
     for line, span, is_link in _spans(doc):
       if is_link:
-        if re.match(r"[a-z]+:|#", span):
+        if re.match(r"[a-z]+:", span):
           continue
-        target = (ROOT_PATH / doc).parent / span.split("#")[0]
+        path, _, anchor = span.partition("#")
+        target = (ROOT_PATH / doc).parent / path if path else ROOT_PATH / doc
+        if anchor and target.is_file() and anchor not in _anchors(target):
+          wrong.append(f"{doc}:{line}: {span}: {path or doc} has no heading #{anchor}")
+          continue
       elif re.fullmatch(r"(transformer|configs|benchmarks|tests|docs)/[\w./-]*(:\w+)?", span):
         path, _, name = span.partition(":")
         target = ROOT_PATH / path
