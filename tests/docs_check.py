@@ -1,9 +1,9 @@
 """Checks one documented command without running it: python tests/docs_check.py SCRIPT [ARG ...]
 
-Loads SCRIPT (train.py, eval.py, sweep.py, compare.py, benchmarks/*.py) under another name than
-__main__, so that it defines its flags and nothing runs, then parses ARG as the script itself
-would (cli.parse_flags: the flags, the config file with its `:arg`, every --config.FIELD
-override), and parses what the script would parse next without reading or training anything:
+Runs SCRIPT (train.py, eval.py, sweep.py, compare.py, benchmarks/*.py) up to its
+absl.app.run call, which is stopped there: its flags are defined and nothing has run. Then
+parses ARG with the parser the script gives app.run (cli.parse_flags or its own: the flags,
+the config file with its `:arg`, every --config.FIELD override), and parses what the script would parse next without reading or training anything:
 the config into its typed tree (config.parse), a sweep's every run (sweep.runs) and
 --baseline, --success thresholds, eval.py's flag combinations. Exit 0, or one `error:` line
 and status 2, as the script would give it. tests/test_docs.py runs this for every command in
@@ -30,8 +30,8 @@ def check(script: str, args: list[str]) -> None:
     with cli.one_line_errors():
       raise ConfigError(f"no such script: {script}")
   sys.path.insert(0, os.path.dirname(path))  # as `python SCRIPT` does (benchmarks' helpers)
-  namespace = runpy.run_path(path, run_name="docs_check")  # its flags; its main not called
-  rest = cli.parse_flags([path, *args])  # a bad flag, config file or override: exits 2
+  namespace, parse_flags = load(path)
+  rest = parse_flags([path, *args])  # a bad flag, config file or override: exits 2
   f = flags.FLAGS
   with open(path, encoding="utf-8") as source:  # compare.py reads its run directories so
     takes_arguments = "argv[1:]" in source.read()
@@ -49,6 +49,25 @@ def check(script: str, args: list[str]) -> None:
       if name not in namespace:
         raise AssertionError(f"{script} has no {name}(): tests/docs_check.py needs updating")
       namespace[name]()
+
+
+def load(path: str):
+  """(the script's globals, the flags parser it gives absl.app.run): the script runs as
+  __main__ with a stand-in for app.run that only notes the parser, so nothing is parsed and
+  its main is not called."""
+  from absl import app  # noqa: PLC0415
+
+  from transformer.run import cli  # noqa: PLC0415
+
+  parsers = []
+  run, app.run = app.run, lambda main, argv=None, flags_parser=None: parsers.append(flags_parser)
+  try:
+    namespace = runpy.run_path(path, run_name="__main__")
+  finally:
+    app.run = run
+  if not parsers:
+    raise AssertionError(f"{path} never calls absl.app.run: tests/docs_check.py cannot check it")
+  return namespace, parsers[0] or cli.parse_flags
 
 
 def check_sweep(f) -> None:

@@ -251,9 +251,9 @@ def allowed_choices(config_path: str, field: str) -> list[str]:
   spec.loader.exec_module(module)
   described = {f.path: f.allowed for f in config_help.describe(module.get_config(*[arg] if arg
                                                                                  else []))}
-  assert described.get(field, "").startswith("one of: "), (
-      f"{config_path} has no field {field} with registry choices")
-  return described[field].removeprefix("one of: ").split(", ")
+  match = re.match(r"one of:? (.+)", described.get(field, ""))
+  assert match, f"{config_path} has no field {field} with registry choices"
+  return match[1].split(", ")
 
 
 @pytest.mark.parametrize("doc,line,field,config_path,names", list(choice_tables()))
