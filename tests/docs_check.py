@@ -1,13 +1,14 @@
 """Checks one documented command without running it: python tests/docs_check.py SCRIPT [ARG ...]
 
-Runs SCRIPT (train.py, eval.py, sweep.py, compare.py, benchmarks/*.py) up to its
-absl.app.run call, which is stopped there: its flags are defined and nothing has run. Then
-parses ARG with the parser the script gives app.run (cli.parse_flags or its own: the flags,
-the config file with its `:arg`, every --config.FIELD override), and parses what the script would parse next without reading or training anything:
-the config into its typed tree (config.parse), a sweep's every run (sweep.runs) and
---baseline, --success thresholds, eval.py's flag combinations. Exit 0, or one `error:` line
-and status 2, as the script would give it. tests/test_docs.py runs this for every command in
-README.md and docs/*.md (through tests/clirun.py's forkserver: ~0.2 s each).
+Runs SCRIPT (train.py, eval.py, sweep.py, compare.py, benchmarks/*.py) as __main__ with a
+stand-in for absl.app.run that only notes the flags parser it is given: the script's flags
+are defined and nothing has run. Then parses ARG with that parser (cli.parse_flags or the
+script's own: the flags, the config file with its `:arg`, every --config.FIELD override),
+and parses what the script would parse next without reading or training anything: the
+config into its typed tree (config.parse), a sweep's every run (sweep.runs) and --baseline,
+--success thresholds, eval.py's flag combinations. Exit 0, or one `error:` line and status
+2, as the script would give it. tests/test_docs.py runs this for every command in README.md
+and docs/*.md (through tests/clirun.py's forkserver: ~0.2 s each).
 """
 
 import os
