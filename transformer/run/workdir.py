@@ -45,7 +45,7 @@ def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) 
     return
   saved_raw = load_config(workdir)
   saved = fields.identity(_parse_saved(saved_raw, workdir))
-  present = set(flatten(config_lib.migrate(saved_raw)))
+  present = set(flatten(config_lib.migrate(saved_raw, saved=True)))
   new = fields.identity(cfg)
   changed = [k for k in saved if k in present and new.get(k) != saved[k]]
   if changed:
@@ -97,7 +97,7 @@ def saved_config(workdir: str) -> config_lib.Config:
 
 def _parse_saved(raw: dict, workdir: str) -> config_lib.Config:
   try:
-    return config_lib.parse(raw)
+    return config_lib.parse(raw, saved=True)
   except ConfigError as e:
     raise ConfigError(f"{epath.Path(workdir) / CONFIG_FILE} (the run's saved config): "
                       f"{e}") from None
