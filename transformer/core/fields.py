@@ -139,18 +139,28 @@ def identity(obj, prefix: str = "") -> dict[str, Any]:
   """{dotted path: value} of the identity fields of a typed config (or section), recursing
   into sections; in a settings section declared `chosen_by` a sibling field, only the
   chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  return _values(obj, prefix, skipped=(EXECUTION, DERIVED))
+
+
+def in_use(obj, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of every config field a run reads, identity and execution: as
+  identity, with the execution fields (an override of a path outside it changes nothing)."""
+  return _values(obj, prefix, skipped=(DERIVED,))
+
+
+def _values(obj, prefix: str, skipped: tuple[str, ...]) -> dict[str, Any]:
   out = {}
   for field in dataclasses.fields(obj):
-    if field.metadata.get(ROLE) in (EXECUTION, DERIVED):
+    if field.metadata.get(ROLE) in skipped:
       continue
     value, path = getattr(obj, field.name), f"{prefix}{field.name}"
     chosen = field.metadata.get("chosen_by")
     if chosen is not None:
       key = getattr(obj, chosen)
       entry = getattr(value, key, None)
-      out.update(identity(entry, f"{path}.{key}.") if entry is not None else {})
+      out.update(_values(entry, f"{path}.{key}.", skipped) if entry is not None else {})
     elif dataclasses.is_dataclass(value):
-      out.update(identity(value, f"{path}."))
+      out.update(_values(value, f"{path}.", skipped))
     else:
       out[path] = value
   return out

@@ -38,16 +38,16 @@ def check_usable(workdir: str) -> None:
 
 def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) -> None:
   """Refuses (ConfigError) a config whose identity differs from the run in `workdir`'s.
-  Fields missing from the saved config (older layouts migrated first) were added to the
-  code since the run began: they are not compared."""
+  A field missing from the saved config (added to the code since the run began) is compared
+  at the value its parse gives it: the default, or the legacy value a field declares, means
+  what the run did before the field existed (an old rotary run rotated every dimension, and
+  resuming it with model.position_settings.rotary.rotated_fraction=0.5 is another model)."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not has_checkpoints or not path.exists():
     return
-  saved_raw = load_config(workdir)
-  saved = fields.identity(_parse_saved(saved_raw, workdir))
-  present = set(flatten(config_lib.migrate(saved_raw, saved=True)))
+  saved = fields.identity(saved_config(workdir))
   new = fields.identity(cfg)
-  changed = [k for k in saved if k in present and new.get(k) != saved[k]]
+  changed = [k for k in saved if new.get(k) != saved[k]]
   if changed:
     section = min((k.split(".")[0] for k in changed), key=config_lib.SECTIONS.index)
     fields_changed = sorted(k.split(".", 1)[1] for k in changed if k.startswith(section + "."))
