@@ -122,7 +122,7 @@ def test_every_cast_presents_the_instances(source_name, name):
         assert len(cast.pieces(task, row[0])) == len(row[0])
         text = " ".join(task.pieces()[s] for s in x.inputs)
         if len(x.inputs):
-          np.testing.assert_array_equal(task.parse(text), x.inputs)
+          np.testing.assert_array_equal(task.from_text(text), x.inputs)
   data_fields = getattr(source.Data, "__dataclass_fields__", {})
   for cast_name in set(CASTS) - set(casts) if "cast" in data_fields else ():
     with pytest.raises(ConfigError, match=f"data.cast {cast_name!r} cannot present"):
@@ -133,4 +133,4 @@ def test_a_bad_input_text_names_the_pieces():
   task = GENERATED["algorithmic"].Task.registry["binary_addition"]()
   with pytest.raises(ConfigError, match=r"binary_addition input '0 7': give space-separated "
                      r"symbols of 0 1 \+"):
-    task.parse("0 7")
+    task.from_text("0 7")

@@ -101,7 +101,7 @@ class GeneratedSource(DataSource):
   def encode(self, text: str) -> np.ndarray:
     """An input written as space-separated pieces (e.g. "0 1 1") as the tokens the cast
     makes of it (answer slots, EOS or a CLS token included)."""
-    return self.cast.encode(self.task, self.task.parse(text))
+    return self.cast.encode(self.task, self.task.from_text(text))
 
   def pieces(self, ids) -> list[str]:
     return self.cast.pieces(self.task, ids)

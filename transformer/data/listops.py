@@ -72,7 +72,7 @@ class ListOps(Task):
       return None
     return Instance(np.array(symbols, np.int32), np.array([value], np.int32), len(symbols) + 1)
 
-  def parse(self, text: str) -> np.ndarray:
+  def from_text(self, text: str) -> np.ndarray:
     """The symbols of an expression written as space-separated pieces; a ConfigError unless
     it is one well-formed expression (listops_value)."""
     words = text.split()

@@ -129,7 +129,7 @@ class Task(Section, abc.ABC):
     """A name per input symbol (pictures, eval.py --sentence); the digits by default."""
     return self.input_pieces or tuple(str(i) for i in range(self.input_size))
 
-  def parse(self, text: str) -> np.ndarray:
+  def from_text(self, text: str) -> np.ndarray:
     """An input written as space-separated pieces (eval.py --sentence) as symbols; a
     ConfigError naming what is allowed."""
     pieces, words = self.pieces(), text.split()
