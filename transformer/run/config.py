@@ -122,10 +122,11 @@ class Config:
 SECTIONS = ("seed", "data", "task", "model", "train", "eval", "mesh")
 
 
-def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
+def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = False) -> Config:
   """The typed Config of a config file's ConfigDict or of a run's saved config.json (a
-  nested dict, possibly of an older layout); a ConfigError for any bad field. A `task`
-  section is ignored by a source that reads none."""
+  nested dict, possibly of an older layout; `saved`: read as it meant when saved, see
+  migrate); a ConfigError for any bad field. A `task` section is ignored by a source that
+  reads none."""
   raw = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
   unknown = sorted(set(raw) - set(SECTIONS))
   if unknown:
@@ -135,7 +136,7 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
     raise fields.FieldError("config.seed", seed, "an integer ≥ 0")
   source = lookup(SOURCES, _section(raw, "data").get("source"), "data source")
-  raw = migrate(raw)
+  raw = migrate(raw, saved)
   data = dataclass_from(source.Data, _section(raw, "data"), "data")
   task = None
   if source.Task is not None:
@@ -152,9 +153,14 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
                 mesh=dataclass_from(MeshConfig, _section(raw, "mesh"), "mesh"))
 
 
-def migrate(raw: dict[str, Any]) -> dict[str, Any]:
-  """A whole config (nested dicts) of any older layout in today's (fields.migrate)."""
-  return fields.migrate(raw, ModelConfig, ("model",))
+def migrate(raw: dict[str, Any], saved: bool = False) -> dict[str, Any]:
+  """A whole config (nested dicts) of any older layout in today's (fields.migrate); a run's
+  `saved` config also with the values that keep its meaning for fields added since
+  (DataSource.saved)."""
+  raw = fields.migrate(raw, ModelConfig, ("model",))
+  data = raw.get("data")
+  name = data.get("source") if saved and isinstance(data, Mapping) else None
+  return SOURCES[name].saved(raw) if isinstance(name, str) and name in SOURCES else raw
 
 
 def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
