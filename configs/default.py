@@ -16,7 +16,7 @@ from transformer.run.config import schema
 
 def get_config():
   config = schema("synthetic")
-  config.task.name = "reverse"
+  config.task.update(name="reverse_string", num_symbols=16, max_len=16)
   # A model far smaller than the paper's base (the schema's defaults), which this task
   # needs: it trains in minutes on a CPU.
   config.model.update(d_model=64, num_heads=4, d_ff=256, num_encoder_layers=2,
