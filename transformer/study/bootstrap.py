@@ -33,26 +33,25 @@ _CELLS = 4_000_000  # resamples × examples drawn at once (memory)
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
-  """One run's per-example results for one metric, rows ordered by stratum: numerator,
-  denominator ([n] each), the start of each stratum's rows, and the examples' digest."""
+  """One run's per-example results for one metric, rows ordered by stratum: `columns`
+  [n, 2] (numerator, denominator), the start of each stratum's rows, and the examples'
+  digest."""
 
-  numerator: np.ndarray
-  denominator: np.ndarray
+  columns: np.ndarray
   starts: np.ndarray
   digest: str
 
   @property
   def size(self) -> int:
-    return len(self.numerator)
+    return len(self.columns)
 
-  def value(self, metric: Metric, counts: np.ndarray | None = None) -> np.ndarray:
-    """The metric of these examples, each counted `counts` [B, n] times ([B]; None: once
-    each, [1])."""
-    counts = np.ones((1, self.size)) if counts is None else counts
-    sums = [np.add.reduceat(counts * x, self.starts, axis=1)
-            for x in (self.numerator, self.denominator)]
+  def value(self, metric: Metric, rows: np.ndarray | None = None) -> np.ndarray:
+    """The metric of the examples `rows` [B, n] (indices, each a resample; None: every
+    example once, B = 1): [B]."""
+    drawn = self.columns[None] if rows is None else self.columns[rows]  # [B, n, 2]
+    sums = np.add.reduceat(drawn, self.starts, axis=1)  # [B, strata, 2]
     with np.errstate(invalid="ignore", divide="ignore"):
-      ratio = np.mean(sums[0] / sums[1], axis=1)
+      ratio = np.mean(sums[..., 0] / sums[..., 1], axis=1)
     return metric.of_mean(ratio) if metric.of_mean else ratio
 
 
@@ -75,7 +74,7 @@ def parts(record: dict, metric: Metric) -> Parts | None:
     return None
   order = np.argsort(stratum, kind="stable")
   starts = np.flatnonzero(np.r_[True, stratum[order][1:] != stratum[order][:-1]])
-  return Parts(num[order], den[order], starts, str(examples["digest"]))
+  return Parts(np.stack([num, den], axis=1)[order], starts, str(examples["digest"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +96,12 @@ class Bootstrap:
     return self.ci is not None and (self.ci[0] > 0 or self.ci[1] < 0)
 
 
-def _counts(rng: np.random.Generator, starts: np.ndarray, size: int, draws: int) -> np.ndarray:
-  """[draws, size] counts of examples drawn with replacement within each stratum (rows
+def _draw(rng: np.random.Generator, parts: Parts, draws: int) -> np.ndarray:
+  """[draws, n] indices of examples drawn with replacement within each stratum (its rows
   starts[i]..starts[i + 1]), as many as it has."""
-  bounds = np.r_[starts, size]
-  return np.concatenate([rng.multinomial(b - a, np.full(b - a, 1 / (b - a)), size=draws)
-                         for a, b in zip(bounds[:-1], bounds[1:])], axis=1)
+  sizes = np.diff(np.r_[parts.starts, parts.size])
+  first, width = (np.repeat(x, sizes).astype(np.int32) for x in (parts.starts, sizes))
+  return first + rng.integers(0, width, size=(draws, parts.size), dtype=np.int32)
 
 
 def replicates(baseline: Mapping, variant: Mapping, metric: Metric,
@@ -119,18 +118,17 @@ def replicates(baseline: Mapping, variant: Mapping, metric: Metric,
   for start in range(0, resamples, chunk):
     rows = slice(start, min(start + chunk, resamples))
     if shared:  # one draw of the examples for every seed
-      a = baseline[seeds[0]]
-      counts = _counts(rng, a.starts, a.size, rows.stop - rows.start)
-      diff = np.stack([variant[s].value(metric, counts) - baseline[s].value(metric, counts)
+      examples = _draw(rng, baseline[seeds[0]], rows.stop - rows.start)
+      diff = np.stack([variant[s].value(metric, examples) - baseline[s].value(metric, examples)
                        for s in seeds], axis=1)  # [b, k]
       out[rows] = np.take_along_axis(diff, drawn[rows], axis=1)
       continue
     for i, s in enumerate(seeds):  # a draw per drawn seed
       where = np.nonzero(drawn[rows] == i)
       if len(where[0]):
-        a, b = baseline[s], variant[s]
-        counts = _counts(rng, a.starts, a.size, len(where[0]))
-        out[rows][where] = b.value(metric, counts) - a.value(metric, counts)
+        examples = _draw(rng, baseline[s], len(where[0]))
+        out[rows][where] = (variant[s].value(metric, examples)
+                            - baseline[s].value(metric, examples))
   return out.mean(axis=1)
 
 

@@ -1,10 +1,13 @@
-"""The report of a sweep (study/sweep.py) or of any runs (study/compare.py): a table of each
-variant's final held-out metrics over its seeds with their statistics (study/stats.py), the
-main metric's spread, success rates and paired differences against a baseline variant, the
-state of every run without results (run/state.py: failed, with the reason; stopped
-part-way; not trained yet), and plots (study/report_plots.py)."""
+"""The report of a sweep (study/sweep.py) or of any runs (study/compare.py): a header that
+states what the numbers are and every statistical choice; a table of each variant's final
+held-out metrics over its seeds with their statistics (study/stats.py), the main metric's
+spread, success rates and paired differences against a baseline variant, over seeds and
+over seeds and examples (study/bootstrap.py), the state of every run without results
+(run/state.py: failed, with the reason; stopped part-way; not trained yet)
+(study/report_tables.py), and plots (study/report_plots.py)."""
 
 import json
+import math
 import os
 import subprocess
 from collections.abc import Sequence
@@ -72,13 +75,14 @@ def statistics_lines(results: Results, baseline: str | None,
            "(n − 1); one seed: no interval; \"identical in every seed\": every seed gave the "
            "same value, and no interval is given (a zero-width one would claim a certainty "
            "that few seeds cannot give)",
-           f"- intervals stay inside the range each metric declares (accuracy and exact match "
-           f"[0, 1], BLEU and chrF [0, 100], loss [0, ∞)): a t interval reaching past it is "
-           f"clipped to it and marked {CLIPPED} (the true mean lies in the range, so clipping "
-           "keeps the interval's coverage; a bootstrap over so few seeds would cover less)"]
+           f"- intervals stay inside the range each metric declares ({_ranges(results)}): a t "
+           f"interval reaching past it is clipped to it and marked {CLIPPED} (the true mean "
+           "lies in the range, so clipping keeps the interval's coverage; a bootstrap over so "
+           "few seeds would cover less)"]
   undeclared = [n for n in results.names if not results.declared(n)]
   if undeclared:
-    lines.append(f"- declaring no range, never clipped: {', '.join(undeclared)}")
+    lines.append(f"- declaring no range (never clipped; higher taken as better): "
+                 f"{', '.join(undeclared)}")
   lines.append("- each seed of a variant once (a repeated seed is refused); a failed run "
                "(e.g. diverged, or finished with a metric that is not finite) is counted as "
                "failed in every table and enters no mean")
@@ -102,6 +106,19 @@ def statistics_lines(results: Results, baseline: str | None,
               "0. It adds the test set's evidence to the seeds'; with few seeds its seed "
               "stage is coarse, and the t interval stays the test of seed-to-seed variation"]
   return lines
+
+
+def _ranges(results: Results) -> str:
+  """The declared ranges of the report's metrics, e.g. "exact_match, accuracy [0, 1]; loss
+  [0, ∞)"."""
+  by_range: dict[str, list[str]] = {}
+  for name in results.names:
+    key, metric = name.split("/", 1)[1], results.metric(name)
+    if math.isfinite(metric.low) or math.isfinite(metric.high):
+      high = "∞)" if metric.high == math.inf else f"{metric.high:g}]"
+      keys = by_range.setdefault(f"[{metric.low:g}, {high}", [])
+      keys += [] if key in keys else [key]
+  return "; ".join(f"{', '.join(keys)} {span}" for span, keys in by_range.items())
 
 
 def default_baseline(results: Results, baseline: str | None) -> str | None:

@@ -122,9 +122,9 @@ def check_seeds(entries: list[Entry]) -> None:
   seen: dict[tuple[str, int], Entry] = {}
   for entry in entries:
     if (other := seen.get((entry.variant, entry.seed))) is not None:
-      raise ConfigError(f"{other.name} and {entry.name} are the same run (variant "
-                        f"{entry.variant}, seed {entry.seed}): a repeated seed is no second "
-                        "sample; give each run once")
+      raise ConfigError(f"{other.name} and {entry.name} are the same run (the same config "
+                        f"and seed {entry.seed}) of variant {entry.variant}: a repeated seed "
+                        "is no second sample; give each run once")
     seen[entry.variant, entry.seed] = entry
 
 
@@ -221,7 +221,11 @@ class Results:
     """The paired bootstrap over seeds and examples of variant − baseline in the metric
     `split/key`, or why there is none."""
     if self.metric(name).parts is None:
-      return "not a mean over examples"
+      return "no per-example form (a corpus-level metric)"
     a, b = self.parts(baseline, name), self.parts(variant, name)
-    why = bootstrap.check(a, b)
-    return why or bootstrap.paired_bootstrap(a, b, self.metric(name))
+    if why := bootstrap.check(a, b):
+      return why
+    test = bootstrap.paired_bootstrap(a, b, self.metric(name))
+    if test.ci is not None and not all(map(math.isfinite, test.ci)):
+      return "undefined in some resamples (a denominator of 0)"
+    return test
