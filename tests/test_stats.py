@@ -10,6 +10,7 @@ import json
 import math
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import sacrebleu
@@ -19,10 +20,11 @@ from tests.conftest import make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
+from transformer.core import metrics as metrics_lib
 from transformer.core.metrics import METRICS
 from transformer.data.sources import SOURCES
 from transformer.run.evaluation import text_paths
-from transformer.run.evaluator import PER_EXAMPLE
+from transformer.run.evaluator import PER_EXAMPLE, scored_row_sums
 from transformer.run.state import record_failure
 from transformer.study import bootstrap, compare, report_plots, stats
 from transformer.study.results import Entry, Results
@@ -552,3 +554,23 @@ def test_no_plot_of_one_point(tmp_path):
   assert report_plots.plot(str(tmp_path), {"a": [workdir]}, {"a": [one_length]}, None,
                            5) == ["curves.png"]
   assert not (tmp_path / "position_loss.png").exists()
+
+
+def test_per_example_sums_add_up_to_the_evaluations():
+  """row_metrics' rows sum to token_metrics; a scored split's rows from its outputs
+  (argmax and −log p per position: no pass of their own) are row_metrics' where no two
+  logits tie."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(4, 6, 11)), jnp.float32)
+  targets = jnp.asarray(rng.integers(0, 11, size=(4, 6)))
+  weights = jnp.asarray(rng.random((4, 6)) < 0.7)
+  rows = {k: np.asarray(v) for k, v in metrics_lib.row_metrics(logits, targets, weights).items()}
+  sums = metrics_lib.token_metrics(logits, targets, weights)
+  for key in ("nll", "correct", "tokens"):
+    np.testing.assert_allclose(rows[key].sum(), float(sums[key]), rtol=1e-6)
+  outputs = {"predictions": np.asarray(jnp.argmax(logits, -1)),
+             "nll": np.asarray(metrics_lib.token_nll(logits, targets))}
+  scored = scored_row_sums(outputs, {"targets": np.asarray(targets),
+                                     "targets_segmentation": np.asarray(weights, np.int32)})
+  for key in ("nll", "correct", "tokens"):
+    np.testing.assert_allclose(scored[key], rows[key], rtol=1e-5)

@@ -16,7 +16,8 @@ from transformer.model.decoding import beam_search, greedy_decode
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment, logs
 
-# In a split's record of a run's final evaluation: its results example by example (examples)
+# In a split's record of a run's final evaluation: its results example by example
+# (per_example_record)
 PER_EXAMPLE = "per_example"
 
 
@@ -50,9 +51,11 @@ class Evaluator:
       sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
       return sums, jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
 
+    # Each row's sums of token_metrics, for the per-example results of a decoded split: a
+    # pass of its own (fused into score, its sums would round differently than they did).
     @jax.jit
-    def rows(params, batch):  # per row: token_metrics' sums (a pass of its own: score's sums
-      logits = nnx.merge(graphdef, params)(batch)  # stay the programs they were)
+    def rows(params, batch):
+      logits = nnx.merge(graphdef, params)(batch)
       return row_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
 
     self._score, self._predict, self._tokenwise, self._rows = score, predict, tokenwise, rows
@@ -97,6 +100,17 @@ class Evaluator:
       _add(totals, jax.device_get(self._score(params, batch)))
     return totals
 
+  def row_sums(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
+               progress: "logs.Progress | None" = None) -> dict[str, np.ndarray]:
+    """Each row's sums of token_metrics (core/metrics.py row_metrics: nll, correct, tokens;
+    [n] each), from a forward pass per batch."""
+    rows: dict[str, list] = {}
+    for batch in self._batches(arrays, progress):
+      _check_stop(should_stop)
+      for key, value in jax.device_get(self._rows(params, batch)).items():
+        rows.setdefault(key, []).append(np.asarray(value))
+    return {key: np.concatenate(v)[:len(arrays["inputs"])] for key, v in rows.items()}
+
   def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
                   progress: "logs.Progress | None" = None):
     """Returns (metrics, outputs) of a split that is scored, not decoded: loss and
@@ -120,14 +134,14 @@ class Evaluator:
                per_example: bool = False):
     """(metrics, hypotheses) by split: loss and accuracy, exact match of the decoded
     predictions for a family that decodes, and the source's metrics of the outputs (with
-    `per_example`, also its results example by example under PER_EXAMPLE: examples); the
-    hypotheses are the source's text predictions (None without text). Raises Interrupted
-    once should_stop() is true."""
+    `per_example`, also its results example by example under PER_EXAMPLE:
+    per_example_record); the hypotheses are the source's text predictions (None without
+    text). Raises Interrupted once should_stop() is true."""
     results, hypotheses = {}, {}
     decodes = self.exp.family.decodes
     for name, split in splits.items():
-      # decoded splits take two passes: scoring, then decoding (and one per example)
-      passes = (2 if decodes else 1) + per_example
+      # decoded splits take two passes: scoring, then decoding (with per_example, a third)
+      passes = (2 + per_example) if decodes else 1
       progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
       if decodes:
         metrics, predictions = self.evaluate_split(
@@ -138,23 +152,32 @@ class Evaluator:
       extra = self.exp.source.split_results(name, split, outputs)
       results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
       if per_example:
-        parts = self.examples(params, split.arrays, should_stop, progress)
         if decodes:
-          parts["exact"] = exact_matches(outputs["predictions"], split.arrays["targets"])
-        results[name][PER_EXAMPLE] = {"digest": digest(split.arrays), **{
-            part: _compact(values) for part, values in {**parts, **(extra.examples or {})}.items()}}
+          parts = {**self.row_sums(params, split.arrays, should_stop, progress),
+                   "exact": exact_matches(predictions, split.arrays["targets"])}
+        else:
+          parts = scored_row_sums(outputs, split.arrays)
+        results[name][PER_EXAMPLE] = per_example_record(split, {**parts,
+                                                                **(extra.examples or {})})
     return results, hypotheses
 
-  def examples(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
-               progress: "logs.Progress | None" = None) -> dict[str, np.ndarray]:
-    """Each row's sums of token_metrics ({"nll", "correct", "tokens"}: [n] each), the parts
-    of the loss and accuracy that paired tests over examples resample (Metric.parts)."""
-    rows: dict[str, list] = {}
-    for batch in self._batches(arrays, progress):
-      _check_stop(should_stop)
-      for key, value in jax.device_get(self._rows(params, batch)).items():
-        rows.setdefault(key, []).append(np.asarray(value))
-    return {key: np.concatenate(v)[:len(arrays["inputs"])] for key, v in rows.items()}
+def per_example_record(split: Split, parts: dict[str, np.ndarray]) -> dict:
+  """A split's results example by example, for paired tests over examples
+  (study/bootstrap.py): the digest of its arrays (evaluations whose digests agree scored
+  the same examples) and each part (Metric.parts: token_metrics' sums, exact match where
+  decoded, the source's own) in row order."""
+  return {"digest": digest(split.arrays), **{k: _compact(v) for k, v in parts.items()}}
+
+def scored_row_sums(outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+  """row_metrics' sums of a scored split from its outputs (score_split's: no pass of its
+  own): each row's nll and tokens, and as `correct` the positions whose argmax is the
+  target (token_metrics also counts a tie for the largest logit: they differ on exact
+  ties only)."""
+  weights = arrays["targets_segmentation"] > 0
+  return {"nll": np.sum(outputs["nll"] * weights, axis=1, dtype=np.float64),
+          "correct": np.sum((outputs["predictions"] == arrays["targets"]) & weights, axis=1),
+          "tokens": np.sum(weights, axis=1)}
 
 def digest(arrays: dict[str, np.ndarray]) -> str:
   """A fingerprint of a split's arrays: two evaluations with the same one scored the same

@@ -138,7 +138,8 @@ def save(out_dir: str, md: str, table: str, results: Results, train_length: int 
   workdirs = {v: dirs for v, dirs in workdirs.items() if dirs}
   main = None
   if results.main:
-    summaries = {v: s for v in workdirs if (s := results.summary(v, results.main))}
+    summaries = {v + (f" ({failed} failed)" if (failed := results.counts(v)["failed"]) else ""):
+                 s for v in workdirs if (s := results.summary(v, results.main))}
     main = results.main, summaries, results.lower_is_better(results.main)
   report_plots.plot(out_dir, workdirs, {v: list(results.finals[v].values()) for v in workdirs},
                     main if workdirs else None, train_length, results.metrics)

@@ -75,7 +75,8 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
       ax.plot([i] * s.n, s.values, "k.", markersize=4)  # the seeds themselves
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
     ax.set(ylabel=f"{name} ({'lower' if lower else 'higher'} is better)",
-           title=f"Final held-out metric: mean (bar), seeds (dots), {CONFIDENCE:.0%} t interval")
+           title=f"Final held-out metric: mean (bar), seeds (dots), {CONFIDENCE:.0%} t interval "
+           "(within the metric's range)")
     pictures.save(fig, storage.join(out_dir, "final.png"), dpi=120, bbox_inches="tight")
     written.append("final.png")
 
