@@ -142,7 +142,7 @@ def _paired_lines(results: Results, baseline: str) -> list[str]:
       continue
     t = "identical in every seed" if pair.identical else interval(pair.ci, pair.clipped)
     cells = [str(len(pair.seeds)), f"{pair.mean:+.4f}", t, "*" if pair.excludes_zero else "",
-             *_bootstrap_cells(results.bootstrap(base, variant, main))]
+             *_bootstrap_cells(results.paired_bootstrap(base, variant, main))]
     lines.append(f"| {cell(variant)} | " + " | ".join(cells) + " |")
   return lines
 
@@ -185,7 +185,7 @@ def table_csv(results: Results, baseline: str | None,
       row += ([pair.mean, *(pair.ci or ("", "")), pair.identical, len(pair.seeds)] if pair
               else [""] * 5)
     if main:
-      test = (results.bootstrap(base, variant, main)
+      test = (results.paired_bootstrap(base, variant, main)
               if paired and results.finals[variant] and results.finals[base] else "")
       row += (["", "", ""] if isinstance(test, str) else
               [*(test.ci or ("", "")), _bootstrap_cells(test)[2]])

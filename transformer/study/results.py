@@ -155,6 +155,7 @@ class Results:
   names: list[str]
   main: str | None
   metrics: Mapping[str, Metric] = dataclasses.field(default_factory=lambda: METRICS)
+  _bootstraps: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
   def of(cls, entries: list[Entry], train_length: int | None,
@@ -216,10 +217,16 @@ class Results:
     return {seed: bootstrap.parts(r[split], self.metric(name))
             for seed, r in self.finals[variant].items() if key in r.get(split, {})}
 
-  def bootstrap(self, baseline: str, variant: str, name: str
-                ) -> bootstrap.Bootstrap | str:
+  def paired_bootstrap(self, baseline: str, variant: str, name: str
+                       ) -> bootstrap.Bootstrap | str:
     """The paired bootstrap over seeds and examples of variant − baseline in the metric
-    `split/key`, or why there is none."""
+    `split/key`, or why there is none (computed once: the tables ask twice)."""
+    key = baseline, variant, name
+    if key not in self._bootstraps:
+      self._bootstraps[key] = self._paired_bootstrap(baseline, variant, name)
+    return self._bootstraps[key]
+
+  def _paired_bootstrap(self, baseline: str, variant: str, name: str):
     if self.metric(name).parts is None:
       return "no per-example form (a corpus-level metric)"
     a, b = self.parts(baseline, name), self.parts(variant, name)
