@@ -29,6 +29,7 @@ from transformer.run import workdir as workdir_lib
 from transformer.run.progress import duration
 from transformer.run.state import clear_failure, read_failure, record_failure, run_state
 from transformer.run.training import train_and_evaluate
+from transformer.study import sweep_record, sweep_workers
 
 log = logging.getLogger("transformer")
 SEED = "seed"
@@ -241,11 +242,14 @@ def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
   is recorded (record_failure) and the sweep goes on. Stops after the current run once
   should_stop() is true. With several processes (jax.distributed) every process walks the
   same runs in the same order and each run spans them all. Logs each run's place in the
-  share and, from the runs trained to the end here, an ETA for the rest. Returns (names
+  share and, from the runs trained to the end here, an ETA for the rest. Records the
+  invocation in sweep_dir (sweep_record.write) once the runs are checked. Returns (names
   trained, {name: error} failed)."""
-  if not 0 <= worker < num_workers:
-    raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
+  sweep_workers.assignment(worker, num_workers, {})  # a ConfigError for a worker out of range
   share = plan(config_path, sweep_dir, overrides, only)[worker::num_workers]
+  # how these runs were asked for, for the later invocations (study/sweep_record.py)
+  sweep_record.write(sweep_dir, sweep_record.Invocation(config_path, dict(overrides or {}),
+                                                        tuple(only)))
   todo = [not run_state(w, cfg.train.num_steps).finished for _, cfg, w in share]  # for the ETA
   of = f" of worker {worker}/{num_workers}" if num_workers > 1 else ""
   trained, failed, durations = [], {}, []
