@@ -54,8 +54,15 @@ from ml_collections import config_flags
 from transformer.core import storage
 from transformer.core.errors import ConfigError, Interrupted
 from transformer.run import cli
-from transformer.study import (report, stats, sweep, sweep_eval, sweep_eval_report, sweep_record,
-                               sweep_workers)
+from transformer.study import (
+  report,
+  stats,
+  sweep,
+  sweep_eval,
+  sweep_eval_report,
+  sweep_record,
+  sweep_workers,
+)
 
 config_flags.DEFINE_config_file("config", None, "A sweep config file (get_config and "
                                 "get_sweep); --config.FIELD=VALUE overrides every run. Default: "
@@ -128,6 +135,10 @@ def main(argv):
     run, recorded = invocation()
     if f.eval_sweep:
       sweep_eval.parse(f.eval_sweep)
+      if f.baseline is not None or f.success:
+        raise ConfigError(f"--{'baseline' if f.baseline is not None else 'success'} is for the "
+                          "report of the trained runs; --eval_sweep reports each evaluation "
+                          "against the same runs' unmodified one")
       if f.coordinator_address or f.distributed:
         raise ConfigError("--eval_sweep evaluates in one process per worker: give --num_workers "
                           "N --worker I to share it, without --coordinator_address or "

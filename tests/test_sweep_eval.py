@@ -4,7 +4,7 @@ reported with paired differences by seed that are checked against the files them
 
 import csv
 import json
-import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -56,7 +56,7 @@ def test_a_trained_sweep_is_evaluated_again_under_a_scaling(tmp_path):
   (1 degree of freedom: t = 12.706). The plain evaluation's files, the checkpoints and the
   metrics are untouched; a second invocation reads the evaluations back."""
   config_path, sweep_dir = tmp_path / "lm_sweep.py", tmp_path / "sweep"
-  config_path.write_text(open(write_lm_config(tmp_path)).read().replace(
+  config_path.write_text(pathlib.Path(write_lm_config(tmp_path)).read_text().replace(
       "def get_config():", "def _tiny_lm():") + LM_SWEEP)
   cli = CliRunner()
   trained = cli.run("sweep.py", "--config", str(config_path), "--sweep_dir", str(sweep_dir),

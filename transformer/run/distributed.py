@@ -21,7 +21,7 @@ import threading
 
 import jax
 
-from transformer.core.errors import ConfigError
+from transformer.core.errors import ConfigError, one_line
 
 HEARTBEAT_S = 30  # a process silent this long counts as dead (JAX's default: 100)
 JOIN_TIMEOUT_S = 120  # --join_timeout's default (JAX's initialization_timeout: 300)
@@ -130,5 +130,13 @@ def initialize(address: str | None, num_processes: int | None, process_id: int |
                 f"{address or 'the cluster coordinator'} within {join_timeout} s "
                 f"(--join_timeout): {hint}"):
     # JAX's own timeout later: the watchdog speaks first
-    jax.distributed.initialize(address, num_processes, process_id,
-                               initialization_timeout=join_timeout + 30, **kwargs)
+    try:
+      jax.distributed.initialize(address, num_processes, process_id,
+                                 initialization_timeout=join_timeout + 30, **kwargs)
+    except (ValueError, TypeError, RuntimeError) as e:  # e.g. --distributed outside a cluster
+      flag = "--distributed" if address is None else f"--coordinator_address={address}"
+      raise ConfigError(f"{flag}: jax.distributed.initialize failed: {one_line(e)}"
+                        + (" (no cluster environment found: SLURM, Open MPI, TPU pod; start "
+                           "the processes by hand with --coordinator_address HOST:PORT "
+                           "--num_processes N --process_id I)" if address is None else "")
+                        ) from None

@@ -22,9 +22,8 @@ import ml_collections
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError, RunError, one_line
-from transformer.run import checkpoint
+from transformer.run import checkpoint, experiment, lock, sharding
 from transformer.run import config as config_lib
-from transformer.run import experiment, lock, sharding
 from transformer.run import workdir as workdir_lib
 from transformer.run.progress import duration
 from transformer.run.state import clear_failure, read_failure, record_failure, run_state

@@ -48,19 +48,21 @@ def collect(evaluations: Sequence[sweep_eval.Evaluation]
   return table, missing
 
 
-def _cell(summary: stats.Summary | None) -> str:
+def _cell(summary: stats.Summary | None, seeds: int) -> str:
+  """mean [interval], and n where fewer seeds than the row's have the metric."""
   if summary is None:
     return ""
   ci = f" [{summary.ci[0]:.4f}, {summary.ci[1]:.4f}]" if summary.ci else ""
-  return f"{summary.mean:.4f}{ci}" + (f" (n={summary.n})" if summary.n == 1 else "")
+  return f"{summary.mean:.4f}{ci}" + (f" (n={summary.n})" if summary.n != seeds else "")
 
 
-def _diff_cell(pair: stats.Paired | None) -> str:
+def _diff_cell(pair: stats.Paired | None, seeds: int) -> str:
+  """mean difference [interval], * where it excludes 0, and n where fewer seeds pair."""
   if pair is None:
     return ""
   ci = f" [{pair.ci[0]:+.4f}, {pair.ci[1]:+.4f}]" if pair.ci else ""
-  return f"{pair.mean:+.4f}{ci}" + (" *" if pair.excludes_zero else "") + \
-      f" (n={len(pair.seeds)})"
+  return f"{pair.mean:+.4f}{ci}" + (" *" if pair.excludes_zero else "") + (
+      f" (n={len(pair.seeds)})" if len(pair.seeds) != seeds else "")
 
 
 def _values(by_seed: dict[int, dict], metric: str) -> dict[int, float]:
@@ -85,17 +87,17 @@ def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, s
       for name, by_seed in evs.items():
         lines.append(f"| {report.cell(variant)} | {report.cell(name)} | {len(by_seed)} | "
                      + " | ".join(_cell(stats.summary(list(v.values()))
-                                        if (v := _values(by_seed, c)) else None)
+                                        if (v := _values(by_seed, c)) else None, len(by_seed))
                                   for c in columns) + " |")
     lines += ["", f"## Paired differences of {key}: evaluation − {UNMODIFIED}, by seed", "",
-              header.replace("| seeds |", "| runs |") + " |", rule]
+              header + " |", rule]
     for variant, evs in table.items():
       plain = evs[UNMODIFIED]
       for name, by_seed in evs.items():
         if name != UNMODIFIED:
           lines.append(f"| {report.cell(variant)} | {report.cell(name)} | {len(by_seed)} | "
                        + " | ".join(_diff_cell(stats.paired(_values(plain, c),
-                                                            _values(by_seed, c)))
+                                                            _values(by_seed, c)), len(by_seed))
                                     for c in columns) + " |")
   if missing or left_out:
     lines += ["", "## Runs and evaluations without results", "", "| run | evaluation | why |",
@@ -140,17 +142,17 @@ def write(sweep_dir: str, invocation_flags: list[str], eval_sweep: sweep_eval.Ev
   """Writes report.md and report.csv into SWEEP_DIR/<eval_sweep.folder>; returns their paths."""
   table, missing = collect(evaluations)
   runs = {ev.run.name for ev in evaluations}
+  axes = " ".join(f"--eval_sweep {s}" for s in eval_sweep.specs())
   title = [f"# Evaluation-time sweep of {sweep_dir}", "",
-           f"- the runs: `sweep.py {' '.join(invocation_flags)}`: {len(runs)} run(s) in "
-           f"{len(table)} variant(s), evaluated again from their final checkpoints "
-           "(no retraining)",
-           "- evaluations: " + " ".join(f"--eval_sweep {s}" for s in eval_sweep.specs())
-           + f", each combination; and {UNMODIFIED}: each run's final evaluation (its "
-           "metrics.jsonl)",
-           f"- statistics over a variant's seeds: mean [{stats.CONFIDENCE:.0%} confidence "
-           "interval of the mean: Student t, n − 1 degrees of freedom; none for one seed]",
-           f"- paired differences: the evaluation − {UNMODIFIED} of the same run, per seed; "
-           f"their mean [{stats.CONFIDENCE:.0%} t interval]; * where it excludes 0",
+           (f"- the runs: `sweep.py {' '.join(invocation_flags)}`: {len(runs)} run(s) in "
+            f"{len(table)} variant(s), evaluated again from their final checkpoints "
+            "(no retraining)"),
+           (f"- evaluations: {axes}, each combination; and {UNMODIFIED}: each run's final "
+            "evaluation (its metrics.jsonl)"),
+           (f"- statistics over a variant's seeds: mean [{stats.CONFIDENCE:.0%} confidence "
+            "interval of the mean: Student t, n − 1 degrees of freedom; none for one seed]"),
+           (f"- paired differences: the evaluation − {UNMODIFIED} of the same run, per seed; "
+            f"their mean [{stats.CONFIDENCE:.0%} t interval]; * where it excludes 0"),
            *report.commit_line()]
   folder = storage.join(sweep_dir, eval_sweep.folder)
   md_path, csv_path = storage.join(folder, "report.md"), storage.join(folder, "report.csv")
