@@ -12,7 +12,7 @@ from tests import clirun
 from tests.clirun import ROOT, CliRunner
 from tests.test_stats import fake_run, write_evaluation
 from transformer.data.sources import SOURCES
-from transformer.data.synthetic import TRANSFORMS
+from transformer.data.synthetic import TASKS as SYNTHETIC_TASKS
 from transformer.model.feedforward import FFNS
 from transformer.model.kernels import KERNELS
 from transformer.model.layers import NORMS
@@ -253,8 +253,8 @@ CASES = [
     ("heldout_modulus 1", *TRAIN, ["--config.task.heldout_modulus=1"],
      ["task.heldout_modulus=1", "≥ 2"]),
     ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
-     ["task: no", "string of lengths 1..1 over 1 symbols"]),
-    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(TRANSFORMS)]),
+     ["task: no", "input of copy of lengths 1..1"]),
+    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(SYNTHETIC_TASKS)]),
     ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
     ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),

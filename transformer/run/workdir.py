@@ -97,7 +97,7 @@ def saved_config(workdir: str) -> config_lib.Config:
 
 def _parse_saved(raw: dict, workdir: str) -> config_lib.Config:
   try:
-    return config_lib.parse(raw)
+    return config_lib.parse(raw, saved=True)
   except ConfigError as e:
     raise ConfigError(f"{epath.Path(workdir) / CONFIG_FILE} (the run's saved config): "
                       f"{e}") from None
