@@ -127,22 +127,28 @@ def evaluate(run: sweep_record.Invocation, worker: int, num_workers: int, stop) 
   return failed
 
 
+def check_eval_flags() -> None:
+  """A ConfigError for --eval_sweep's axes, or a flag it does not take."""
+  f = flags.FLAGS
+  if not f.eval_sweep:
+    return
+  sweep_eval.parse(f.eval_sweep)
+  if f.baseline is not None or f.success:
+    raise ConfigError(f"--{'baseline' if f.baseline is not None else 'success'} is for the "
+                      "report of the trained runs; --eval_sweep reports each evaluation "
+                      "against the same runs' unmodified one")
+  if f.coordinator_address or f.distributed:
+    raise ConfigError("--eval_sweep evaluates in one process per worker: give --num_workers N "
+                      "--worker I to share it, without --coordinator_address or --distributed")
+
+
 def main(argv):
   cli.no_arguments(argv)
   f = flags.FLAGS
   with cli.one_line_errors():  # before anything starts
     worker, num_workers = sweep_workers.assignment(f.worker, f.num_workers, os.environ)
     run, recorded = invocation()
-    if f.eval_sweep:
-      sweep_eval.parse(f.eval_sweep)
-      if f.baseline is not None or f.success:
-        raise ConfigError(f"--{'baseline' if f.baseline is not None else 'success'} is for the "
-                          "report of the trained runs; --eval_sweep reports each evaluation "
-                          "against the same runs' unmodified one")
-      if f.coordinator_address or f.distributed:
-        raise ConfigError("--eval_sweep evaluates in one process per worker: give --num_workers "
-                          "N --worker I to share it, without --coordinator_address or "
-                          "--distributed")
+    check_eval_flags()
   if f.print_commands:
     print_commands(run, num_workers)
     return
@@ -170,8 +176,10 @@ def main(argv):
         print(storage.read_text(md_path))
         print(f"report written to {md_path} and {csv_path}")
   if failed:
-    print(f"error: {len(failed)} run(s) failed (recorded in their workdirs, shown in the "
-          "report): " + "; ".join(f"{name}: {' '.join(e.split())}" for name, e in failed.items()),
+    what = ("evaluation(s) failed" if f.eval_sweep else
+            "run(s) failed (recorded in their workdirs, shown in the report)")
+    print(f"error: {len(failed)} {what}: "
+          + "; ".join(f"{name}: {' '.join(e.split())}" for name, e in failed.items()),
           file=sys.stderr)
     sys.exit(1)
 

@@ -21,7 +21,7 @@ from tests.test_stats import fake_run
 from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
 from transformer.run.state import read_failure, run_state
-from transformer.study import report, report_plots, results, sweep, sweep_workers
+from transformer.study import report, report_plots, results, sweep, sweep_record, sweep_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,7 +108,8 @@ def test_workers_split_the_runs_and_commands_are_printed(tmp_path):
   out = subprocess.run([sys.executable, "sweep.py", "--config", str(config_path), "--sweep_dir",
                         "D", "--num_workers=3", "--print_commands", "--only=seed=1"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120).stdout.splitlines()
-  assert len(out) == 3 and out[2].endswith("--only=seed=1 --num_workers=3 --worker=2")
+  assert len(out) == 3 and out[2].endswith(
+      "--only=seed=1 --sweep_dir D --num_workers=3 --worker=2")
   _, runs = sweep.load(str(config_path))
   shares = [runs[w::3] for w in range(3)]
   assert sorted(map(sweep.run_name, sum(shares, []))) == sorted(map(sweep.run_name, runs))
@@ -384,3 +385,30 @@ def test_workers_from_flags_or_a_slurm_array():
               {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "2"}):
     with pytest.raises(ConfigError, match="SLURM_ARRAY_TASK_(COUNT|ID)"):
       assign(None, None, bad)
+
+
+def test_what_a_record_completes_and_what_it_refuses(tmp_path, monkeypatch):
+  record = sweep_record.Invocation("configs/heads.py:cpu", {"train.num_steps": 5},
+                                   ("seed=0",))
+  monkeypatch.chdir(ROOT)
+  assert sweep_record.resolve(str(tmp_path), "configs/heads.py:cpu", {}, ()) == (
+      sweep_record.Invocation("configs/heads.py:cpu", {}, ()), False)  # nothing recorded yet
+  sweep_record.write(str(tmp_path), record)
+  absolute = os.path.join(ROOT, "configs", "heads.py:cpu")
+  assert sweep_record.read(str(tmp_path)) == sweep_record.Invocation(
+      absolute, {"train.num_steps": 5}, ("seed=0",))
+  resolve = lambda *given: sweep_record.resolve(str(tmp_path), *given)  # noqa: E731
+  assert resolve(None, {}, ()) == (sweep_record.Invocation(
+      absolute, {"train.num_steps": 5}, ("seed=0",)), True)
+  # the same file by another path, the same values: nothing supplied but the --only
+  same = resolve(f"{ROOT}/configs/../configs/heads.py:cpu", {"train.num_steps": 5.0}, ())
+  assert same == (sweep_record.Invocation(f"{ROOT}/configs/../configs/heads.py:cpu",
+                                          {"train.num_steps": 5}, ("seed=0",)), True)
+  assert resolve("configs/heads.py:cpu", {"train.num_steps": 5}, ("seed=1",))[0].only == (
+      "seed=1",)
+  assert resolve(None, {}, ("all",))[0].only == ()
+  for given, refused in ((("configs/heads.py:gpu", {}, ()), "--config configs/heads.py:gpu"),
+                         ((None, {"train.num_steps": 6}, ()), "--config.train.num_steps=6"),
+                         ((None, {"train.num_steps": 5, "seed": 1}, ()), "--config.seed=1")):
+    with pytest.raises(ConfigError, match=f"holds the runs of .* {refused}.* would describe"):
+      resolve(*given)

@@ -185,15 +185,16 @@ def _matches(text: str, value) -> bool:
 
 def select(all_runs: list[Run], only: Sequence[str]) -> list[Run]:
   """The runs whose override sets match every `only` filter (`field=v1,v2`: the field
-  has one of these values; repeating a field adds values). An unknown field or a value
-  the sweep does not have is a ConfigError listing what the sweep has."""
+  has one of these values; repeating a field adds values; `all` alone: every run). An
+  unknown field or a value the sweep does not have is a ConfigError listing what the
+  sweep has."""
   values: dict[str, list] = {}
   for run in all_runs:
     for field, value in run.overrides.items():
       if value not in values.setdefault(field, []):
         values[field].append(value)
   wanted: dict[str, list] = {}
-  for spec in only:
+  for spec in [] if list(only) == [sweep_record.ALL] else only:
     field, eq, texts = spec.partition("=")
     if not eq or not texts:
       raise ConfigError(f"--only {spec}: expected FIELD=VALUE[,VALUE...], e.g. --only "

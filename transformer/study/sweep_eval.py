@@ -111,10 +111,14 @@ def plan(runs: Sequence[sweep.Run], eval_sweep: EvalSweep
          ) -> tuple[list[Evaluation], dict[str, str]]:
   """(every evaluation of every run that reads the axes' fields, {run name: why it is left
   out}); a ConfigError, before any work, for an override that a run may not take (module
-  docstring) or an axis that no run reads."""
+  docstring), an axis that no run reads, or a workdir holding another run than the sweep's."""
   planned, left_out = [], {}
   for run in runs:
     saved = epath.Path(storage.join(run.workdir, workdir_lib.CONFIG_FILE)).exists()
+    try:  # the workdir holds this run, not another one of the same name
+      workdir_lib.check_identity(run.config, run.workdir, has_checkpoints=True)
+    except ConfigError as e:
+      raise ConfigError(f"sweep run {run.name}: {e}") from None
     cfg = workdir_lib.saved_config(run.workdir) if saved else run.config
     read = fields.in_use(cfg)
     unread = [f for f in eval_sweep.axes if f not in read]

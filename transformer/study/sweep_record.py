@@ -110,7 +110,7 @@ def resolve(sweep_dir: str, config: str | None, overrides: Mapping | None,
         f"--sweep_dir {sweep_dir} holds the runs of `{before}` (recorded in "
         f"{path(sweep_dir)}); {' and '.join(differs)} would describe other runs under the "
         "same names: give the recorded flags (or leave them out: they apply), or another "
-        "--sweep_dir")
+        f"--sweep_dir (a config file that only moved: remove {path(sweep_dir)})")
   supplied = (config is None or not overrides and bool(recorded.overrides)
               or not only and bool(recorded.only))
   chosen = (() if only == (ALL,) else only) if only else recorded.only
