@@ -189,13 +189,15 @@ def run(evaluations: Sequence[Evaluation], worker: int = 0, num_workers: int = 1
   (state), after checking that every file found holds what it is named for. Returns
   (evaluated, {what: error} failed). A stop request raises Interrupted from the evaluation
   in progress; the ones done are kept."""
-  todo = [ev for ev in evaluations if state(ev)[0] == "todo"]  # checks every file first
+  todo = [state(ev)[0] == "todo" for ev in evaluations]  # checks every file first
+  # the share of the whole list, as every worker sees it whatever the others have done
+  share = [ev for ev, to_do in list(zip(evaluations, todo))[worker::num_workers] if to_do]
   done, failed = [], {}
-  for i, ev in enumerate(todo[worker::num_workers]):
+  for i, ev in enumerate(share):
     if should_stop():
       break
     what = f"{ev.run.name} under {ev.label}"
-    log.info("eval sweep: %d/%d: evaluating %s", i + 1, len(todo[worker::num_workers]), what)
+    log.info("eval sweep: %d/%d: evaluating %s", i + 1, len(share), what)
     try:
       restored = evaluation.restore_run(ev.run.workdir, ev.step, 1, ev.texts)
       sampling, seed = evaluation.chosen_sampling(restored.experiment.eval, {})
