@@ -25,14 +25,14 @@ from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.evaluation import text_paths
 from transformer.run.state import STATES, run_state
-from transformer.study import report, stats
-from transformer.study.report_plots import PLOTS
+from transformer.study import report, report_grids, report_plots, stats
 from transformer.study.report_tables import cell, markdown, table_csv
 from transformer.study.results import Entry, Results, declarations, state_counts
 from transformer.study.sweep import run_name
 
 log = logging.getLogger("transformer")
 TITLE = "# Comparison of "  # how a report.md written here begins (save refuses others')
+PLOTS = (*report_plots.PLOTS, *(f"{key}.png" for key in report_grids.declared()))
 
 
 def _comparable(configs: dict[str, config_lib.Config]) -> None:

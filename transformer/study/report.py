@@ -2,9 +2,10 @@
 states what the numbers are and every statistical choice; a table of each variant's final
 held-out metrics over its seeds with their statistics (study/stats.py), the main metric's
 spread, success rates and paired differences against a baseline variant, over seeds and
-over seeds and examples (study/bootstrap.py), the state of every run without results
-(run/state.py: failed, with the reason; stopped part-way; not trained yet)
-(study/report_tables.py), and plots (study/report_plots.py)."""
+over seeds and examples (study/bootstrap.py), the grids of split metrics that are tables
+(study/report_grids.py: e.g. passkey retrieval by length × depth), the state of every run
+without results (run/state.py: failed, with the reason; stopped part-way; not trained yet)
+(study/report_tables.py), and plots (study/report_plots.py, report_grids.py)."""
 
 import json
 import math
@@ -17,7 +18,7 @@ from etils import epath
 from transformer.core import storage
 from transformer.core.errors import ConfigError
 from transformer.run.state import STATES, run_state
-from transformer.study import bootstrap, report_plots, stats
+from transformer.study import bootstrap, report_grids, report_plots, stats
 from transformer.study.report_tables import CLIPPED, markdown, table_csv
 from transformer.study.results import Entry, Results, baseline_of, declarations, state_counts
 from transformer.study.sweep import SEED, run_name
@@ -141,9 +142,30 @@ def save(out_dir: str, md: str, table: str, results: Results, train_length: int 
     summaries = {v + (f" ({failed} failed)" if (failed := results.counts(v)["failed"]) else ""):
                  s for v in workdirs if (s := results.summary(v, results.main))}
     main = results.main, summaries, results.lower_is_better(results.main)
-  report_plots.plot(out_dir, workdirs, {v: list(results.finals[v].values()) for v in workdirs},
-                    main if workdirs else None, train_length, results.metrics)
+  finals = {v: list(results.finals[v].values()) for v in workdirs}
+  report_plots.plot(out_dir, workdirs, finals, main if workdirs else None, train_length,
+                    results.metrics)
+  if workdirs:
+    report_grids.plot(out_dir, finals)
   return md_path, csv_path
+
+
+def variant_names(runs: Sequence) -> dict[str, str]:
+  """{a sweep run's variant: its name in the report}: its overrides less the seed and the
+  fields every run shares (shared_fields)."""
+  shared = shared_fields([run.overrides for run in runs])
+  return {run.variant: run_name({k: v for k, v in run.overrides.items()
+                                 if k != SEED and k not in shared}) for run in runs}
+
+
+def sweep_baseline(baseline: str | None, runs: Sequence) -> str | None:
+  """A sweep's --baseline as the report names it (a variant's name with or without the
+  shared fields, or a FIELD=VALUE of the variants); a ConfigError (check_baseline)
+  otherwise."""
+  names = variant_names(runs)
+  baseline = names.get(baseline, baseline)
+  check_baseline(baseline, list(dict.fromkeys(names.values())))
+  return baseline
 
 
 def shared_fields(overrides: Sequence[dict]) -> dict:
@@ -174,10 +196,8 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
     raise ConfigError(f"--sweep_dir {sweep_dir} does not exist: no run of this sweep has "
                       "started there")
   shared = shared_fields([run.overrides for run in all_runs])
-  names = {run.variant: run_name({k: v for k, v in run.overrides.items()
-                                  if k != SEED and k not in shared}) for run in all_runs}
-  baseline = names.get(baseline, baseline)
-  check_baseline(baseline, list(dict.fromkeys(names.values())))
+  names = variant_names(all_runs)
+  baseline = sweep_baseline(baseline, all_runs)
   entries = [Entry.of(run.name, names[run.variant], run.config.seed, run.workdir,
                       run_state(run.workdir, run.config.train.num_steps)) for run in all_runs]
   first = all_runs[0].config

@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 
 from transformer.run.state import STATES
-from transformer.study import bootstrap, stats
+from transformer.study import bootstrap, report_grids, stats
 from transformer.study.results import Results, baseline_of, grid
 
 CLIPPED = "‡"  # after an interval the metric's range clipped
@@ -111,6 +111,7 @@ def markdown(results: Results, header: list[str], baseline: str | None,
                    + ", ".join(f"{seed}: {_num(v)}" for seed, v in values.items()) + " |")
     if baseline and len(results.variants) > 1:
       lines += _paired_lines(results, baseline)
+  lines += report_grids.markdown({v: list(f.values()) for v, f in results.finals.items() if f})
   without = [e for e in results.entries if e.state != "finished"]
   if without:
     lines += ["", "## Runs without results", "", "| run | state |", "|---|---|"]

@@ -30,10 +30,20 @@ def declarations(source) -> dict[str, Metric]:
   return {**METRICS, **source.own_metrics}
 
 
+def declared(name: str, metrics: Mapping[str, Metric] = METRICS) -> Metric:
+  """The declaration of the metric `split/key` in `metrics` (stats.UNBOUNDED if none)."""
+  return metrics.get(name.split("/", 1)[1], stats.UNBOUNDED)
+
+
+def lower_is_better(name: str, metrics: Mapping[str, Metric] = METRICS) -> bool:
+  return declared(name, metrics).lower_is_better
+
+
 def _split_rank(split: str) -> tuple:
   if split in SPLITS:
     return (SPLITS.index(split), 0, "")
-  if match := re.fullmatch(r"len(\d+)(_sliding)?", split):  # language models: by length
+  # language models: by length, then plain, passkey (lenW_passkey), sliding
+  if match := re.fullmatch(r"len(\d+)(_[a-z]+)?", split):
     return (len(SPLITS), int(match[1]), match[2] or "")
   return (len(SPLITS) + 1, 0, split)
 
@@ -179,13 +189,13 @@ class Results:
   def metric(self, name: str) -> Metric:
     """The declaration of the metric `split/key` (stats.UNBOUNDED if its source declares
     none)."""
-    return self.metrics.get(name.split("/", 1)[1], stats.UNBOUNDED)
+    return declared(name, self.metrics)
 
   def declared(self, name: str) -> bool:
     return name.split("/", 1)[1] in self.metrics
 
   def lower_is_better(self, name: str) -> bool:
-    return self.metric(name).lower_is_better
+    return lower_is_better(name, self.metrics)
 
   def counts(self, variant: str) -> dict[str, int]:
     return state_counts(self.variants[variant])
