@@ -126,9 +126,9 @@ def table_csv(table: dict, metrics: Mapping[str, Metric] = METRICS) -> str:
                    "values", "diff n", "diff mean", "diff ci_low", "diff ci_high",
                    "diff values"])
   for variant, evs in table.items():
-    metrics = sorted({m for by_seed in evs.values() for ms in by_seed.values() for m in ms})
+    names = sorted({m for by_seed in evs.values() for ms in by_seed.values() for m in ms})
     for name, by_seed in evs.items():
-      for metric in metrics:
+      for metric in names:
         values = _values(by_seed, metric)
         if not values:
           continue
