@@ -27,7 +27,9 @@ PRELOAD = ["jax", "flax.nnx", "orbax.checkpoint", "grain", "matplotlib", "transf
            "transformer.study.pictures", "transformer.study.compare"]
 
 
-def _main(script: str, argv: list[str], cwd: str, out: str, err: str) -> None:
+def _main(script: str, argv: list[str], cwd: str, out: str, err: str,
+          env: dict[str, str]) -> None:
+  os.environ.update(env)
   for fd, path in ((1, out), (2, err)):
     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
   os.chdir(cwd)
@@ -53,12 +55,13 @@ class CliRunner:
     self.context = multiprocessing.get_context("forkserver")
     self.context.set_forkserver_preload(PRELOAD)
 
-  def run(self, script: str, *args: str, cwd: str = ROOT, timeout: float = 120
-          ) -> subprocess.CompletedProcess:
+  def run(self, script: str, *args: str, cwd: str = ROOT, timeout: float = 120,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Runs SCRIPT ARGS in `cwd`, with `env` added to the environment."""
     with tempfile.TemporaryDirectory() as tmp:
       out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
       process = self.context.Process(
-          target=_main, args=(os.path.join(ROOT, script), list(args), cwd, out, err))
+          target=_main, args=(os.path.join(ROOT, script), list(args), cwd, out, err, env or {}))
       process.start()
       process.join(timeout)
       if process.is_alive():

@@ -82,7 +82,7 @@ def check_sweep(f) -> None:
 
 
 # A script's own checks of its flags that need no workdir: called after the flags parse.
-SCRIPT_CHECKS = {"eval.py": ["check_metrics_flags"]}
+SCRIPT_CHECKS = {"eval.py": ["check_metrics_flags"], "sweep.py": ["check_eval_flags"]}
 
 
 if __name__ == "__main__":

@@ -512,7 +512,71 @@ CASES = [
      ["sweep run model.dropout=1.5", "config.model.dropout=1.5"]),
     ("sweep worker out of range", "sweep.py",
      ["--config", "{files}/sweep_late.py", "--sweep_dir", "{new}", "--worker", "3",
-      "--num_workers", "2"], [], ["--worker must be in 0..1, got 3"]),
+      "--num_workers", "2"], [], ["--worker=3 is not allowed", "in 0..1 (--num_workers=2)"]),
+    ("sweep no workers", "sweep.py", ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}",
+                                      "--print_commands", "--num_workers", "0"], [],
+     ["--num_workers=0 is not allowed", "≥ 1"]),
+    ("sweep negative workers", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--print_commands",
+      "--num_workers=-3"], [], ["--num_workers=-3 is not allowed", "≥ 1"]),
+    ("sweep printed worker out of range", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--print_commands",
+      "--worker", "5", "--num_workers", "2"], [], ["--worker=5 is not allowed", "in 0..1"]),
+    ("sweep without config or record", "sweep.py", ["--sweep_dir", "{new}", "--report_only"], [],
+     ["--config FILE is required", "sweep.json does not exist"]),
+    ("sweep other overrides than recorded", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{files}/recorded", "--report_only",
+      "--config.train.num_steps=8"], [],
+     ["holds the runs of `--config", "sweep_ok.py --config.train.num_steps=7`",
+      "--config.train.num_steps=8 would describe other runs"]),
+    ("sweep other config than recorded", "sweep.py",
+     ["--config", "{files}/sweep_late.py", "--sweep_dir", "{files}/recorded"], [],
+     ["recorded in", "--config", "sweep_late.py would describe other runs"]),
+    ("sweep damaged record", "sweep.py", ["--sweep_dir", "{files}/badrecord", "--report_only"],
+     [], ["badrecord/sweep.json (how the sweep was run) is damaged", "remove it"]),
+    ("sweep only all with more", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--only", "all", "--only",
+      "seed=0"], [], ["--only all selects every run"]),
+    ("sweep coordinator without port", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--coordinator_address",
+      "localhost", "--num_processes", "2", "--process_id", "0"], [],
+     ["--coordinator_address='localhost' is not allowed", "HOST:PORT"]),
+    ("sweep coordinator without process id", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--coordinator_address",
+      "127.0.0.1:8476", "--num_processes", "2"], [],
+     ["--coordinator_address needs --num_processes N and --process_id I"]),
+    ("train process id out of range", *TRAIN,
+     ["--coordinator_address", "127.0.0.1:8476", "--num_processes", "2", "--process_id", "2"],
+     ["--process_id=2 is not allowed", "in 0..1"]),
+    ("train distributed outside a cluster", *TRAIN, ["--distributed"],
+     ["--distributed: jax.distributed.initialize failed", "--coordinator_address HOST:PORT"]),
+    ("train join timeout 0", *TRAIN, ["--coordinator_address", "127.0.0.1:8476",
+                                      "--num_processes", "2", "--process_id", "1",
+                                      "--join_timeout", "0"], ["--join_timeout=0", "≥ 1"]),
+    ("eval sweep of an identity field", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--eval_sweep",
+      "model.position_settings.rotary.base=500"], [],
+     ["--eval_sweep rotary.base=500 on run model.position=rotary",
+      "rotary.base is part of the run's identity", "rotary.scaling"]),
+    ("eval sweep of a training field", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--eval_sweep",
+      "train.learning_rate=1,2"], [], ["an evaluation does not read config.train"]),
+    ("eval sweep of a field no run reads", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--eval_sweep",
+      "model.position_settings.xpos.scaling=linear"], [],
+     ["--eval_sweep model.position_settings.xpos.scaling: no run of the sweep reads it",
+      "--only"]),
+    ("eval sweep without values", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--eval_sweep",
+      "model.attention.kernel"], [], ["--eval_sweep model.attention.kernel", "FIELD=VALUE"]),
+    ("eval sweep with a baseline", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--eval_sweep",
+      "model.attention.kernel=xla", "--baseline", "model.position=rotary"], [],
+     ["--baseline is for the report of the trained runs"]),
+    ("eval sweep across hosts", "sweep.py",
+     ["--config", "{files}/sweep_ok.py", "--sweep_dir", "{new}", "--eval_sweep",
+      "model.attention.kernel=xla", "--distributed"], [],
+     ["--eval_sweep evaluates in one process per worker"]),
     ("sweep file without get_sweep", "sweep.py", ["--config", CONFIG, "--sweep_dir", "{new}"], [],
      ["defines no get_sweep()"]),
     ("sweep get_sweep raises", "sweep.py",
@@ -630,6 +694,11 @@ def files(tmp_path_factory):
                                      'axis("seed", [0, 1])) + '
                                      '[{"seed": 0, "model.position": "rotary"}]')):
     (files / f"{name}.py").write_text(SWEEP.format(sweep=runs))
+  (files / "recorded").mkdir()  # a sweep directory's record (study/sweep_record.py)
+  (files / "recorded" / "sweep.json").write_text(json.dumps({
+      "config": str(files / "sweep_ok.py"), "overrides": {"train.num_steps": 7}, "only": []}))
+  (files / "badrecord").mkdir()
+  (files / "badrecord" / "sweep.json").write_text('{"config": "x.py", "overr')
   (files / "sweep_arg.py").write_text(  # get_config takes the :argument, get_sweep does not
       SWEEP.format(sweep='axis("seed", [0])').replace("def get_config():",
                                                       "def get_config(size=''):"))
@@ -761,9 +830,15 @@ def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra,
   del name
   new = tmp_path / "new"
   args = [a.format(new=new, run=run, files=files, **others) for a in base + extra]
-  roots = (tmp_path, run, files, os.path.dirname(others["lm"]))
+  _refused(cli, script, args, (tmp_path, run, files, os.path.dirname(others["lm"])), new,
+           fragments)
+
+
+def _refused(cli, script, args, roots, new, fragments, env=None):
+  """Runs the script; asserts one `error:` line holding every fragment, a non-zero exit, no
+  traceback, and nothing written under `roots` nor `new` made."""
   before = _snapshot(*roots)
-  result = cli.run(script, *args)
+  result = cli.run(script, *args, env=env)
   assert result.returncode != 0, result.stdout[-2000:]
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
@@ -772,3 +847,26 @@ def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra,
     assert fragment in lines[0], lines[0]
   assert not new.exists()
   assert _snapshot(*roots) == before
+
+
+# A sweep's worker from a SLURM job array's environment (study/sweep_workers.py).
+SLURM = [
+    ("task id without count", {"SLURM_ARRAY_TASK_ID": "3"},
+     ["SLURM_ARRAY_TASK_ID=3 is set but SLURM_ARRAY_TASK_COUNT is not", "--worker I"]),
+    ("count not a number", {"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "four"},
+     ["SLURM_ARRAY_TASK_COUNT='four' is not allowed", "an integer ≥ 1"]),
+    ("task id outside the array", {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4"},
+     ["SLURM_ARRAY_TASK_ID=4 is not one of the 4 task(s) of the job array 0, 1, ..."]),
+    ("task id between the steps", {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4",
+                                   "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_STEP": "2"},
+     ["SLURM_ARRAY_TASK_ID=4 is not one of the 4 task(s) of the job array 1, 3, ..."]),
+]
+
+
+@pytest.mark.parametrize("name,env,fragments", SLURM, ids=[c[0] for c in SLURM])
+def test_bad_worker_environment(cli, files, tmp_path, name, env, fragments):
+  del name
+  new = tmp_path / "new"
+  for extra in ([], ["--print_commands"]):
+    _refused(cli, "sweep.py", ["--config", str(files / "sweep_ok.py"), "--sweep_dir", str(new),
+                               *extra], (tmp_path, files), new, fragments, env)

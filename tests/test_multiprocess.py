@@ -1,6 +1,8 @@
 """Two processes on localhost (jax.distributed, CPU collectives), as the hosts of a pod or a
 SLURM job: a 2-process sweep equals the 1-process one, and a SIGTERM to one host stops both
-at the same step, from which a re-run reaches the uninterrupted run's parameters exactly.
+at the same step, from which a re-run reaches the uninterrupted run's parameters exactly. A
+launch that cannot start fails fast in one line: process 0 on a port that a coordinator of
+an earlier launch still holds, a process whose peers never come.
 
 The launcher holds a global timeout and kills every survivor when one process fails, since
 a peer of a dead process blocks forever inside a collective.
@@ -20,8 +22,9 @@ import jax
 import numpy as np
 import pytest
 
-from tests.clirun import ROOT
+from tests.clirun import ROOT, CliRunner
 from tests.conftest import restore_and_evaluate
+from transformer.run import distributed
 from transformer.run.evaluation import restore_run
 from transformer.run.workdir import read_metrics
 from transformer.study import sweep
@@ -202,3 +205,62 @@ def test_sigterm_to_one_host_stops_a_sweep_under_load_and_the_rerun_finishes_it(
   final = [[(r["step"], r["split"], r["loss"]) for r in read_metrics(d) if r["step"] == STEPS]
            for d in (str(run), os.path.join(two, "seed=1"))]
   assert final[0] == final[1] and len(final[0]) == 3  # train, valid, longer
+
+
+# A process 0 of an earlier launch, still waiting for its process 1 (`PORT`).
+STALE = """
+import sys, jax
+jax.distributed.initialize(f"127.0.0.1:{sys.argv[1]}", 2, 0, initialization_timeout=120)
+"""
+
+
+@pytest.fixture(scope="module")
+def cli():
+  return CliRunner()
+
+
+def test_a_port_that_an_earlier_launch_holds_is_refused(cli, tmp_path):
+  """Issue 31: 2 launches in 6 never started. JAX's coordination service binds its port
+  with SO_REUSEPORT, so a new process 0 started a second service beside a coordinator of an
+  earlier launch still running there; the new process 1 was handed to the old one, and the
+  new process 0 waited 300 s for it before JAX aborted it (exit 134). Process 0 now refuses
+  the port at once, in one line, and writes nothing."""
+  (tmp_path / "sweep.py").write_text(SWEEP)
+  port = _free_port()
+  stale = subprocess.Popen([sys.executable, "-c", STALE, str(port)], cwd=ROOT,
+                           env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 120
+    while not distributed.port_in_use(f"127.0.0.1:{port}"):
+      assert stale.poll() is None and time.time() < deadline, "the stale coordinator did not start"
+      time.sleep(0.2)
+    started = time.time()
+    result = cli.run(
+        "sweep.py", "--config", str(tmp_path / "sweep.py"), "--sweep_dir",
+        str(tmp_path / "sweep"), f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+        "--process_id=0", timeout=60)
+    assert time.time() - started < 60
+  finally:
+    stale.kill()
+    stale.wait()
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-3000:]
+  assert result.stderr.startswith(f"error: --coordinator_address=127.0.0.1:{port}: another "
+                                  f"process already listens on port {port}"), result.stderr
+  assert not (tmp_path / "sweep").exists()
+
+
+def test_a_process_whose_peers_never_come_exits_in_one_line(cli, tmp_path):
+  """A process 1 without a process 0 leaves within its --join_timeout, in one line, exit 1
+  (JAX alone waited 300 s, then aborted with a C++ stack trace)."""
+  (tmp_path / "sweep.py").write_text(SWEEP)
+  started = time.time()
+  result = cli.run(
+      "sweep.py", "--config", str(tmp_path / "sweep.py"), "--sweep_dir", str(tmp_path / "sweep"),
+      f"--coordinator_address=127.0.0.1:{_free_port()}", "--num_processes=2", "--process_id=1",
+      "--join_timeout=2", timeout=60)
+  assert time.time() - started < 60
+  assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr[-3000:]
+  assert result.stderr.startswith("error: process 1 of 2 could not join the job at "
+                                  "127.0.0.1:") and "within 2 s (--join_timeout)" in result.stderr
+  assert not (tmp_path / "sweep").exists()

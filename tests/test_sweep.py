@@ -1,9 +1,11 @@
 """Sweeps: override sets, an interrupted sweep finishing without redoing finished runs, the
 report's mean ± std over seeds and its record of runs without results (failed, not trained),
-duplicate runs refused, --only, progress lines, worker sharding, shipped sweep configs."""
+duplicate runs refused, --only, progress lines, worker sharding and SLURM arrays, the sweep
+directory's record of how it was run, shipped sweep configs."""
 
 import csv
 import itertools
+import json
 import os
 import shutil
 import subprocess
@@ -15,10 +17,11 @@ import pytest
 
 from tests.clirun import CliRunner
 from tests.conftest import make_tiny_config
+from tests.test_stats import fake_run
 from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
 from transformer.run.state import read_failure, run_state
-from transformer.study import report, report_plots, results, sweep
+from transformer.study import report, report_plots, results, sweep, sweep_record, sweep_workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,7 +108,8 @@ def test_workers_split_the_runs_and_commands_are_printed(tmp_path):
   out = subprocess.run([sys.executable, "sweep.py", "--config", str(config_path), "--sweep_dir",
                         "D", "--num_workers=3", "--print_commands", "--only=seed=1"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120).stdout.splitlines()
-  assert len(out) == 3 and out[2].endswith("--only=seed=1 --num_workers=3 --worker=2")
+  assert len(out) == 3 and out[2].endswith(
+      "--only=seed=1 --sweep_dir D --num_workers=3 --worker=2")
   _, runs = sweep.load(str(config_path))
   shares = [runs[w::3] for w in range(3)]
   assert sorted(map(sweep.run_name, sum(shares, []))) == sorted(map(sweep.run_name, runs))
@@ -187,8 +191,15 @@ def test_failed_and_untrained_runs_are_reported_and_only_narrows_the_sweep(tmp_p
   assert header[:4] == table[0][:4]
   assert header[5:5 + 8 * len(table[0][4:]):8] == [f"{name} mean" for name in table[0][4:]]
 
-  # Every run of the sweep, from another invocation: the failure was recorded.
-  result = cli.run("sweep.py", *args, "--report_only")
+  # Another invocation without --only reports the recorded selection (sweep_record): the
+  # same report, not one of every run; --only all selects every run, and the failure was
+  # recorded for any invocation to see.
+  result = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--report_only")
+  assert result.returncode == 0, result.stderr
+  assert f"as recorded in {sweep_dir / 'sweep.json'}: --config {config_path} --only=seed=0" \
+      in result.stdout
+  assert _table((sweep_dir / "report.md").read_text()) == table
+  result = cli.run("sweep.py", *args, "--report_only", "--only", "all")
   assert result.returncode == 0, result.stderr
   md = (sweep_dir / "report.md").read_text()
   assert "selected" not in md
@@ -198,7 +209,12 @@ def test_failed_and_untrained_runs_are_reported_and_only_narrows_the_sweep(tmp_p
   assert "| train.learning_rate=0.5,seed=1 | not trained yet |" in md
   assert "| train.learning_rate=1e+30,seed=0 | failed: training diverged" in md
 
-  # A workdir holding another run is refused before anything trains.
+  # Another config for the same names is refused before anything trains: by the record,
+  # and without one (a sweep directory of older code) by the workdirs holding other runs.
+  result = cli.run("sweep.py", *args, "--config.model.d_ff=48")
+  assert result.returncode == 2 and "--config.model.d_ff=48 would describe other runs" in (
+      result.stderr)
+  (sweep_dir / "sweep.json").unlink()
   result = cli.run("sweep.py", *args, "--config.model.d_ff=48")
   assert result.returncode == 2 and "holds a run with a different config.model" in result.stderr
   assert not (sweep_dir / "train.learning_rate=0.5,seed=1").exists()
@@ -288,3 +304,111 @@ def test_metric_order_and_curve_style():
   assert report_plots.curve_style([[2.8, 2.3]]) == ("linear", "o")  # a short run: two points
   assert report_plots.curve_style([[9.0, 5.0, 0.5]]) == ("log", "o")
   assert report_plots.curve_style([list(np.linspace(3.0, 1.0, 100))]) == ("linear", None)
+
+
+GRID = """
+from tests.conftest import make_tiny_config
+from transformer.study.sweep import axis, product
+
+def get_config():
+  return make_tiny_config()
+
+def get_sweep():
+  return product(axis("model.position", ["sinusoidal", "rotary"]), axis("seed", [0, 1]))
+"""
+
+
+def test_the_sweep_dir_remembers_how_it_was_run(tmp_path):
+  """Issue 31: a --report_only (or a re-run) without the first invocation's --config.FIELD
+  overrides and --only judged the runs by the config file's defaults and wrote "0 finished"
+  over a correct report. The sweep directory records them (sweep.json) and later
+  invocations use them; flags that would describe other runs are refused; --only given
+  again selects anew. The runs are finished runs' files (fake_run): nothing trains."""
+  config_path, sweep_dir = tmp_path / "grid.py", tmp_path / "sweep"
+  config_path.write_text(GRID)
+  for i, (position, seed) in enumerate(itertools.product(("sinusoidal", "rotary"), (0, 1))):
+    fake_run(sweep_dir / f"model.position={position},seed={seed}", 0.5 + i / 10, seed, steps=20,
+             **{"model.position": position})
+  cli = CliRunner()
+  first = cli.run("sweep.py", "--config", str(config_path), "--sweep_dir", str(sweep_dir),
+                  "--config.train.num_steps=20", "--only", "model.position=rotary")
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "model.position=rotary,seed=1 is finished; skipped" in first.stdout
+  record = json.loads((sweep_dir / "sweep.json").read_text())
+  assert (record["config"], record["overrides"], record["only"]) == (
+      str(config_path), {"train.num_steps": 20}, ["model.position=rotary"])
+  md = (sweep_dir / "report.md").read_text()
+  assert "- runs: 2 in 1 variant(s): 2 finished, 0 failed, 0 unfinished" in md
+  assert "- every run: --config.train.num_steps=20" in md
+  assert "- selected: --only model.position=rotary" in md
+
+  for given in ([], ["--config", str(config_path)]):  # the record completes the flags
+    again = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--report_only", *given)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "--config.train.num_steps=20 --only=model.position=rotary" in again.stdout
+    assert (sweep_dir / "report.md").read_text() == md
+  printed = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--print_commands",
+                    "--num_workers", "2").stdout.splitlines()
+  assert len(printed) == 2 and all(
+      f"--config {config_path} --config.train.num_steps=20 --only=model.position=rotary "
+      f"--sweep_dir {sweep_dir}" in line for line in printed), printed
+
+  # Other overrides would judge the same workdirs as other runs: refused, nothing written.
+  refused = cli.run("sweep.py", "--config", str(config_path), "--sweep_dir", str(sweep_dir),
+                    "--report_only", "--config.train.num_steps=40")
+  assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+  assert "--config.train.num_steps=40 would describe other runs" in refused.stderr
+  assert (sweep_dir / "report.md").read_text() == md
+
+  # --only anew: every run, recorded for the next invocation.
+  everything = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--only", "all")
+  assert everything.returncode == 0, everything.stderr[-3000:]
+  assert json.loads((sweep_dir / "sweep.json").read_text())["only"] == []
+  md = (sweep_dir / "report.md").read_text()
+  assert "- runs: 4 in 2 variant(s): 4 finished, 0 failed, 0 unfinished" in md
+  assert "selected" not in md
+
+
+def test_workers_from_flags_or_a_slurm_array():
+  assign = sweep_workers.assignment
+  assert assign(None, None, {}) == (0, 1)
+  assert assign(None, 3, {}) == (0, 3) and assign(2, 3, {}) == (2, 3)
+  array = {"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "4"}
+  assert assign(1, 2, array) == (1, 2)  # the flags win
+  assert assign(None, None, {**array, "SLURM_ARRAY_TASK_ID": "3"}) == (3, 4)
+  assert assign(None, None, {**array, "SLURM_ARRAY_TASK_MIN": "6"}) == (3, 4)  # --array=6-9
+  # --array=1-7:2: tasks 1, 3, 5, 7 are workers 0..3
+  odd = {**array, "SLURM_ARRAY_TASK_MIN": "1", "SLURM_ARRAY_TASK_STEP": "2"}
+  assert [assign(None, None, {**odd, "SLURM_ARRAY_TASK_ID": str(t)}) for t in (1, 3, 5, 7)] == [
+      (w, 4) for w in range(4)]
+  for bad in ({**array, "SLURM_ARRAY_TASK_COUNT": "0"}, {**odd, "SLURM_ARRAY_TASK_ID": "9"},
+              {"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "2"}):
+    with pytest.raises(ConfigError, match="SLURM_ARRAY_TASK_(COUNT|ID)"):
+      assign(None, None, bad)
+
+
+def test_what_a_record_completes_and_what_it_refuses(tmp_path, monkeypatch):
+  record = sweep_record.Invocation("configs/heads.py:cpu", {"train.num_steps": 5},
+                                   ("seed=0",))
+  monkeypatch.chdir(ROOT)
+  assert sweep_record.resolve(str(tmp_path), "configs/heads.py:cpu", {}, ()) == (
+      sweep_record.Invocation("configs/heads.py:cpu", {}, ()), False)  # nothing recorded yet
+  sweep_record.write(str(tmp_path), record)
+  absolute = os.path.join(ROOT, "configs", "heads.py:cpu")
+  assert sweep_record.read(str(tmp_path)) == sweep_record.Invocation(
+      absolute, {"train.num_steps": 5}, ("seed=0",))
+  resolve = lambda *given: sweep_record.resolve(str(tmp_path), *given)  # noqa: E731
+  assert resolve(None, {}, ()) == (sweep_record.Invocation(
+      absolute, {"train.num_steps": 5}, ("seed=0",)), True)
+  # the same file by another path, the same values: nothing supplied but the --only
+  same = resolve(f"{ROOT}/configs/../configs/heads.py:cpu", {"train.num_steps": 5.0}, ())
+  assert same == (sweep_record.Invocation(f"{ROOT}/configs/../configs/heads.py:cpu",
+                                          {"train.num_steps": 5}, ("seed=0",)), True)
+  assert resolve("configs/heads.py:cpu", {"train.num_steps": 5}, ("seed=1",))[0].only == (
+      "seed=1",)
+  assert resolve(None, {}, ("all",))[0].only == ()
+  for given, refused in ((("configs/heads.py:gpu", {}, ()), "--config configs/heads.py:gpu"),
+                         ((None, {"train.num_steps": 6}, ()), "--config.train.num_steps=6"),
+                         ((None, {"train.num_steps": 5, "seed": 1}, ()), "--config.seed=1")):
+    with pytest.raises(ConfigError, match=f"holds the runs of .* {refused}.* would describe"):
+      resolve(*given)

@@ -17,7 +17,7 @@ from ml_collections import config_dict
 
 from transformer.core import errors
 from transformer.core.errors import ConfigError, RunError
-from transformer.run import logs
+from transformer.run import distributed, logs
 
 
 def define_distributed_flags() -> None:
@@ -29,6 +29,8 @@ def define_distributed_flags() -> None:
                       "processes by hand (with --num_processes and --process_id).")
   flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
   flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+  flags.DEFINE_integer("join_timeout", distributed.JOIN_TIMEOUT_S, "Seconds a process waits "
+                       "for the others to join the job before it exits with an error.")
 
 
 def define_report_flags() -> None:
@@ -43,14 +45,13 @@ def define_report_flags() -> None:
 
 
 def start_distributed() -> None:
-  """jax.distributed.initialize as the distributed flags say; must precede any other JAX
-  call. Also starts JAX's preemption service, which StopSignals uses."""
+  """jax.distributed.initialize as the distributed flags say (run/distributed.py: checked
+  first, bounded by --join_timeout; one `error:` line otherwise); must precede any other
+  JAX call. Also starts JAX's preemption service, which StopSignals uses."""
   f = flags.FLAGS
-  if f.coordinator_address:
-    jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id,
-                               heartbeat_timeout_seconds=30)
-  elif f.distributed:
-    jax.distributed.initialize()
+  with one_line_errors():
+    distributed.initialize(f.coordinator_address, f.num_processes, f.process_id,
+                           f.join_timeout, from_environment=f.distributed)
 
 
 def setup_logging() -> None:

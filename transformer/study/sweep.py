@@ -22,13 +22,13 @@ import ml_collections
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError, RunError, one_line
-from transformer.run import checkpoint
+from transformer.run import checkpoint, experiment, lock, sharding
 from transformer.run import config as config_lib
-from transformer.run import experiment, lock, sharding
 from transformer.run import workdir as workdir_lib
 from transformer.run.progress import duration
 from transformer.run.state import clear_failure, read_failure, record_failure, run_state
 from transformer.run.training import train_and_evaluate
+from transformer.study import sweep_record, sweep_workers
 
 log = logging.getLogger("transformer")
 SEED = "seed"
@@ -185,15 +185,16 @@ def _matches(text: str, value) -> bool:
 
 def select(all_runs: list[Run], only: Sequence[str]) -> list[Run]:
   """The runs whose override sets match every `only` filter (`field=v1,v2`: the field
-  has one of these values; repeating a field adds values). An unknown field or a value
-  the sweep does not have is a ConfigError listing what the sweep has."""
+  has one of these values; repeating a field adds values; `all` alone: every run). An
+  unknown field or a value the sweep does not have is a ConfigError listing what the
+  sweep has."""
   values: dict[str, list] = {}
   for run in all_runs:
     for field, value in run.overrides.items():
       if value not in values.setdefault(field, []):
         values[field].append(value)
   wanted: dict[str, list] = {}
-  for spec in only:
+  for spec in [] if list(only) == [sweep_record.ALL] else only:
     field, eq, texts = spec.partition("=")
     if not eq or not texts:
       raise ConfigError(f"--only {spec}: expected FIELD=VALUE[,VALUE...], e.g. --only "
@@ -241,11 +242,14 @@ def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
   is recorded (record_failure) and the sweep goes on. Stops after the current run once
   should_stop() is true. With several processes (jax.distributed) every process walks the
   same runs in the same order and each run spans them all. Logs each run's place in the
-  share and, from the runs trained to the end here, an ETA for the rest. Returns (names
+  share and, from the runs trained to the end here, an ETA for the rest. Records the
+  invocation in sweep_dir (sweep_record.write) once the runs are checked. Returns (names
   trained, {name: error} failed)."""
-  if not 0 <= worker < num_workers:
-    raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
+  sweep_workers.assignment(worker, num_workers, {})  # a ConfigError for a worker out of range
   share = plan(config_path, sweep_dir, overrides, only)[worker::num_workers]
+  # how these runs were asked for, for the later invocations (study/sweep_record.py)
+  sweep_record.write(sweep_dir, sweep_record.Invocation(config_path, dict(overrides or {}),
+                                                        tuple(only)))
   todo = [not run_state(w, cfg.train.num_steps).finished for _, cfg, w in share]  # for the ETA
   of = f" of worker {worker}/{num_workers}" if num_workers > 1 else ""
   trained, failed, durations = [], {}, []
