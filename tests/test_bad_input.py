@@ -88,6 +88,8 @@ def choices(registry) -> str:
 # inputs (a file, bad config and sweep files, a small corpus); the others are named in
 # the `others` fixture.
 TRAIN = "train.py", ["--config", CONFIG, "--workdir", "{new}", *TINY]
+CHOMSKY = "train.py", ["--config", os.path.join(ROOT, "configs", "chomsky.py") + ":cpu",
+                       "--workdir", "{new}"]
 CASES = [
     # model
     ("d_model=0", *TRAIN, ["--config.model.d_model=0"], ["config.model.d_model=0", "≥ 1"]),
@@ -260,6 +262,9 @@ CASES = [
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
     ("unknown data source", *TRAIN, ["--config.data.source=csv"],
      ["unknown data source 'csv'", choices(SOURCES)]),
+    ("cast the arch cannot learn", *CHOMSKY, ["--config.data.cast=decoder"],
+     ["config.model.arch='encoder' cannot learn data.source 'algorithmic'",
+      "it needs one of: decoder", "with data.cast slots or token_labels (not 'decoder')"]),
     # text data
     ("text corpus missing", *TEXT, ["--config.data.train_source=nope.en"],
      ["config.data.train_source: corpus file not found", "nope.en"]),

@@ -1,7 +1,8 @@
 """The docs cannot drift from the code: every command shown in README.md and docs/*.md parses
 (its script, flags, config file and `:arg`, every --config field: tests/docs_check.py, nothing
 trained); every repository path they name exists; every table of a registry's choices lists
-exactly the registry's entries; every `pip install` extra exists; the README stays short.
+exactly the registry's entries; every `pip install` extra exists; the README stays short and
+its tour names every module and config file.
 
 A failure names the doc file, its line and the command. Commands are found in shell code
 blocks (``` or ```sh) and in inline code spans: any `python SCRIPT.py ...`, after environment
@@ -161,6 +162,38 @@ def test_readme_is_short():
   lines = len((ROOT_PATH / "README.md").read_text(encoding="utf-8").splitlines())
   assert lines <= README_MAX_LINES, (f"README.md has {lines} lines (at most {README_MAX_LINES}): "
                                      "move reference to docs/")
+
+
+def tour_names(text: str) -> set[str]:
+  """The paths that the first column of the README's "Tour of the wings" table names: a
+  name not from the root (`parallel_text.py`, `chomsky/`) is in the folder of the last one
+  from the root before it in its cell."""
+  section = text.split("## Tour of the wings", 1)[1].split("\n## ", 1)[0]
+  named = set()
+  for row in section.splitlines()[2:]:
+    folder = ""
+    for span in re.findall(r"`([^`]+)`", row.split("|")[1] if row.startswith("|") else ""):
+      if re.match(r"(transformer|configs)/", span):
+        folder = span if span.endswith("/") else span.rpartition("/")[0] + "/"
+        named.add(span.rstrip("/"))
+      else:
+        named.add((folder + span).rstrip("/"))
+  return named
+
+
+def test_the_tour_names_every_module():
+  """Every module of transformer/ and every config file (less __init__.py) is in the README's
+  tour, itself or its folder (`transformer/data/chomsky/`), and every name there exists."""
+  named = tour_names((ROOT_PATH / "README.md").read_text(encoding="utf-8"))
+  assert {"transformer/data/passkey.py", "transformer/data/chomsky"} <= named, "tour not parsed"
+  missing = sorted(name for name in named if not (ROOT_PATH / name).exists())
+  assert not missing, f"README.md's tour of the wings names what does not exist: {missing}"
+  modules = sorted(str(p.relative_to(ROOT_PATH)) for pattern in ("transformer/**/*.py",
+                                                                   "configs/*.py")
+                   for p in ROOT_PATH.glob(pattern) if p.name != "__init__.py")
+  unnamed = [m for m in modules
+             if not any(m == n or m.startswith(n + "/") for n in named)]
+  assert not unnamed, f"README.md's tour of the wings does not name: {', '.join(unnamed)}"
 
 
 def _spans(doc: str):

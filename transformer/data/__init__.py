@@ -6,6 +6,9 @@
                                            where its targets_segmentation > 0
 
 What `targets` hold is the source's declaration (Targets), which a model family must learn.
+Where they are the next tokens of a prompt's answer (Targets.PROMPTED_ANSWERS), targets[t] is
+inputs[t + 1] and only the answer is scored: a row's prompt is its tokens up to and including
+its first scored position, and its answer the tokens at the scored positions' successors.
 The interface every source meets: transformer/data/base.py; the registry: sources.py. The
 generated tasks (reverse, copy, sort, the papers' 15, ListOps, duplicates) meet one more:
 data/task.py (problems, data/tasks.py), data/splits.py (splits rules), data/casts.py (casts).
@@ -23,6 +26,8 @@ class Targets(enum.Enum):
   TOKEN_LABELS = "a label per input token"
   SEQUENCE_LABELS = "a label per input sequence, at its first token"
   NEXT_TOKENS = "the next token after each input token"
+  PROMPTED_ANSWERS = ("the next tokens of an answer after each prompt, scored on the answer; "
+                      "the answer generated after the prompt at evaluation")
 
 
 @dataclasses.dataclass(frozen=True)

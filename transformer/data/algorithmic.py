@@ -6,12 +6,16 @@ split spread evenly over its lengths), presented as data.cast says (data/casts.p
 an encoder reading the input and one answer slot per answer symbol, as the papers cast it
 (model.arch=encoder, pooling none); "seq2seq", an encoder-decoder; "label", an encoder
 reading a CLS token (tasks answered by one label; pooling cls or mean); "token_labels", an
-encoder labelling each input symbol (answers as long as the input).
+encoder labelling each input symbol (answers as long as the input); "decoder", a
+decoder-only model continuing the input and a separator with the answer (model.arch=decoder;
+the answer generated greedily at evaluation).
 
 Besides loss and accuracy (pooled over every answer token) each split reports the papers'
 metric: accuracy per length (the length an instance was drawn at) over the answer symbols
 the task scores (Task.accuracy_mask), `accuracy_by_length`, and its mean over the split's
-lengths, `mean_accuracy` (their score on the test lengths).
+lengths, `mean_accuracy` (their score on the test lengths); of the answers as predicted in
+one pass (slots, label, token_labels), or decoded (seq2seq) or generated (decoder) without
+teacher forcing, which then also report `exact_match` (every answer symbol right).
 """
 
 import dataclasses
@@ -85,6 +89,11 @@ class AlgorithmicSource(GeneratedSource):
     task = dict(name="reverse_string", min_len=1, max_len=4, test_max_len=6)
     return Example({"data": {"source": "algorithmic"}, "task": task,
                     "model": {"arch": "encoder", "pooling": "none"}}, "0 1 1")
+
+  def alternatives(self, learns):
+    fitting = [name for name, cast in CASTS.items()
+               if cast.targets in learns and cast.unfit(self.task) is None]
+    return f"data.cast {' or '.join(fitting)} (not {self.data.cast!r})" if fitting else None
 
   def split_results(self, name, split, outputs) -> SplitResult:
     rows = row_accuracy(self.task, self.cast, split, outputs["predictions"])

@@ -118,6 +118,12 @@ class DataSource(abc.ABC):
   def example(cls, directory: str) -> Example:
     """A tiny instance (Example), reading only files it writes under `directory`."""
 
+  def alternatives(self, learns: frozenset[Targets]) -> str | None:
+    """What this config could set instead so that a family that learns `learns` fits it
+    (e.g. "data.cast slots or label"), for the error that refuses the family; None: nothing."""
+    del learns
+    return None
+
   # ------------------------------------------------------------------ data
 
   @abc.abstractmethod

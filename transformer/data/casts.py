@@ -7,13 +7,15 @@ presented to a model family. Each cast is one small object; CASTS is data.cast's
   label         an encoder reads a CLS token and the input and predicts the answer, one label,
                 at the CLS token (classification: ListOps);
   token_labels  an encoder reads the input and predicts one answer symbol per input symbol
-                (sequence labelling: duplicates).
+                (sequence labelling: duplicates);
+  decoder       a decoder-only model reads the prompt (the input, then a separator) and
+                continues it with the answer: next tokens, the loss on the answer only;
+                evaluation generates the answer after the prompt.
 
 Input symbol s is token NUM_RESERVED + s; so is answer symbol s where the answer is decoded
-(seq2seq); where it is a label it is class s. A cast declares the targets it makes (data.
-Targets, which a family must learn) and which answers it fits (unfit). A decoder cast (the
-prompt, a separator, the answer; loss on the answer only) is one more such object: its rows,
-its width, and the answers it reads back from what the model generated.
+or generated (seq2seq, decoder: one vocabulary for both); where it is a label it is class s.
+A cast declares the targets it makes (data.Targets, which a family must learn) and which
+answers it fits (unfit).
 """
 
 import abc
@@ -237,9 +239,59 @@ class TokenLabels(Cast):
     return (symbols + NUM_RESERVED).astype(np.int32)
 
 
+class DecoderAnswer(Cast):
+  """`decoder`: [input symbols…, SEP, answer symbols…] read causally; targets are the next
+  tokens (inputs shifted left by one), weighted only where they are the answer's, so the
+  loss is on the answer alone. SEP is the token after both alphabets'. The prompt (input and
+  SEP) is what encode gives and evaluation continues (Targets.PROMPTED_ANSWERS): the answer
+  has output_length(n) symbols, so as many are generated, with no EOS (as the slots cast,
+  which knows it too). A row is one token longer than a slots row: its last answer token is
+  read but predicts nothing, and the longest generation fits in the row's width."""
+
+  targets = Targets.PROMPTED_ANSWERS
+
+  def separator(self, task) -> int:
+    return NUM_RESERVED + max(task.input_size, task.output_size)
+
+  def vocab_size(self, task) -> int:
+    return self.separator(task) + 1
+
+  def num_classes(self, task) -> int:
+    return 0
+
+  def width(self, task, lengths):
+    return max(task.input_length(n) + 1 + task.output_length(n) for n in lengths)
+
+  def row(self, task, instance):
+    """(prompt, answer) tokens."""
+    return self.encode(task, instance.inputs), (instance.outputs + NUM_RESERVED).astype(np.int32)
+
+  def batch(self, rows, width):
+    examples = []
+    for prompt, answer in rows:
+      tokens = np.concatenate([prompt, answer])
+      weights = np.arange(len(tokens)) >= len(prompt) - 1  # targets from SEP's on: the answer
+      weights[-1] = False  # the last token has no successor in the row
+      examples.append((tokens, np.append(tokens[1:], 0), weights.astype(np.int32)))
+    return label_batch(examples, width)
+
+  def answers(self, arrays, predictions):
+    """The answer's symbols and the predicted ones (predictions aligned with the targets:
+    at t, the token after t)."""
+    for target, predicted in super().answers(arrays, predictions):
+      yield target - NUM_RESERVED, predicted - NUM_RESERVED
+
+  def encode(self, task, symbols):
+    return np.append(symbols + NUM_RESERVED, self.separator(task)).astype(np.int32)
+
+  def names(self, task):
+    return {**super().names(task), self.separator(task): "<sep>"}
+
+
 CASTS: dict[str, Cast] = {
     "slots": AnswerSlots(),  # an encoder: the input, then a slot per answer symbol
     "seq2seq": Seq2Seq(),  # an encoder-decoder: input -> answer
     "label": SequenceLabel(),  # an encoder with pooling: one label, read at a CLS token
     "token_labels": TokenLabels(),  # an encoder: a label per input symbol
+    "decoder": DecoderAnswer(),  # a decoder-only model: prompt, separator, answer
 }

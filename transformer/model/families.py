@@ -236,9 +236,11 @@ class EncoderOnly(ModelFamily):
 
 class DecoderOnly(ModelFamily):
   """A causal language model: embeddings, a stack of CausalLayers and the (tied) output
-  projection; logits at each position predict the next token."""
+  projection; logits at each position predict the next token: of a document, or of the
+  answer after a prompt (trained the same way, on the weighted targets; evaluation generates
+  the answer)."""
 
-  learns = frozenset({Targets.NEXT_TOKENS})
+  learns = frozenset({Targets.NEXT_TOKENS, Targets.PROMPTED_ANSWERS})
   generates = True
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

@@ -13,6 +13,7 @@ from flax import nnx
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError, RunError
+from transformer.core.vocab import PAD_ID
 from transformer.data import Targets
 from transformer.data.pipeline import pad_batch
 from transformer.model.decoding import generate
@@ -22,7 +23,7 @@ from transformer.run import checkpoint, experiment, sharding
 from transformer.run import overrides as overrides_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import EvalConfig
-from transformer.run.evaluator import Evaluator, check_split_lengths
+from transformer.run.evaluator import Evaluator, check_split_lengths, generates_answers
 
 log = logging.getLogger("transformer")
 
@@ -144,9 +145,10 @@ def check_decoding(exp: experiment.Experiment, beam_size: int,
   if beam_size > 1 and not exp.family.decodes:
     decoding = " or ".join(name for name, family in ARCHS.items() if family.decodes)
     greedy = ", and --generate is greedy or sampled" if exp.family.generates else ""
+    scored = ("its held-out answers are generated greedily or sampled" if generates_answers(exp)
+              else "its held-out splits are scored token by token")
     raise ConfigError(f"--beam_size {beam_size}: this run's model.arch {exp.model.arch!r} does "
-                      f"not decode (its held-out splits are scored token by token{greedy}); "
-                      f"beam search is for model.arch {decoding}")
+                      f"not decode ({scored}{greedy}); beam search is for model.arch {decoding}")
   if beam_size > 1 and not sampling.greedy:
     raise ConfigError(f"--beam_size {beam_size} with sampling ({sampling}): beam search keeps "
                       "the most likely hypotheses and draws nothing; sample with --beam_size 1")
@@ -173,12 +175,18 @@ def check_sampling(exp: experiment.Experiment, sampling: Sampling, metrics: bool
                    sentences: bool, generate: bool) -> None:
   """A ConfigError for sampling (temperature > 0) where nothing eval.py is asked to do
   would sample: it samples the decoding of the metrics and of the pictures' `sentences`
-  by a family that decodes, and a language model's continuations (`generate`); the
-  held-out splits of the other families are scored token by token."""
+  by a family that decodes, the answers of the metrics where they are generated after
+  prompts, and a language model's continuations (`generate`); the held-out splits of the
+  other families are scored token by token."""
   if sampling.greedy or generate or (exp.family.decodes and (metrics or sentences)):
+    return
+  if generates_answers(exp) and metrics:
     return
   if exp.family.decodes:
     why = "nothing is decoded with --nometrics and no --sentence"
+  elif generates_answers(exp):
+    why = ("answers are generated for the metrics only (--nometrics); continue a --sentence "
+           "with --generate")
   else:
     generating = "; a language model samples with --generate" if exp.family.generates else ""
     why = (f"this run's model.arch {exp.model.arch!r} does not decode (its held-out splits "
@@ -222,13 +230,16 @@ def continue_prompts(run: Run, prompts: list[str], num_tokens: int,
 
 def sentence_predictions(run: Run, sentences: list[str]) -> list[str]:
   """What a family that does not decode predicts for each sentence, as a phrase: the label
-  of the sequence (read at its first token), the label of each token, or a language
-  model's next token after the sentence (the source's targets say which)."""
+  of the sequence (read at its first token), the label of each token, a language model's
+  next token after the sentence, or the first symbol of the answer after a prompt (the
+  source's targets say which)."""
   exp = run.experiment
   encoded = [exp.source.encode(s) for s in sentences]
   batch = pad_batch([(e, e) for e in encoded], max(len(e) for e in encoded))
   graphdef = exp.graphdef
   logits = jax.jit(lambda params, b: nnx.merge(graphdef, params)(b))(run.params, batch)
+  if generates_answers(exp):  # as evaluation generates answers: never PAD
+    logits = logits.at[..., PAD_ID].set(-jax.numpy.inf)
   predicted = np.asarray(jax.numpy.argmax(logits, axis=-1))
   phrases = []
   for tokens, labels in zip(encoded, predicted):
@@ -238,9 +249,10 @@ def sentence_predictions(run: Run, sentences: list[str]) -> list[str]:
       pieces = exp.source.pieces(tokens)
       phrases.append("predicted labels " + " ".join(
           f"{piece}:{label}" for piece, label in zip(pieces, labels[:len(tokens)])))
-    else:  # Targets.NEXT_TOKENS
+    else:  # Targets.NEXT_TOKENS, PROMPTED_ANSWERS
       following = exp.source.pieces(labels[len(tokens) - 1:len(tokens)])[0]
-      phrases.append(f"predicted next token {following!r}")
+      phrases.append(f"predicted answer begins {following!r} (--generate N continues it)"
+                     if generates_answers(exp) else f"predicted next token {following!r}")
   return phrases
 
 

@@ -1,18 +1,21 @@
 """The Evaluator: a trained state's held-out metrics, split by split, in compiled batches —
 teacher-forced loss and accuracy, then decoding (greedy, sampled or beam search) for a family
-that decodes — used by the training loop and by eval.py (run/evaluation.py)."""
+that decodes, or each answer generated after its prompt where the targets are prompted
+answers — used by the training loop and by eval.py (run/evaluation.py)."""
 
 import functools
 import hashlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from transformer.core.errors import Interrupted
 from transformer.core.metrics import exact_matches, row_metrics, token_metrics, token_nll
+from transformer.data import Targets
 from transformer.data.base import Split
-from transformer.model.decoding import beam_search, greedy_decode
+from transformer.model.decoding import beam_search, generate, greedy_decode
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment, logs
 
@@ -24,9 +27,10 @@ PER_EXAMPLE = "per_example"
 class Evaluator:
   """Jitted evaluation of an experiment's model, given its params, over padded batches:
   teacher-forced loss and accuracy, then decoding (greedy or as `sampling` says, or beam
-  search when beam_size > 1) if the family decodes, and the source's metrics
-  (source.split_results). Sampling draws each batch with the key of `seed` folded with the
-  batch's number."""
+  search when beam_size > 1) if the family decodes, or the answers generated after their
+  prompts (greedy or as `sampling` says) if the targets are prompted answers, and the
+  source's metrics (source.split_results). Sampling draws each batch with the key of `seed`
+  folded with the batch's number."""
 
   def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6,
                sampling: Sampling = GREEDY, seed: int = 0):
@@ -46,6 +50,14 @@ class Evaluator:
       return beam_search(model, batch, max_len, beam_size, alpha)[0]
 
     @jax.jit
+    def answer(params, batch, number):  # Targets.PROMPTED_ANSWERS: each row's answer generated
+      model = nnx.merge(graphdef, params)
+      key = jax.random.fold_in(jax.random.key(seed), number)
+      tokens, _ = generate(model, batch["inputs"], prompt_lengths(batch),
+                           batch["inputs"].shape[1], sampling, key)
+      return jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))  # at t, the token after t: as targets
+
+    @jax.jit
     def tokenwise(params, batch):  # score's sums, and per position the argmax and −log p
       logits = nnx.merge(graphdef, params)(batch)
       sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
@@ -58,7 +70,8 @@ class Evaluator:
       logits = nnx.merge(graphdef, params)(batch)
       return row_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
 
-    self._score, self._predict, self._tokenwise, self._rows = score, predict, tokenwise, rows
+    self._score, self._predict, self._tokenwise = score, predict, tokenwise
+    self._answer, self._rows = answer, rows
 
   def num_batches(self, arrays: dict[str, np.ndarray]) -> int:
     return -(-len(arrays["inputs"]) // self.batch_size)
@@ -75,11 +88,16 @@ class Evaluator:
   def predict(self, params, arrays: dict[str, np.ndarray], decode_len: int,
               should_stop=lambda: False, progress: "logs.Progress | None" = None) -> np.ndarray:
     """Decoded tokens [n, decode_len] of every row."""
-    predictions = []
+    return self._each_batch(lambda batch, number: self._predict(params, batch, decode_len, number),
+                            arrays, should_stop, progress)
+
+  def _each_batch(self, fn, arrays, should_stop, progress) -> np.ndarray:
+    """fn(batch, its number) [batch_size, ...] of every batch, as rows [n, ...]."""
+    out = []
     for number, batch in enumerate(self._batches(arrays, progress)):
       _check_stop(should_stop)
-      predictions.append(np.asarray(self._predict(params, batch, decode_len, number)))
-    return np.concatenate(predictions)[:len(arrays["inputs"])]
+      out.append(np.asarray(fn(batch, number)))
+    return np.concatenate(out)[:len(arrays["inputs"])]
 
   def evaluate_split(self, params, arrays: dict[str, np.ndarray], decode_len: int,
                      should_stop=lambda: False, progress: "logs.Progress | None" = None):
@@ -87,11 +105,20 @@ class Evaluator:
     Interrupted between batches once should_stop() is true."""
     totals = self._totals(params, arrays, should_stop, progress)
     predictions = self.predict(params, arrays, decode_len, should_stop, progress)
-    metrics = {"loss": totals["nll"] / totals["tokens"],
-               "accuracy": totals["correct"] / totals["tokens"],
-               "exact_match": float(np.mean(exact_matches(predictions, arrays["targets"]))),
-               "examples": len(arrays["inputs"])}
-    return metrics, predictions
+    exact = exact_matches(predictions, arrays["targets"])
+    return {**_scored(totals, exact), "examples": len(exact)}, predictions
+
+  def answer_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
+                   progress: "logs.Progress | None" = None):
+    """Returns (metrics, outputs) of a split of prompted answers: the teacher-forced loss and
+    accuracy over the answers, then each answer generated after its prompt (KV-cached):
+    outputs {"predictions"} [n, t], the prompt's tokens forced and the answer's generated,
+    aligned with the targets; exact_match: every answer token generated right."""
+    totals = self._totals(params, arrays, should_stop, progress)
+    predictions = self._each_batch(lambda batch, number: self._answer(params, batch, number),
+                                   arrays, should_stop, progress)
+    exact = answered_exactly(predictions, arrays)
+    return {**_scored(totals, exact), "examples": len(exact)}, {"predictions": predictions}
 
   def _totals(self, params, arrays, should_stop, progress=None) -> dict[str, float]:
     totals: dict[str, float] = {}
@@ -138,23 +165,27 @@ class Evaluator:
     per_example_record); the hypotheses are the source's text predictions (None without
     text). Raises Interrupted once should_stop() is true."""
     results, hypotheses = {}, {}
-    decodes = self.exp.family.decodes
+    decodes, answers = self.exp.family.decodes, generates_answers(self.exp)
     for name, split in splits.items():
-      # decoded splits take two passes: scoring, then decoding (with per_example, a third)
-      passes = (2 + per_example) if decodes else 1
+      # decoded (or answered) splits take two passes: scoring, then decoding (with
+      # per_example, a third: each row's scores)
+      passes = (2 + per_example) if decodes or answers else 1
       progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
       if decodes:
         metrics, predictions = self.evaluate_split(
             params, split.arrays, self.exp.source.decode_length(split), should_stop, progress)
         outputs = {"predictions": predictions}
+      elif answers:
+        metrics, outputs = self.answer_split(params, split.arrays, should_stop, progress)
       else:
         metrics, outputs = self.score_split(params, split.arrays, should_stop, progress)
       extra = self.exp.source.split_results(name, split, outputs)
       results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
       if per_example:
-        if decodes:
+        if decodes or answers:
           parts = {**self.row_sums(params, split.arrays, should_stop, progress),
-                   "exact": exact_matches(predictions, split.arrays["targets"])}
+                   "exact": exact_matches(predictions, split.arrays["targets"]) if decodes
+                   else answered_exactly(outputs["predictions"], split.arrays)}
         else:
           parts = scored_row_sums(outputs, split.arrays)
         results[name][PER_EXAMPLE] = per_example_record(split, {**parts,
@@ -196,6 +227,31 @@ def _compact(values: np.ndarray) -> list:
   if values.dtype == bool or np.all(values == np.rint(values)):
     return [int(v) for v in values]
   return [float(f"{v:.7g}") for v in values]
+
+def generates_answers(exp: experiment.Experiment) -> bool:
+  """Whether evaluation generates each row's answer after its prompt: the source's targets
+  are prompted answers (which only a family that generates learns)."""
+  return exp.source.targets is Targets.PROMPTED_ANSWERS
+
+
+def prompt_lengths(batch) -> jax.Array:
+  """[b] tokens of each row's prompt: up to and including its first scored position
+  (Targets.PROMPTED_ANSWERS); 1 for a row of padding."""
+  return jnp.argmax(batch["targets_segmentation"] > 0, axis=1) + 1
+
+
+def answered_exactly(predictions: np.ndarray, arrays: dict[str, np.ndarray]) -> np.ndarray:
+  """[n] (bool): every answer token of the row generated right (Targets.PROMPTED_ANSWERS)."""
+  wrong = (predictions != arrays["targets"]) & (arrays["targets_segmentation"] > 0)
+  return ~wrong.any(axis=1)
+
+
+def _scored(totals: dict[str, float], exact: np.ndarray) -> dict[str, float]:
+  """Teacher-forced loss and accuracy of a split's totals, and the rate of rows `exact`
+  [n] (bool) predicted exactly."""
+  return {"loss": totals["nll"] / totals["tokens"],
+          "accuracy": totals["correct"] / totals["tokens"], "exact_match": float(np.mean(exact))}
+
 
 def _add(totals: dict[str, float], sums: dict) -> None:
   """Adds a batch's metric sums into totals."""

@@ -67,9 +67,11 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
   family = lookup(ARCHS, cfg.model.arch, "model arch")
   if source.targets not in family.learns:
     fitting = [name for name, f in ARCHS.items() if source.targets in f.learns]
+    instead = source.alternatives(family.learns)
     raise ConfigError(f"config.model.arch={cfg.model.arch!r} cannot learn data.source "
                       f"{cfg.data.source!r} ({source.targets.value}); it needs one of: "
-                      f"{', '.join(fitting)}")
+                      f"{', '.join(fitting)}" + (f"; or keep model.arch {cfg.model.arch!r} "
+                                                 f"with {instead}" if instead else ""))
   family.check_targets(cfg.model, source.targets, cfg.data.source)
   sampling = cfg.eval.sampling
   if not (sampling.greedy or family.decodes or family.generates):
