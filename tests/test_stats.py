@@ -17,17 +17,20 @@ import sacrebleu
 from scipy import stats as scipy_stats
 
 from tests.conftest import make_tiny_config
+from tests.test_decoder_cast import _config as decoder_cast_config
 from transformer.core.errors import ConfigError
 from transformer.run import config as config_lib
+from transformer.run import experiment
+from transformer.run.config import parse
 from transformer.run import workdir as workdir_lib
 from transformer.core import metrics as metrics_lib
 from transformer.core.metrics import METRICS
 from transformer.data.sources import SOURCES
 from transformer.run.evaluation import text_paths
-from transformer.run.evaluator import PER_EXAMPLE, scored_row_sums
+from transformer.run.evaluator import PER_EXAMPLE, Evaluator, scored_row_sums
 from transformer.run.state import record_failure
 from transformer.study import bootstrap, compare, report_plots, stats
-from transformer.study.results import Entry, Results
+from transformer.study.results import Entry, Results, declarations
 
 
 def test_summary_is_the_t_interval_of_the_mean():
@@ -574,3 +577,24 @@ def test_per_example_sums_add_up_to_the_evaluations():
                                      "targets_segmentation": np.asarray(weights, np.int32)})
   for key in ("nll", "correct", "tokens"):
     np.testing.assert_allclose(scored[key], rows[key], rtol=1e-5)
+
+
+@pytest.mark.parametrize("cast,arch", [("decoder", "decoder"), ("slots", "encoder")])
+def test_per_example_results_give_an_evaluations_metrics_again(cast, arch):
+  """A final evaluation's per-example results reproduce its metrics, each way a split is
+  evaluated: answers generated after their prompts (decoder) and one pass (slots), the
+  algorithmic tasks' mean accuracy by length too (a decoded split's: test_sweep.py; every
+  source's: test_sources.py)."""
+  cfg = parse(decoder_cast_config(cast=cast, arch=arch, max_len=3, test_max_len=5))
+  exp = experiment.build(cfg)
+  results, _ = Evaluator(exp).evaluate(exp.init()["params"], exp.source.eval_splits(),
+                                       per_example=True)
+  declared, checked = declarations(cfg.source), set()
+  for record in results.values():
+    for key, value in record.items():
+      if isinstance(value, float) and declared[key].parts:
+        parts = bootstrap.parts(record, declared[key])
+        assert parts.value(declared[key])[0] == pytest.approx(value, rel=1e-5), key
+        checked.add(key)
+  assert checked == {"loss", "accuracy", "mean_accuracy"} | (
+      {"exact_match"} if cast == "decoder" else set())
