@@ -1,15 +1,19 @@
-"""Compares finished runs: python compare.py RUN_DIR [RUN_DIR ...] [--output DIR].
+"""Compares runs: python compare.py RUN_DIR [RUN_DIR ...] [--output DIR].
 
 Groups the runs into variants (runs whose configs differ only in the seed are seeds of one
-variant, named by the fields that differ between the variants; --ignore FIELD leaves a
-field out, e.g. data.dir for runs trained on another machine) and prints the report a
-sweep gets: each variant's final held-out metrics over its seeds (mean and 95% Student t
-interval of the mean), the main metric's n, std, min, max and values per seed, its paired
-differences against --baseline VARIANT (default: the first; * where the interval excludes
-0), --success 'METRIC>=VALUE' rates, and the runs it was computed from. --output DIR also
-writes report.md, report.csv and the plots there (a directory holding another tool's
-report is refused; an earlier comparison is replaced). The runs must be finished and of
-one data source and task.
+variant, each seed once, named by the fields that differ between the variants; --ignore
+FIELD leaves a field out, e.g. data.dir for runs trained on another machine) and prints
+the report a sweep gets: each variant's final held-out metrics over its seeds (mean and
+95% Student t interval of the mean, inside the metric's range), the main metric's n,
+std, min, max and values per seed, its paired differences against --baseline VARIANT
+(default: the first; t interval over seeds, and a paired bootstrap over seeds and
+examples where the runs recorded per-example results of the same examples; * where an
+interval excludes 0), --success 'METRIC>=VALUE' rates with their Clopper–Pearson
+interval, and the runs it was computed from (the report's header states every choice).
+--output DIR also writes report.md, report.csv and the plots there (a directory holding
+another tool's report is refused; an earlier comparison is replaced). The runs must be
+finished or failed (a failed run, e.g. diverged, is shown as failed) and of one data
+source and task.
 
 Translation: --paired_bootstrap EVAL.json EVAL.json [...] resamples the sentences of the
 evaluations that eval.py wrote (its metrics JSON, with the hypotheses and references

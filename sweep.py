@@ -163,8 +163,8 @@ def main(argv):
       failed = evaluate(run, worker, num_workers, stop)
     else:
       if f.baseline is not None:  # before anything trains
-        report.check_baseline(f.baseline, list(dict.fromkeys(
-            r.variant for r in sweep.runs(run.config, f.sweep_dir, run.overrides, run.only))))
+        report.sweep_baseline(f.baseline, sweep.runs(run.config, f.sweep_dir, run.overrides,
+                                                     run.only))
       if not f.report_only:
         _, failed = sweep.run(run.config, f.sweep_dir, worker, num_workers, stop, run.overrides,
                               run.only)

@@ -633,7 +633,7 @@ CASES = [
     ("compare runs of different sources", "compare.py", ["{run}", "{listops}"], [],
      ["cannot be compared", "different data sources (synthetic and labelled)"]),
     ("compare runs of different tasks", "compare.py", ["{run}", "{files}/reverse"], [],
-     ["cannot be compared", "different tasks (copy and reverse)"]),
+     ["cannot be compared", "different tasks (copy and reverse_string)"]),
     ("compare a damaged run", "compare.py", ["{run}", "{truncated}"], [],
      ["truncated/config.json is not valid JSON"]),
     ("compare a run twice", "compare.py", ["{run}", "{run}"], [], ["run is given twice"]),

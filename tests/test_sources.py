@@ -21,7 +21,10 @@ from transformer.model.families import ARCHS
 from transformer.run import config as config_lib
 from transformer.run import experiment
 from transformer.run.config import parse
+from transformer.run.state import run_state
 from transformer.run.training import train_and_evaluate
+from transformer.study import bootstrap
+from transformer.study.results import declarations
 
 BATCH_KEYS = ("inputs", "targets", "inputs_positions", "inputs_segmentation",
               "targets_segmentation")
@@ -125,3 +128,17 @@ def test_a_run_trains_restores_and_evaluates(example, tmp_path):
   assert step == cfg.train.num_steps and results
   for metrics in results.values():
     assert math.isfinite(metrics["loss"]) and metrics["examples"] >= 1
+  # Every metric the final evaluation records is declared (its range holds it), and one
+  # declared a function of per-example results is that function of the ones recorded.
+  declared = declarations(cfg.source)
+  for split, record in run_state(workdir).final.items():
+    for key, value in record.items():
+      if isinstance(value, float):
+        metric = declared.get(key)
+        assert metric is not None, f"{split}/{key}: no declaration (core/metrics.py METRICS, " \
+                                   "or the source's own_metrics)"
+        assert metric.low <= value <= metric.high, (split, key, value)
+        if metric.parts:
+          parts = bootstrap.parts(record, metric)
+          assert parts is not None, f"{split}/{key}: its per-example parts are not recorded"
+          assert parts.value(metric)[0] == pytest.approx(value, rel=1e-5), (split, key)

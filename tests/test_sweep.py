@@ -20,6 +20,7 @@ from tests.conftest import make_tiny_config
 from tests.test_stats import fake_run
 from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
+from transformer.run.evaluator import PER_EXAMPLE
 from transformer.run.state import read_failure, run_state
 from transformer.study import report, report_plots, results, sweep, sweep_record, sweep_workers
 
@@ -84,13 +85,27 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   assert row["seeds"] == "2"
   np.testing.assert_allclose(float(row["valid/exact_match mean"]), np.mean(exact))
   np.testing.assert_allclose(float(row["valid/exact_match std"]), np.std(exact, ddof=1))
-  np.testing.assert_allclose(  # two seeds: t with 1 degree of freedom, 12.706
+  np.testing.assert_allclose(  # two seeds: t with 1 degree of freedom, 12.706, within [0, 1]
       [float(row[f"valid/exact_match ci_{end}"]) for end in ("low", "high")],
-      np.mean(exact) + np.array([-1, 1]) * 12.7062047 * np.std(exact, ddof=1) / np.sqrt(2),
-      rtol=1e-6)
-  assert "| model.position=rotary | 2 |" in (sweep_dir / "report.md").read_text()
+      np.clip(np.mean(exact) + np.array([-1, 1]) * 12.7062047 * np.std(exact, ddof=1)
+              / np.sqrt(2), 0, 1), rtol=1e-6)
+  md = (sweep_dir / "report.md").read_text()
+  assert "| model.position=rotary | 2 |" in md
   for picture in ("curves.png", "final.png", "extrapolation.png"):
     assert (sweep_dir / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The final evaluation records each example's results, and they give its metrics again.
+  for split, record in run_state(str(first)).final.items():
+    examples = record[PER_EXAMPLE]
+    assert len(examples["exact"]) == len(examples["tokens"]) == record["examples"]
+    assert np.mean(examples["exact"]) == pytest.approx(record["exact_match"])
+    assert sum(examples["correct"]) / sum(examples["tokens"]) == pytest.approx(
+        record["accuracy"], rel=1e-6)
+    assert sum(examples["nll"]) / sum(examples["tokens"]) == pytest.approx(record["loss"],
+                                                                         rel=1e-5)
+  # The synthetic task draws each seed's examples from the seed: a bootstrap per seed.
+  paired = next(r for r in md.split("## Paired differences")[1].splitlines()
+                if r.startswith("| model.position=rotary |"))
+  assert paired.endswith(" | 64 per seed |") and "| [" in paired.split("|", 5)[5]
   final = run_state(str(first)).final  # exact match per length, training and longer ones
   assert {"3", "4", "5"} <= set(final["valid"]["exact_match_by_length"]) <= set("12345")
   assert set(final["longer"]["exact_match_by_length"]) == {"6", "7"}
@@ -184,12 +199,13 @@ def test_failed_and_untrained_runs_are_reported_and_only_narrows_the_sweep(tmp_p
   table = _table(md)
   assert table[0][:5] == ["variant", "seeds", "failed", "unfinished", "valid/exact_match"]
   assert table[1][:4] == ["train.learning_rate=0.5", "1", "0", "0"] and table[1][4]
-  assert table[2] == ["train.learning_rate=1e+30", "0", "1", "0"] + [""] * (len(table[0]) - 4)
+  assert table[2] == ["train.learning_rate=1e+30", "0", "1", "0"] + ["failed"] * (
+      len(table[0]) - 4)  # diverged: failed in every metric's column
   assert "| train.learning_rate=1e+30,seed=0 | failed: training diverged at step 1:" in md
   with open(sweep_dir / "report.csv") as f:
     header = next(csv.reader(f))
   assert header[:4] == table[0][:4]
-  assert header[5:5 + 8 * len(table[0][4:]):8] == [f"{name} mean" for name in table[0][4:]]
+  assert header[5:5 + 10 * len(table[0][4:]):10] == [f"{name} mean" for name in table[0][4:]]
 
   # Another invocation without --only reports the recorded selection (sweep_record): the
   # same report, not one of every run; --only all selects every run, and the failure was
@@ -412,3 +428,38 @@ def test_what_a_record_completes_and_what_it_refuses(tmp_path, monkeypatch):
                          ((None, {"train.num_steps": 5, "seed": 1}, ()), "--config.seed=1")):
     with pytest.raises(ConfigError, match=f"holds the runs of .* {refused}.* would describe"):
       resolve(*given)
+
+
+NARROWED = """
+from tests.conftest import make_tiny_config
+from transformer.study.sweep import axis, product
+
+def get_config():
+  return make_tiny_config()
+
+def get_sweep():
+  return product(axis("model.position", ["sinusoidal", "rotary"]),
+                 axis("model.norm", ["pre", "post"]), axis("seed", [0, 1]))
+"""
+
+
+def test_variant_names_leave_out_the_fields_every_variant_shares(tmp_path):
+  """A sweep narrowed by --only holds model.norm at one value: the variants are named by
+  the position alone, and the header says what they share (no training: the runs' files
+  are written as training writes them)."""
+  config_path, sweep_dir = tmp_path / "narrowed.py", tmp_path / "sweep"
+  config_path.write_text(NARROWED)
+  for run in sweep.runs(str(config_path), str(sweep_dir)):
+    fields = {k: v for k, v in run.overrides.items() if k != "seed"}
+    fake_run(run.workdir, 0.5 + 0.1 * run.config.seed, run.config.seed, **fields)
+  report.write(str(config_path), str(sweep_dir), only=["model.norm=pre"],
+               baseline="model.position=rotary,model.norm=pre")  # its name in full works too
+  md = (sweep_dir / "report.md").read_text()
+  assert [row[0] for row in _table(md)[1:]] == ["model.position=sinusoidal",
+                                                "model.position=rotary"]
+  assert "- every variant (left out of their names): model.norm=pre\n" in md
+  assert "## Paired differences against model.position=rotary (valid/exact_match)" in md
+  report.write(str(config_path), str(sweep_dir))  # the whole sweep: a grid, names in full
+  md = (sweep_dir / "report.md").read_text()
+  assert "model.position=rotary,model.norm=post" in md and "every variant" not in md
+  assert "## valid/exact_match by model.position" in md

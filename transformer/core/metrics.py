@@ -1,9 +1,12 @@
 """Losses and metrics: over non-padding target tokens (each returns sums, so that batches,
 devices and logging intervals combine by adding before a final division), and of decoded
-predictions (exact match, BLEU, chrF)."""
+predictions (exact match, BLEU, chrF); and what each recorded metric is (METRICS: its range,
+its direction, its per-example parts), declared here where it is defined."""
 
+import dataclasses
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +39,20 @@ def token_metrics(logits, targets, weights, label_smoothing=0.0) -> dict[str, ja
   target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   correct = jnp.sum((target_logit >= jnp.max(logits, axis=-1)) * weights)
   return {"loss": loss, "nll": nll, "correct": correct, "tokens": jnp.sum(weights)}
+
+
+def row_metrics(logits: jax.Array, targets: jax.Array, weights: jax.Array
+                ) -> dict[str, jax.Array]:
+  """token_metrics' plain sums row by row, each [b]: `nll`, `correct` (a tie counts) and
+  `tokens` of logits [b, t, V] against targets [b, t] under weights [b, t]; an evaluation's
+  per-example results (Metric.parts), whose sums over the rows are token_metrics'."""
+  logits = logits.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  nll = jax.nn.logsumexp(logits, axis=-1) - target_logit
+  correct = target_logit >= jnp.max(logits, axis=-1)
+  return {"nll": jnp.sum(nll * weights, axis=1), "correct": jnp.sum(correct * weights, axis=1),
+          "tokens": jnp.sum(weights, axis=1)}
 
 
 def exact_matches(predictions: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -204,3 +221,50 @@ def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """−log p(target) per position: logits [b, t, V], targets [b, t] -> [b, t] (float32)."""
   logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
   return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+  """What a recorded metric is, declared where it is defined (METRICS below; a data source
+  declares its own: DataSource.own_metrics), so that readers need not guess from its name:
+  its range [low, high] (intervals of it stay inside), whether lower is better, and, when
+  it is computed from per-example results (an evaluation's per-example record), how:
+  of_mean(Σ numerator / Σ denominator) over the examples (a denominator of None: 1 per
+  example) — with a `stratum`, that ratio within each stratum (e.g. input length),
+  averaged over the strata. None of `parts`: not a function of per-example results (BLEU,
+  chrF and macro F1 are corpus-level)."""
+
+  low: float = -math.inf
+  high: float = math.inf
+  lower_is_better: bool = False
+  parts: tuple[str, str | None] | None = None
+  stratum: str | None = None
+  of_mean: Callable[[np.ndarray], np.ndarray] | None = None  # of the ratio; None: itself
+
+  def __post_init__(self):
+    if not self.low < self.high:
+      raise ValueError(f"a metric's range needs low < high, got [{self.low}, {self.high}]")
+
+
+def _perplexity(loss):
+  return np.exp(np.minimum(loss, 50.0))  # as language_model_metrics caps it
+
+
+def _bits(loss):
+  return loss / math.log(2)
+
+
+# The metrics defined in this module, by the key an evaluation records them under.
+METRICS = {
+    "loss": Metric(0.0, math.inf, lower_is_better=True, parts=("nll", "tokens")),
+    "accuracy": Metric(0.0, 1.0, parts=("correct", "tokens")),
+    "exact_match": Metric(0.0, 1.0, parts=("exact", None)),
+    "bleu": Metric(0.0, 100.0),
+    "chrf": Metric(0.0, 100.0),
+    "macro_f1": Metric(0.0, 1.0),
+    "perplexity": Metric(1.0, math.inf, lower_is_better=True, parts=("nll", "tokens"),
+                         of_mean=_perplexity),
+    "bits_per_token": Metric(0.0, math.inf, lower_is_better=True, parts=("nll", "tokens"),
+                             of_mean=_bits),
+    "exact_match_by_length": Metric(0.0, 1.0),  # {length: rate}, each a fraction
+}

@@ -22,6 +22,7 @@ import dataclasses
 
 import numpy as np
 
+from transformer.core.metrics import Metric
 from transformer.core.registry import lookup
 from transformer.data.base import Example, Split, SplitResult
 from transformer.data.casts import CASTS, Cast
@@ -44,16 +45,29 @@ class AlgorithmicData:
     lookup(CASTS, self.cast, "data.cast")
 
 
+def row_accuracy(task, cast: Cast, split: Split, predictions: np.ndarray
+                 ) -> dict[str, np.ndarray]:
+  """Each row's `length` (the length it was drawn at), the answer symbols the task scores
+  (`scored`) and how many of them were predicted (`hits`), [rows] each: mean_accuracy's
+  per-example parts."""
+  rows = []
+  for n, (answer, predicted) in zip(split.lengths, cast.answers(split.arrays, predictions)):
+    scored = task.accuracy_mask(answer)
+    rows.append((int(n), int((scored & (answer == predicted)).sum()), int(scored.sum())))
+  return dict(zip(("length", "hits", "scored"), np.array(rows, np.int64).reshape(-1, 3).T))
+
+
+def pooled_accuracy(rows: dict[str, np.ndarray]) -> dict[int, float]:
+  """{length: Σ hits / Σ scored over the rows of that length} of row_accuracy's rows."""
+  lengths = rows["length"]
+  return {int(n): int(rows["hits"][lengths == n].sum()) / int(rows["scored"][lengths == n].sum())
+          for n in np.unique(lengths)}
+
+
 def length_accuracy(task, cast: Cast, split: Split, predictions: np.ndarray) -> dict[int, float]:
   """{length: accuracy over the answer symbols the task scores}, pooled over the split's
   rows of that length (DeepMind's per-length accuracy)."""
-  correct: dict[int, list[int]] = {}
-  for n, (answer, predicted) in zip(split.lengths, cast.answers(split.arrays, predictions)):
-    scored = task.accuracy_mask(answer)
-    sums = correct.setdefault(int(n), [0, 0])
-    sums[0] += int((scored & (answer == predicted)).sum())
-    sums[1] += int(scored.sum())
-  return {n: hits / total for n, (hits, total) in sorted(correct.items())}
+  return pooled_accuracy(row_accuracy(task, cast, split, predictions))
 
 
 class AlgorithmicSource(GeneratedSource):
@@ -62,6 +76,8 @@ class AlgorithmicSource(GeneratedSource):
   Data = AlgorithmicData
   Task = TaskChoice(TASKS, "name", "algorithmic task")
   what = "a generated task"
+  own_metrics = {"mean_accuracy": Metric(0.0, 1.0, parts=("hits", "scored"), stratum="length"),
+                 "accuracy_by_length": Metric(0.0, 1.0)}  # {length: accuracy}
 
   @classmethod
   def cast_of(cls, data, task):
@@ -80,6 +96,7 @@ class AlgorithmicSource(GeneratedSource):
     return f"data.cast {' or '.join(fitting)} (not {self.data.cast!r})" if fitting else None
 
   def split_results(self, name, split, outputs) -> SplitResult:
-    by_length = length_accuracy(self.task, self.cast, split, outputs["predictions"])
+    rows = row_accuracy(self.task, self.cast, split, outputs["predictions"])
+    by_length = pooled_accuracy(rows)
     return SplitResult({"mean_accuracy": float(np.mean(list(by_length.values()))),
-                        "accuracy_by_length": by_length})
+                        "accuracy_by_length": by_length}, examples=rows)

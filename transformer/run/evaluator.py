@@ -4,6 +4,7 @@ that decodes, or each answer generated after its prompt where the targets are pr
 answers — used by the training loop and by eval.py (run/evaluation.py)."""
 
 import functools
+import hashlib
 
 import jax
 import jax.numpy as jnp
@@ -11,12 +12,16 @@ import numpy as np
 from flax import nnx
 
 from transformer.core.errors import Interrupted
-from transformer.core.metrics import exact_matches, token_metrics, token_nll
+from transformer.core.metrics import exact_matches, row_metrics, token_metrics, token_nll
 from transformer.data import Targets
 from transformer.data.base import Split
 from transformer.model.decoding import beam_search, generate, greedy_decode
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment, logs
+
+# In a split's record of a run's final evaluation: its results example by example
+# (per_example_record)
+PER_EXAMPLE = "per_example"
 
 
 class Evaluator:
@@ -58,7 +63,15 @@ class Evaluator:
       sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
       return sums, jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
 
-    self._score, self._predict, self._tokenwise, self._answer = score, predict, tokenwise, answer
+    # Each row's sums of token_metrics, for the per-example results of a decoded split: a
+    # pass of its own (fused into score, its sums would round differently than they did).
+    @jax.jit
+    def rows(params, batch):
+      logits = nnx.merge(graphdef, params)(batch)
+      return row_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
+
+    self._score, self._predict, self._tokenwise = score, predict, tokenwise
+    self._answer, self._rows = answer, rows
 
   def num_batches(self, arrays: dict[str, np.ndarray]) -> int:
     return -(-len(arrays["inputs"]) // self.batch_size)
@@ -104,8 +117,7 @@ class Evaluator:
     totals = self._totals(params, arrays, should_stop, progress)
     predictions = self._each_batch(lambda batch, number: self._answer(params, batch, number),
                                    arrays, should_stop, progress)
-    wrong = (predictions != arrays["targets"]) & (arrays["targets_segmentation"] > 0)
-    exact = ~wrong.any(axis=1)
+    exact = answered_exactly(predictions, arrays)
     return {**_scored(totals, exact), "examples": len(exact)}, {"predictions": predictions}
 
   def _totals(self, params, arrays, should_stop, progress=None) -> dict[str, float]:
@@ -114,6 +126,17 @@ class Evaluator:
       _check_stop(should_stop)
       _add(totals, jax.device_get(self._score(params, batch)))
     return totals
+
+  def row_sums(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
+               progress: "logs.Progress | None" = None) -> dict[str, np.ndarray]:
+    """Each row's sums of token_metrics (core/metrics.py row_metrics: nll, correct, tokens;
+    [n] each), from a forward pass per batch."""
+    rows: dict[str, list] = {}
+    for batch in self._batches(arrays, progress):
+      _check_stop(should_stop)
+      for key, value in jax.device_get(self._rows(params, batch)).items():
+        rows.setdefault(key, []).append(np.asarray(value))
+    return {key: np.concatenate(v)[:len(arrays["inputs"])] for key, v in rows.items()}
 
   def score_split(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
                   progress: "logs.Progress | None" = None):
@@ -134,16 +157,19 @@ class Evaluator:
                "accuracy": totals["correct"] / max(totals["tokens"], 1.0), "examples": n}
     return metrics, outputs
 
-  def evaluate(self, params, splits: dict[str, Split], should_stop=lambda: False):
+  def evaluate(self, params, splits: dict[str, Split], should_stop=lambda: False,
+               per_example: bool = False):
     """(metrics, hypotheses) by split: loss and accuracy, exact match of the decoded
-    predictions for a family that decodes, and the source's metrics of the outputs; the
-    hypotheses are the source's text predictions (None without text). Raises Interrupted
-    once should_stop() is true."""
+    predictions for a family that decodes, and the source's metrics of the outputs (with
+    `per_example`, also its results example by example under PER_EXAMPLE:
+    per_example_record); the hypotheses are the source's text predictions (None without
+    text). Raises Interrupted once should_stop() is true."""
     results, hypotheses = {}, {}
     decodes, answers = self.exp.family.decodes, generates_answers(self.exp)
     for name, split in splits.items():
-      # decoded splits take two passes: scoring, then decoding
-      passes = 2 if decodes or answers else 1
+      # decoded (or answered) splits take two passes: scoring, then decoding (with
+      # per_example, a third: each row's scores)
+      passes = (2 + per_example) if decodes or answers else 1
       progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
       if decodes:
         metrics, predictions = self.evaluate_split(
@@ -155,7 +181,52 @@ class Evaluator:
         metrics, outputs = self.score_split(params, split.arrays, should_stop, progress)
       extra = self.exp.source.split_results(name, split, outputs)
       results[name], hypotheses[name] = {**metrics, **extra.metrics}, extra.hypotheses
+      if per_example:
+        if decodes or answers:
+          parts = {**self.row_sums(params, split.arrays, should_stop, progress),
+                   "exact": exact_matches(predictions, split.arrays["targets"]) if decodes
+                   else answered_exactly(outputs["predictions"], split.arrays)}
+        else:
+          parts = scored_row_sums(outputs, split.arrays)
+        results[name][PER_EXAMPLE] = per_example_record(split, {**parts,
+                                                                **(extra.examples or {})})
     return results, hypotheses
+
+def per_example_record(split: Split, parts: dict[str, np.ndarray]) -> dict:
+  """A split's results example by example, for paired tests over examples
+  (study/bootstrap.py): the digest of its arrays (evaluations whose digests agree scored
+  the same examples) and each part (Metric.parts: token_metrics' sums, exact match where
+  decoded, the source's own) in row order."""
+  return {"digest": digest(split.arrays), **{k: _compact(v) for k, v in parts.items()}}
+
+def scored_row_sums(outputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+  """row_metrics' sums of a scored split from its outputs (score_split's: no pass of its
+  own): each row's nll and tokens, and as `correct` the positions whose argmax is the
+  target (token_metrics also counts a tie for the largest logit: they differ on exact
+  ties only)."""
+  weights = arrays["targets_segmentation"] > 0
+  return {"nll": np.sum(outputs["nll"] * weights, axis=1, dtype=np.float64),
+          "correct": np.sum((outputs["predictions"] == arrays["targets"]) & weights, axis=1),
+          "tokens": np.sum(weights, axis=1)}
+
+def digest(arrays: dict[str, np.ndarray]) -> str:
+  """A fingerprint of a split's arrays: two evaluations with the same one scored the same
+  examples in the same order (a paired test over examples needs that)."""
+  h = hashlib.sha256()
+  for key in sorted(arrays):
+    array = np.ascontiguousarray(arrays[key])
+    h.update(f"{key} {array.dtype} {array.shape}".encode())
+    h.update(array.tobytes())
+  return h.hexdigest()[:16]
+
+def _compact(values: np.ndarray) -> list:
+  """Per-example values as a JSON list: whole numbers as ints, others to 7 significant
+  digits (float32's precision, in fewer characters)."""
+  values = np.asarray(values)
+  if values.dtype == bool or np.all(values == np.rint(values)):
+    return [int(v) for v in values]
+  return [float(f"{v:.7g}") for v in values]
 
 def generates_answers(exp: experiment.Experiment) -> bool:
   """Whether evaluation generates each row's answer after its prompt: the source's targets
@@ -167,6 +238,12 @@ def prompt_lengths(batch) -> jax.Array:
   """[b] tokens of each row's prompt: up to and including its first scored position
   (Targets.PROMPTED_ANSWERS); 1 for a row of padding."""
   return jnp.argmax(batch["targets_segmentation"] > 0, axis=1) + 1
+
+
+def answered_exactly(predictions: np.ndarray, arrays: dict[str, np.ndarray]) -> np.ndarray:
+  """[n] (bool): every answer token of the row generated right (Targets.PROMPTED_ANSWERS)."""
+  wrong = (predictions != arrays["targets"]) & (arrays["targets_segmentation"] > 0)
+  return ~wrong.any(axis=1)
 
 
 def _scored(totals: dict[str, float], exact: np.ndarray) -> dict[str, float]:

@@ -237,7 +237,9 @@ class _Loop:
 
   def _evaluate(self) -> None:
     log_eval_start(self.step, self.splits)
-    results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.should_stop)
+    results, _ = self.evaluator.evaluate(  # the final one with per-example results
+        self.state["params"], self.splits, self.should_stop,
+        per_example=self.step == self.cfg.num_steps)
     log_eval(self.step, results)
     self._write(*workdir_lib.evaluation_records(self.step, results))
 

@@ -1,6 +1,7 @@
-"""Comparing finished runs from any directories (compare.py): the runs grouped into variants
-by their configs, with the report a sweep gets (transformer/study/report.py); and the paired
-bootstrap resampling of translation runs' BLEU and chrF on the same test set (sacreBLEU).
+"""Comparing runs with results from any directories (compare.py): the finished runs, and the
+failed ones (shown as failed), grouped into variants by their configs, with the report a
+sweep gets (transformer/study/report.py); and the paired bootstrap resampling of
+translation runs' BLEU and chrF on the same test set (sacreBLEU).
 
 Runs are seeds of one variant when their whole configs, less the seed, are equal: not only
 their identity (fields.identity), which leaves out the training schedule (a learning rate or
@@ -23,15 +24,15 @@ from transformer.core.errors import ConfigError
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.evaluation import text_paths
-from transformer.run.state import run_state
-from transformer.study import report, report_grids, stats
-from transformer.study.results import Entry, Results
+from transformer.run.state import STATES, run_state
+from transformer.study import report, report_grids, report_plots, stats
+from transformer.study.report_tables import cell, markdown, table_csv
+from transformer.study.results import Entry, Results, declarations, state_counts
 from transformer.study.sweep import run_name
 
 log = logging.getLogger("transformer")
 TITLE = "# Comparison of "  # how a report.md written here begins (save refuses others')
-PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "position_loss.png",
-         *(f"{key}.png" for key in report_grids.declared()))
+PLOTS = (*report_plots.PLOTS, *(f"{key}.png" for key in report_grids.declared()))
 
 
 def _comparable(configs: dict[str, config_lib.Config]) -> None:
@@ -47,9 +48,10 @@ def _comparable(configs: dict[str, config_lib.Config]) -> None:
 
 def entries(paths: Sequence[str], ignore: Sequence[str] = ()
             ) -> tuple[list[Entry], list[str], config_lib.Config]:
-  """(a Entry per run in `paths`, the fields that name the variants, the first run's
-  config). Every path must be a run's workdir with its final evaluation, the runs of one
-  data source and task, each run given once; else a ConfigError naming the path."""
+  """(an Entry per run in `paths`, the fields that name the variants, the first run's
+  config). Every path must be a run's workdir with its final evaluation or a recorded
+  failure (run/state.py), the runs of one data source and task, each run given once (and
+  each seed of a variant once: Results.of); else a ConfigError naming the path."""
   if not paths:
     raise ConfigError("no runs given: python compare.py RUN_DIR [RUN_DIR ...]")
   configs, flat, states = {}, {}, {}
@@ -60,8 +62,9 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
       raise ConfigError(f"{path} is not a directory (a run's workdir, as train.py writes)")
     cfg = workdir_lib.saved_config(path)  # a ConfigError names a missing or damaged config
     states[path] = run_state(path, cfg.train.num_steps)
-    if not states[path].finished:
-      raise ConfigError(f"{path} has no results: {states[path].note}; compare finished runs")
+    if states[path].state == "unfinished":
+      raise ConfigError(f"{path} has no results: {states[path].note}; compare finished (or "
+                        "failed) runs")
     configs[path] = cfg
     flat[path] = workdir_lib.flatten(config_lib.to_dict(cfg))
     del flat[path]["seed"]
@@ -75,13 +78,9 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
       del f[k]
   fields = list(dict.fromkeys(k for f in flat.values() for k in f))
   differ = [k for k in fields if len({json.dumps(f.get(k)) for f in flat.values()}) > 1]
-  out, seen = [], {}
+  out = []
   for path, cfg in configs.items():
     variant = run_name({k: flat[path].get(k) for k in differ}) if differ else "all runs"
-    if (other := seen.get((variant, cfg.seed))) is not None:
-      raise ConfigError(f"{other} and {path} are the same run (the same config and seed "
-                        f"{cfg.seed}); give each run once")
-    seen[variant, cfg.seed] = path
     out.append(Entry.of(path, variant, cfg.seed, path, states[path]))
   return out, differ, next(iter(configs.values()))
 
@@ -111,8 +110,8 @@ def check_output(output: str) -> bool:
 
 def compare(paths: Sequence[str], output: str | None = None, baseline: str | None = None,
             thresholds: Sequence[stats.Threshold] = (), ignore: Sequence[str] = ()) -> str:
-  """The report (markdown) of the finished runs in `paths` (entries): each variant's
-  statistics over its seeds, the main metric's spread and success rates (`thresholds`), its
+  """The report (markdown) of the runs in `paths` (entries): each variant's statistics over
+  its finished seeds, the main metric's spread and success rates (`thresholds`), its
   paired differences against `baseline` (default: the first variant), and the runs it is
   computed from. With `output`, writes report.md, report.csv and the plots there
   (check_output; an earlier comparison there is replaced, its plots with it)."""
@@ -120,23 +119,25 @@ def compare(paths: Sequence[str], output: str | None = None, baseline: str | Non
   report.check_baseline(baseline, list(dict.fromkeys(e.variant for e in runs)))
   replacing = check_output(output) if output else False
   train_length = first.source.train_length(first.data, first.task)
-  results = Results.of(runs, train_length)
+  results = Results.of(runs, train_length, declarations(first.source))
   report.check_thresholds(thresholds, results)
   baseline = report.default_baseline(results, baseline)
   task = getattr(first.task, "name", None)
+  total = state_counts(results.entries)
   header = [f"{TITLE}{len(runs)} runs", "",
-            f"- runs: {len(runs)} in {len(results.variants)} variant(s), grouped by their "
-            "configs less the seed" + (f" and {', '.join(ignore)}" if ignore else ""),
+            f"- runs: {len(runs)} in {len(results.variants)} variant(s) ("
+            + ", ".join(f"{total[s]} {s}" for s in STATES if total[s]) + "), grouped by "
+            "their configs less the seed" + (f" and {', '.join(ignore)}" if ignore else ""),
             f"- variants differ in: {', '.join(differ)}" if differ else
             "- one variant: the runs differ only in their seed",
             f"- every run: data.source={first.data.source}"
             + (f", task.name={task}" if task else ""),
-            report.steps_line(runs), *report.statistics_lines(results, baseline),
+            report.steps_line(runs), *report.statistics_lines(results, baseline, thresholds),
             *report.commit_line(), ""]
-  md = report.markdown(results, header, baseline, thresholds)
-  md += "\n## Runs\n\n| run | variant | seed | steps |\n|---|---|---|---|\n" + "".join(
-      f"| {report.cell(e.workdir)} | {report.cell(e.variant)} | {e.seed} | {e.steps} |\n"
-      for e in runs)
+  md = markdown(results, header, baseline, thresholds)
+  md += ("\n## Runs\n\n| run | variant | seed | steps | state |\n|---|---|---|---|---|\n"
+         + "".join(f"| {cell(e.workdir)} | {cell(e.variant)} | {e.seed} | {e.steps} | "
+                   f"{e.state} |\n" for e in results.entries))
   if output:
     if replacing:
       log.info("replacing the comparison in %s", output)
@@ -144,8 +145,7 @@ def compare(paths: Sequence[str], output: str | None = None, baseline: str | Non
         if (epath.Path(output) / name).exists():
           (epath.Path(output) / name).unlink()
     epath.Path(output).mkdir(parents=True, exist_ok=True)
-    report.save(output, md, report.table_csv(results, baseline, thresholds), results,
-                train_length)
+    report.save(output, md, table_csv(results, baseline, thresholds), results, train_length)
   return md
 
 
@@ -233,7 +233,7 @@ def paired_bootstrap(paths: Sequence[str], samples: int = 1000) -> str:
         cells += [f"{result.score:.2f}", f"{result.mean:.2f} ± {result.ci:.2f}",
                   f"{delta:+.2f}{marker}" if i else "",
                   f"{result.p_value:.4f}" if result.p_value is not None else ""]
-      lines.append(f"| {report.cell(path)} | " + " | ".join(cells) + " |")
+      lines.append(f"| {cell(path)} | " + " | ".join(cells) + " |")
     lines += [""] + [f"- {m} signature: {signatures[m].format()}" for m in metrics] + [""]
   lines.append("p: the paired bootstrap's p-value of the difference to the baseline (sacreBLEU); "
                "* where it is below 0.05.")

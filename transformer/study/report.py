@@ -1,13 +1,14 @@
-"""The report of a sweep (study/sweep.py) or of any runs (study/compare.py): a table of each
-variant's final held-out metrics over its seeds with their statistics (study/stats.py), the
-main metric's spread, success rates and paired differences against a baseline variant, the
-grids of split metrics that are tables (study/report_grids.py: e.g. passkey retrieval by
-length × depth), the state of every run without results (run/state.py: failed, with the
-reason; stopped part-way; not trained yet), and plots (study/report_plots.py, report_grids.py)."""
+"""The report of a sweep (study/sweep.py) or of any runs (study/compare.py): a header that
+states what the numbers are and every statistical choice; a table of each variant's final
+held-out metrics over its seeds with their statistics (study/stats.py), the main metric's
+spread, success rates and paired differences against a baseline variant, over seeds and
+over seeds and examples (study/bootstrap.py), the grids of split metrics that are tables
+(study/report_grids.py: e.g. passkey retrieval by length × depth), the state of every run
+without results (run/state.py: failed, with the reason; stopped part-way; not trained yet)
+(study/report_tables.py), and plots (study/report_plots.py, report_grids.py)."""
 
-import csv
-import io
 import json
+import math
 import os
 import subprocess
 from collections.abc import Sequence
@@ -17,8 +18,10 @@ from etils import epath
 from transformer.core import storage
 from transformer.core.errors import ConfigError
 from transformer.run.state import STATES, run_state
-from transformer.study import report_grids, report_plots, stats
-from transformer.study.results import Entry, Results, grid, lower_is_better, state_counts
+from transformer.study import bootstrap, report_grids, report_plots, stats
+from transformer.study.report_tables import CLIPPED, markdown, table_csv
+from transformer.study.results import Entry, Results, baseline_of, declarations, state_counts
+from transformer.study.sweep import SEED, run_name
 from transformer.study.sweep import runs as sweep_runs
 
 
@@ -37,11 +40,6 @@ def _commit() -> str | None:
   return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
 
 
-def cell(text: str) -> str:
-  """Text as one markdown table cell."""
-  return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def check_baseline(baseline: str | None, variants: Sequence[str]) -> None:
   """A ConfigError for a --baseline that names none of the variants and is no FIELD=VALUE
   of theirs (listing the variants)."""
@@ -56,20 +54,6 @@ def check_baseline(baseline: str | None, variants: Sequence[str]) -> None:
                     f"variants are: {', '.join(variants)}")
 
 
-def baseline_of(baseline: str | None, variant: str, variants: Sequence[str]) -> str | None:
-  """The variant that `variant` is compared with: `baseline` when it is a variant; when it
-  is a FIELD=VALUE of the variants (e.g. model.random_positions=False), the variant equal
-  to `variant` but for that field's value (None where there is none)."""
-  if baseline is None or baseline in variants:
-    return baseline
-  field = baseline.split("=", 1)[0]
-  parts = variant.split(",")
-  if not any(p.split("=", 1)[0] == field for p in parts):
-    return None
-  match = ",".join(baseline if p.split("=", 1)[0] == field else p for p in parts)
-  return match if match in variants else None
-
-
 def check_thresholds(thresholds: Sequence[stats.Threshold], results: Results) -> None:
   """A ConfigError for a --success threshold on a metric no finished run reports."""
   for threshold in thresholds:
@@ -78,22 +62,64 @@ def check_thresholds(thresholds: Sequence[stats.Threshold], results: Results) ->
                         f"metrics are: {', '.join(results.names)}")
 
 
-def statistics_lines(results: Results, baseline: str | None) -> list[str]:
-  """The header's lines saying what the numbers are."""
+def statistics_lines(results: Results, baseline: str | None,
+                     thresholds: Sequence[stats.Threshold] = ()) -> list[str]:
+  """The header's lines saying what the numbers are: every statistical choice."""
   if not results.main:
     return []
-  better = "lower" if lower_is_better(results.main) else "higher"
+  confidence = f"{stats.CONFIDENCE:.0%}"
+  better = "lower" if results.lower_is_better(results.main) else "higher"
   lines = [f"- main metric: {results.main} ({better} is better); metrics are each run's final "
            "held-out evaluation",
-           f"- statistics over a variant's finished seeds: mean [{stats.CONFIDENCE:.0%} "
-           "confidence interval of the mean: Student t, n − 1 degrees of freedom; none for one "
-           "seed]; std: the sample standard deviation (n − 1)"]
+           f"- over a variant's finished seeds: mean [{confidence} confidence interval of the "
+           "mean: Student t, n − 1 degrees of freedom]; std: the sample standard deviation "
+           "(n − 1); one seed: no interval; \"identical in every seed\": every seed gave the "
+           "same value, and no interval is given (a zero-width one would claim a certainty "
+           "that few seeds cannot give)",
+           f"- intervals stay inside the range each metric declares ({_ranges(results)}): a t "
+           f"interval reaching past it is clipped to it and marked {CLIPPED} (the true mean "
+           "lies in the range, so clipping keeps the interval's coverage; a bootstrap over so "
+           "few seeds would cover less)"]
+  undeclared = [n for n in results.names if not results.declared(n)]
+  if undeclared:
+    lines.append(f"- declaring no range (never clipped; higher taken as better): "
+                 f"{', '.join(undeclared)}")
+  lines.append("- each seed of a variant once (a repeated seed is refused); a failed run "
+               "(e.g. diverged, or finished with a metric that is not finite) is counted as "
+               "failed in every table and enters no mean")
+  if thresholds:
+    lines.append(f"- success rates: k of the n finished or failed runs meeting the threshold "
+                 f"(a failed run meets none) [{confidence} Clopper–Pearson interval: the exact "
+                 "binomial one, never below its confidence at few seeds]")
   if baseline and len(results.variants) > 1:
     against = (f"{baseline} (the baseline)" if baseline in results.variants else
                f"the same variant with {baseline}")
-    lines.append(f"- paired differences: variant − {against} per shared seed, "
-                 f"their mean and {stats.CONFIDENCE:.0%} t interval; * where it excludes 0")
+    lines += [f"- paired differences: variant − {against} per shared seed, their mean and "
+              f"{confidence} t interval (inside ± the metric's range); * where it excludes 0; "
+              "\"identical in every seed\": the same difference in each seed, not starred",
+              f"- and where both variants recorded per-example results of the same examples in "
+              f"every shared seed: a paired bootstrap over seeds and examples together "
+              f"({bootstrap.RESAMPLES} resamples, generator seed {bootstrap.SEED}): the shared "
+              "seeds drawn with replacement, then the examples (one draw for every seed where "
+              "the seeds share the test set, a draw per seed otherwise; within each length "
+              "for a mean over lengths), the same draws for both variants; the "
+              f"{confidence} percentile interval of the mean difference, * where it excludes "
+              "0. It adds the test set's evidence to the seeds'; with few seeds its seed "
+              "stage is coarse, and the t interval stays the test of seed-to-seed variation"]
   return lines
+
+
+def _ranges(results: Results) -> str:
+  """The declared ranges of the report's metrics, e.g. "exact_match, accuracy [0, 1]; loss
+  [0, ∞)"."""
+  by_range: dict[str, list[str]] = {}
+  for name in results.names:
+    key, metric = name.split("/", 1)[1], results.metric(name)
+    if math.isfinite(metric.low) or math.isfinite(metric.high):
+      high = "∞)" if metric.high == math.inf else f"{metric.high:g}]"
+      keys = by_range.setdefault(f"[{metric.low:g}, {high}", [])
+      keys += [] if key in keys else [key]
+  return "; ".join(f"{', '.join(keys)} {span}" for span, keys in by_range.items())
 
 
 def default_baseline(results: Results, baseline: str | None) -> str | None:
@@ -101,146 +127,54 @@ def default_baseline(results: Results, baseline: str | None) -> str | None:
   return baseline or next((v for v, f in results.finals.items() if f), None)
 
 
-def _num(x: float) -> str:
-  return f"{x:.4f}"
-
-
-def _interval(ci: tuple[float, float] | None) -> str:
-  return f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""
-
-
-def _table_cell(summary: stats.Summary | None, seeds: int) -> str:
-  """mean [interval], and n where fewer seeds than the variant's report the metric."""
-  if summary is None:
-    return ""
-  text = f"{_num(summary.mean)} {_interval(summary.ci)}".strip()
-  return text + (f" (n={summary.n})" if summary.n != seeds else "")
-
-
-def markdown(results: Results, header: list[str], baseline: str | None,
-             thresholds: Sequence[stats.Threshold] = ()) -> str:
-  """The report as markdown: `header`, a row per variant with its run counts and each
-  metric's mean and interval; the main metric as a grid of the first field's values by the
-  other fields' when the variants form one (results.grid); the main metric's spread per variant
-  (n, mean, std, interval, min, max, success rates, the values per seed); its paired
-  differences against `baseline` (baseline_of); the runs without results."""
-  counts = {v: state_counts(es) for v, es in results.variants.items()}
-  names, main = results.names, results.main
-  columns = ["variant", "seeds", "failed", "unfinished"]
-  lines = header + ["| " + " | ".join(columns + names) + " |",
-                    "|---" * (len(columns) + len(names)) + "|"]
-  for variant in results.variants:
-    cells = [str(counts[variant][s]) for s in STATES]
-    cells += [_table_cell(results.summary(variant, n), counts[variant]["finished"])
-              for n in names]
-    lines.append(f"| {cell(variant)} | " + " | ".join(cells) + " |")
-  with_results = [v for v, f in results.finals.items() if f]
-  if main and with_results and (table := grid(results.variants)):
-    field, rows = table
-    columns = list(dict.fromkeys(c for r in rows.values() for c in r))
-    lines += ["", f"## {main} by {field}: mean [{stats.CONFIDENCE:.0%} CI]", "",
-              f"| {field} | " + " | ".join(cell(c) for c in columns) + " |",
-              "|---" * (len(columns) + 1) + "|"]
-    for value, row in rows.items():
-      lines.append(f"| {cell(value)} | " + " | ".join(
-          _table_cell(results.summary(row[c], main), counts[row[c]]["finished"])
-          if c in row else "" for c in columns) + " |")
-  if main and with_results:
-    lines += ["", f"## {main} over seeds", "",
-              "| variant | n | mean | std | {:.0%} CI | min | max | ".format(stats.CONFIDENCE)
-              + "".join(f"{cell(t)} | " for t in thresholds) + "per seed |",
-              "|---" * (8 + len(thresholds)) + "|"]
-    for variant in with_results:
-      s, values = results.summary(variant, main), results.values(variant, main)
-      if s is None:
-        continue
-      rates = [stats.success_rate(list(results.values(variant, t.metric).values()), t)
-               for t in thresholds]
-      lines.append(f"| {cell(variant)} | {s.n} | {_num(s.mean)} | "
-                   f"{_num(s.std) if s.std is not None else ''} | {_interval(s.ci)} | "
-                   f"{_num(s.min)} | {_num(s.max)} | "
-                   + "".join(f"{k}/{n} | " for k, n in rates)
-                   + ", ".join(f"{seed}: {_num(v)}" for seed, v in values.items()) + " |")
-    if baseline and len(results.variants) > 1:
-      variants = list(results.variants)
-      against = (cell(baseline) if baseline in variants else
-                 f"the same variant with {cell(baseline)}")
-      lines += ["", f"## Paired differences against {against} ({main})", "",
-                "| variant | shared seeds | mean difference | {:.0%} CI | excludes 0 |".format(
-                    stats.CONFIDENCE), "|---|---|---|---|---|"]
-      for variant in variants:
-        base = baseline_of(baseline, variant, variants)
-        if base in (None, variant):
-          continue
-        pair = stats.paired(results.values(base, main), results.values(variant, main))
-        lines.append(f"| {cell(variant)} | " + (
-            f"{len(pair.seeds)} | {pair.mean:+.4f} | {_interval(pair.ci)} | "
-            f"{'*' if pair.excludes_zero else ''} |" if pair else "0 | | | |"))
-  lines += report_grids.markdown({v: list(f.values()) for v, f in results.finals.items() if f})
-  without = [e for e in results.entries if e.state != "finished"]
-  if without:
-    lines += ["", "## Runs without results", "", "| run | state |", "|---|---|"]
-    lines += [f"| {cell(e.name)} | {cell(e.note)} |" for e in without]
-  return "\n".join(lines) + "\n"
-
-
-def table_csv(results: Results, baseline: str | None,
-              thresholds: Sequence[stats.Threshold] = ()) -> str:
-  """The report as CSV, a row per variant: its run counts and finished seeds; for every
-  metric the mean, sample std, interval, min, max, n and the values ({seed: value} as
-  JSON); the baseline and, for every metric, the paired differences' mean, interval and n;
-  the success rate of every threshold. Empty where a statistic does not exist."""
-  names = results.names
-  table = io.StringIO()
-  writer = csv.writer(table)
-  stat_columns = ("mean", "std", "ci_low", "ci_high", "min", "max", "n", "values")
-  writer.writerow(["variant", "seeds", "failed", "unfinished", "seed ids"]
-                  + [f"{n} {c}" for n in names for c in stat_columns] + ["baseline"]
-                  + [f"{n} diff {c}" for n in names for c in ("mean", "ci_low", "ci_high", "n")]
-                  + [f"success {t}" for t in thresholds])
-  for variant, entries in results.variants.items():
-    row = [variant, *state_counts(entries).values()]
-    row.append(" ".join(str(seed) for seed in results.finals[variant]))
-    for name in names:
-      s, values = results.summary(variant, name), results.values(variant, name)
-      row += ([s.mean, _blank(s.std), *(s.ci or ("", "")), s.min, s.max, s.n,
-               json.dumps({str(k): v for k, v in values.items()})] if s else [""] * 7 + [0, ""])
-    base = baseline_of(baseline, variant, list(results.variants))
-    row.append(base or "")
-    for name in names:
-      pair = (stats.paired(results.values(base, name), results.values(variant, name))
-              if base and variant != base else None)
-      row += [pair.mean, *(pair.ci or ("", "")), len(pair.seeds)] if pair else ["", "", "", ""]
-    for t in thresholds:
-      k, n = stats.success_rate(list(results.values(variant, t.metric).values()), t)
-      row.append(k / n if n else "")
-    writer.writerow(row)
-  return table.getvalue()
-
-
-def _blank(x):
-  return "" if x is None else x
-
-
 def save(out_dir: str, md: str, table: str, results: Results, train_length: int | None
          ) -> tuple[str, str]:
   """Writes report.md and report.csv into out_dir, and the plots of the finished runs
-  (report_plots.plot). Returns the table paths."""
+  (report_plots.plot; those it does not draw are removed). Returns the table paths."""
   md_path, csv_path = storage.join(out_dir, "report.md"), storage.join(out_dir, "report.csv")
   storage.write(md_path, md)
   storage.write(csv_path, table)
   workdirs = {v: [e.workdir for e in es if e.state == "finished"]
               for v, es in results.variants.items()}
   workdirs = {v: dirs for v, dirs in workdirs.items() if dirs}
+  main = None
+  if results.main:
+    summaries = {v + (f" ({failed} failed)" if (failed := results.counts(v)["failed"]) else ""):
+                 s for v in workdirs if (s := results.summary(v, results.main))}
+    main = results.main, summaries, results.lower_is_better(results.main)
+  finals = {v: list(results.finals[v].values()) for v in workdirs}
+  report_plots.plot(out_dir, workdirs, finals, main if workdirs else None, train_length,
+                    results.metrics)
   if workdirs:
-    main = None
-    if results.main:
-      summaries = {v: s for v in workdirs if (s := results.summary(v, results.main))}
-      main = results.main, summaries, lower_is_better(results.main)
-    report_plots.plot(out_dir, workdirs, {v: list(results.finals[v].values()) for v in workdirs},
-                      main, train_length)
-    report_grids.plot(out_dir, {v: list(results.finals[v].values()) for v in workdirs})
+    report_grids.plot(out_dir, finals)
   return md_path, csv_path
+
+
+def variant_names(runs: Sequence) -> dict[str, str]:
+  """{a sweep run's variant: its name in the report}: its overrides less the seed and the
+  fields every run shares (shared_fields)."""
+  shared = shared_fields([run.overrides for run in runs])
+  return {run.variant: run_name({k: v for k, v in run.overrides.items()
+                                 if k != SEED and k not in shared}) for run in runs}
+
+
+def sweep_baseline(baseline: str | None, runs: Sequence) -> str | None:
+  """A sweep's --baseline as the report names it (a variant's name with or without the
+  shared fields, or a FIELD=VALUE of the variants); a ConfigError (check_baseline)
+  otherwise."""
+  names = variant_names(runs)
+  baseline = names.get(baseline, baseline)
+  check_baseline(baseline, list(dict.fromkeys(names.values())))
+  return baseline
+
+
+def shared_fields(overrides: Sequence[dict]) -> dict:
+  """{field: value} of the fields that every override set (less the seed) gives the same
+  value: a narrowed sweep (--only) holds them constant, and variant names leave them out."""
+  first, *others = [{k: v for k, v in o.items() if k != SEED} for o in overrides]
+  return {k: v for k, v in first.items()
+          if all(k in o and json.dumps(o[k], default=str) == json.dumps(v, default=str)
+                 for o in others)}
 
 
 def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
@@ -248,27 +182,31 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
           thresholds: Sequence[stats.Threshold] = ()) -> tuple[str, str]:
   """Writes under sweep_dir report.md and report.csv over the sweep's runs (those `only`
   selects, see sweep.select): a title naming the sweep file, its training steps, the
-  overrides and selection, what the statistics are and the code's commit; a row per
-  variant (the overrides other than the seed) with its finished, failed and unfinished
-  runs and each final held-out metric's mean and t interval over its finished seeds, the
-  main metric first (order_metrics); the main metric's spread per variant, the success
-  rates of `thresholds`, and its paired differences against `baseline` (default: the
-  first variant with results); then every run without results and why (run_state). And
-  PNG plots of the finished runs (report_plots.plot). Returns the table paths."""
+  overrides and selection, the fields every variant shares, what the statistics are and
+  the code's commit; a row per variant (the overrides other than the seed and the shared
+  fields) with its finished, failed and unfinished runs and each final held-out metric's
+  mean and t interval over its finished seeds, the main metric first (order_metrics); the
+  main metric's spread per variant, the success rates of `thresholds`, and its paired
+  differences against `baseline` (a variant, by its name with or without the shared
+  fields; default: the first variant with results); then every run without results and
+  why (run_state). And PNG plots of the finished runs (report_plots.plot). Returns the
+  table paths."""
   all_runs = sweep_runs(config_path, sweep_dir, overrides, only)
   if not epath.Path(sweep_dir).is_dir():
     raise ConfigError(f"--sweep_dir {sweep_dir} does not exist: no run of this sweep has "
                       "started there")
-  check_baseline(baseline, list(dict.fromkeys(run.variant for run in all_runs)))
-  entries = [Entry.of(run.name, run.variant, run.config.seed, run.workdir,
-                     run_state(run.workdir, run.config.train.num_steps)) for run in all_runs]
+  shared = shared_fields([run.overrides for run in all_runs])
+  names = variant_names(all_runs)
+  baseline = sweep_baseline(baseline, all_runs)
+  entries = [Entry.of(run.name, names[run.variant], run.config.seed, run.workdir,
+                      run_state(run.workdir, run.config.train.num_steps)) for run in all_runs]
   first = all_runs[0].config
   train_length = first.source.train_length(first.data, first.task)
-  results = Results.of(entries, train_length)
+  results = Results.of(entries, train_length, declarations(first.source))
   check_thresholds(thresholds, results)
   baseline = default_baseline(results, baseline)
-  header = [*_header(config_path, entries, overrides, only),
-            *statistics_lines(results, baseline), *commit_line(), ""]
+  header = [*_header(config_path, results.entries, overrides, only, shared),
+            *statistics_lines(results, baseline, thresholds), *commit_line(), ""]
   md = markdown(results, header, baseline, thresholds)
   return save(sweep_dir, md, table_csv(results, baseline, thresholds), results, train_length)
 
@@ -284,7 +222,7 @@ def commit_line() -> list[str]:
   return [f"- written by the code at git commit {commit}"] if commit else []
 
 
-def _header(config_path, entries, overrides, only) -> list[str]:
+def _header(config_path, entries, overrides, only, shared) -> list[str]:
   """The title and the facts that the table's numbers depend on."""
   total = state_counts(entries)
   variants = len({e.variant for e in entries})
@@ -295,4 +233,6 @@ def _header(config_path, entries, overrides, only) -> list[str]:
     lines.append("- every run: " + " ".join(f"--config.{k}={v}" for k, v in overrides.items()))
   if only:
     lines.append("- selected: " + " ".join(f"--only {o}" for o in only))
+  if shared:
+    lines.append(f"- every variant (left out of their names): {run_name(shared)}")
   return lines

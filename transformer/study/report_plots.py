@@ -1,17 +1,23 @@
 """The plots of a report (transformer/study/report.py) over finished runs: training curves, the
 main metric with its confidence intervals, exact match or accuracy against the input length
 and, for language models, perplexity against the evaluation length and the loss by
-position."""
+position. A plot whose curves would have one point each is not drawn (nor left from an
+earlier report)."""
 
 import itertools
+from collections.abc import Mapping
 
 import numpy as np
+from etils import epath
 
 from transformer.core import storage
+from transformer.core.metrics import METRICS, Metric
 from transformer.run import workdir as workdir_lib
 from transformer.study import pictures, stats
 from transformer.study.results import grid
 from transformer.study.stats import CONFIDENCE
+
+PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "position_loss.png")
 
 
 def _train_curve(workdir: str) -> dict[int, float]:
@@ -29,27 +35,33 @@ def curve_style(curves: list[list[float]]) -> tuple[str, str | None]:
 
 
 def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[dict]],
-         main: tuple[str, dict, bool] | None, train_length: int | None) -> None:
+         main: tuple[str, dict, bool] | None, train_length: int | None,
+         metrics: Mapping[str, Metric] = METRICS) -> list[str]:
   """Writes into out_dir curves.png (the mean training loss of each variant's `workdirs`),
   final.png (`main`: (metric, {variant: stats.Summary}, lower is better), as bars of the
   mean with the t interval), extrapolation.png when the `finals` (each variant's final
-  held-out metrics per run) have a curve over the input length (plot_by_length), and for
-  language models perplexity.png and position_loss.png (plot_lengths)."""
+  held-out metrics per run) have a curve over the input length (plot_by_length; its bands
+  within the range `metrics` declares), and for language models perplexity.png and
+  position_loss.png (plot_lengths); each only with curves of several points. Removes the
+  PLOTS it does not write. Returns the names written."""
   plt = pictures.pyplot()
-  fig, ax = plt.subplots(figsize=(8, 5))
+  written = []
   means = {}
   for variant, dirs in workdirs.items():
     curves = [_train_curve(w) for w in dirs]
     steps = sorted(set.intersection(*(set(c) for c in curves)))
     means[variant] = (steps, [float(np.mean([c[s] for c in curves])) for s in steps])
-  yscale, marker = curve_style([loss for _, loss in means.values()])
-  for variant, (steps, loss) in means.items():
-    ax.plot(steps, loss, marker=marker, markersize=4, label=variant)
-  ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale=yscale,
-         title="Learning curves")
-  ax.xaxis.get_major_locator().set_params(integer=True)  # steps, not 3.5
-  ax.legend(fontsize=7)
-  pictures.save(fig, storage.join(out_dir, "curves.png"), dpi=120, bbox_inches="tight")
+  if any(len(steps) > 1 for steps, _ in means.values()):
+    fig, ax = plt.subplots(figsize=(8, 5))
+    yscale, marker = curve_style([loss for _, loss in means.values()])
+    for variant, (steps, loss) in means.items():
+      ax.plot(steps, loss, marker=marker, markersize=4, label=variant)
+    ax.set(xlabel="step", ylabel="training loss (mean over seeds)", yscale=yscale,
+           title="Learning curves")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # steps, not 3.5
+    ax.legend(fontsize=7)
+    pictures.save(fig, storage.join(out_dir, "curves.png"), dpi=120, bbox_inches="tight")
+    written.append("curves.png")
 
   if main:
     name, summaries, lower = main
@@ -63,16 +75,27 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
       ax.plot([i] * s.n, s.values, "k.", markersize=4)  # the seeds themselves
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=7)
     ax.set(ylabel=f"{name} ({'lower' if lower else 'higher'} is better)",
-           title=f"Final held-out metric: mean (bar), seeds (dots), {CONFIDENCE:.0%} t interval")
+           title=f"Final held-out metric: mean (bar), seeds (dots), {CONFIDENCE:.0%} t interval "
+           "(within the metric's range)")
     pictures.save(fig, storage.join(out_dir, "final.png"), dpi=120, bbox_inches="tight")
+    written.append("final.png")
 
-  curve = next((key for key in BY_LENGTH for runs in finals.values() for r in runs
-                for m in r.values() if key in m), None)
+  curve = next((key for key in BY_LENGTH if len({length for runs in finals.values()
+                                                   for r in runs for m in r.values()
+                                                   for length in m.get(key, ())}) > 1), None)
   if curve:
-    plot_by_length(plt, out_dir, finals, curve, train_length)
+    plot_by_length(plt, out_dir, finals, curve, train_length,
+                   metrics.get(curve, stats.UNBOUNDED))
+    written.append("extrapolation.png")
 
-  if any("eval_length" in m for runs in finals.values() for r in runs for m in r.values()):
-    plot_lengths(plt, out_dir, finals, train_length)
+  lengths = {m["eval_length"] for runs in finals.values() for r in runs for m in r.values()
+             if "eval_length" in m}
+  if lengths:
+    written += plot_lengths(plt, out_dir, finals, train_length)
+  for name in PLOTS:
+    if name not in written and (epath.Path(out_dir) / name).exists():
+      (epath.Path(out_dir) / name).unlink()  # an earlier report's, of other runs
+  return written
 
 
 # Metrics that are curves over the input length: {length: value} in a split's record.
@@ -90,10 +113,12 @@ def panels(variants) -> dict[str, list[str]]:
   return {f"{field}={value}": list(row.values()) for value, row in rows.items()}
 
 
-def plot_by_length(plt, out_dir, finals, key, train_length) -> None:
+def plot_by_length(plt, out_dir, finals, key, train_length, metric: Metric = stats.UNBOUNDED
+                   ) -> None:
   """extrapolation.png: each variant's metric `key` (a BY_LENGTH curve) against the input
-  length, mean over seeds over any split that has it, with its t interval as a band where
-  there are several seeds; the longest training length marked."""
+  length, mean over seeds over any split that has it, with its t interval (within the
+  range `metric` declares) as a band where there are several seeds; the longest training
+  length marked."""
   groups = panels(finals)
   fig, axes = plt.subplots(len(groups), 1, figsize=(8, 4.5 * len(groups)), squeeze=False)
   for ax, (title, variants) in zip(axes[:, 0], groups.items()):
@@ -108,7 +133,7 @@ def plot_by_length(plt, out_dir, finals, key, train_length) -> None:
       label = variant[len(title) + 1:] if title else variant
       line, = ax.plot(lengths, means, marker="o" if len(lengths) <= 30 else None,
                       markersize=3, label=label or variant)
-      cis = [stats.summary(by_length[n]).ci for n in lengths]
+      cis = [stats.summary(by_length[n], metric).ci for n in lengths]
       if all(cis):
         ax.fill_between(lengths, [c[0] for c in cis], [c[1] for c in cis],
                         color=line.get_color(), alpha=0.15)
@@ -122,36 +147,48 @@ def plot_by_length(plt, out_dir, finals, key, train_length) -> None:
   pictures.save(fig, storage.join(out_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
 
 
-def plot_lengths(plt, out_dir, finals, train_length) -> None:
-  """perplexity.png and position_loss.png of language-model runs (see plot)."""
-  fig, ax = plt.subplots(figsize=(8, 5))
-  for (variant, runs), color in zip(finals.items(), itertools.cycle(plt.cm.tab10.colors)):
-    for sliding, style in ((False, "-"), (True, "--")):
-      by_length: dict[float, list[float]] = {}
-      for r in runs:
-        for split, m in r.items():
-          if "eval_length" in m and split.endswith("_sliding") == sliding:
-            by_length.setdefault(m["eval_length"], []).append(m["perplexity"])
-      lengths = sorted(by_length)
-      if lengths:
-        ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], style, marker="o",
-                color=color, label=f"{variant}{' (sliding)' if sliding else ''}")
-  ax.axvline(train_length, color="gray", linestyle=":", label="training length")
-  ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (mean over seeds)",
-         xscale="log", yscale="log", title="Length extrapolation")
-  ax.legend(fontsize=6, ncol=2)
-  pictures.save(fig, storage.join(out_dir, "perplexity.png"), dpi=120, bbox_inches="tight")
+def plot_lengths(plt, out_dir, finals, train_length) -> list[str]:
+  """perplexity.png (with several evaluation lengths) and position_loss.png (with several
+  positions) of language-model runs (see plot); returns the names written."""
+  written = []
+  if len({m["eval_length"] for runs in finals.values() for r in runs for m in r.values()
+          if "eval_length" in m}) > 1:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (variant, runs), color in zip(finals.items(), itertools.cycle(plt.cm.tab10.colors)):
+      for sliding, style in ((False, "-"), (True, "--")):
+        by_length: dict[float, list[float]] = {}
+        for r in runs:
+          for split, m in r.items():
+            if "eval_length" in m and split.endswith("_sliding") == sliding:
+              by_length.setdefault(m["eval_length"], []).append(m["perplexity"])
+        lengths = sorted(by_length)
+        if lengths:
+          ax.plot(lengths, [np.mean(by_length[n]) for n in lengths], style, marker="o",
+                  color=color, label=f"{variant}{' (sliding)' if sliding else ''}")
+    ax.axvline(train_length, color="gray", linestyle=":", label="training length")
+    ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (mean over seeds)",
+           xscale="log", yscale="log", title="Length extrapolation")
+    ax.legend(fontsize=6, ncol=2)
+    pictures.save(fig, storage.join(out_dir, "perplexity.png"), dpi=120, bbox_inches="tight")
+    written.append("perplexity.png")
 
-  fig, ax = plt.subplots(figsize=(8, 5))
+  curves = {}
   for variant, runs in finals.items():
-    curves = [max(((m["eval_length"], m["loss_by_position"]) for split, m in r.items()
+    by_run = [max(((m["eval_length"], m["loss_by_position"]) for split, m in r.items()
                    if "eval_length" in m and not split.endswith("_sliding")),
                   key=lambda x: x[0])[1] for r in runs]
-    positions = sorted(set.intersection(*(set(c) for c in curves)), key=int)
-    ax.plot([int(p) for p in positions], [np.mean([c[p] for c in curves]) for p in positions],
-            label=variant)
-  ax.axvline(train_length, color="gray", linestyle=":", label="training length")
-  ax.set(xlabel="position in the window", ylabel="loss (nats, mean over seeds)",
-         title="Loss by position, longest evaluation windows")
-  ax.legend(fontsize=7)
-  pictures.save(fig, storage.join(out_dir, "position_loss.png"), dpi=120, bbox_inches="tight")
+    positions = sorted(set.intersection(*(set(c) for c in by_run)), key=int)
+    curves[variant] = ([int(p) for p in positions],
+                       [np.mean([c[p] for c in by_run]) for p in positions])
+  if any(len(positions) > 1 for positions, _ in curves.values()):
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for variant, (positions, loss) in curves.items():
+      ax.plot(positions, loss, label=variant)
+    ax.axvline(train_length, color="gray", linestyle=":", label="training length")
+    ax.set(xlabel="position in the window", ylabel="loss (nats, mean over seeds)",
+           title="Loss by position, longest evaluation windows")
+    ax.legend(fontsize=7)
+    pictures.save(fig, storage.join(out_dir, "position_loss.png"), dpi=120,
+                  bbox_inches="tight")
+    written.append("position_loss.png")
+  return written

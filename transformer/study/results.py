@@ -1,13 +1,19 @@
-"""A report's results: the finished runs of a sweep or of a comparison grouped into
-variants (runs that differ only in their seed), each run's final held-out metrics, the
-metrics in the table's order with the main one first, and each metric's statistics over a
-variant's seeds (transformer/study/stats.py). transformer/study/report.py presents them."""
+"""A report's results: the runs of a sweep or of a comparison grouped into variants (runs
+that differ only in their seed, each seed once), each finished run's final held-out
+metrics, the metrics in the table's order with the main one first, what each metric is
+(its declaration: core/metrics.py Metric, or the data source's own), and each metric's
+statistics over a variant's seeds (transformer/study/stats.py) and over examples
+(transformer/study/bootstrap.py). transformer/study/report.py presents them."""
 
 import dataclasses
+import math
 import re
+from collections.abc import Mapping
 
+from transformer.core.errors import ConfigError
+from transformer.core.metrics import METRICS, Metric
 from transformer.run.state import STATES, RunState
-from transformer.study import stats
+from transformer.study import bootstrap, stats
 
 # The main metric, the first found: the column after the run counts and the bar chart.
 # (test/mean_accuracy: the algorithmic tasks' score, accuracy averaged over the test lengths)
@@ -15,8 +21,22 @@ MAIN_METRICS = ("test/mean_accuracy", "valid/bleu", "valid/exact_match", "valid/
 # The order of the metrics of a split in the table; others follow by name.
 KEYS = ("bleu", "chrf", "exact_match", "mean_accuracy", "accuracy", "macro_f1", "perplexity",
         "bits_per_token", "loss")
-LOWER_IS_BETTER = ("perplexity", "bits_per_token", "loss")
 SPLITS = ("valid", "test", "longer")
+
+
+def declarations(source) -> dict[str, Metric]:
+  """{metric key: its declaration} of the runs of a data source (class): core/metrics.py's
+  METRICS and the source's own_metrics."""
+  return {**METRICS, **source.own_metrics}
+
+
+def declared(name: str, metrics: Mapping[str, Metric] = METRICS) -> Metric:
+  """The declaration of the metric `split/key` in `metrics` (stats.UNBOUNDED if none)."""
+  return metrics.get(name.split("/", 1)[1], stats.UNBOUNDED)
+
+
+def lower_is_better(name: str, metrics: Mapping[str, Metric] = METRICS) -> bool:
+  return declared(name, metrics).lower_is_better
 
 
 def _split_rank(split: str) -> tuple:
@@ -48,8 +68,9 @@ def order_metrics(names: set[str], train_length: int | None) -> tuple[list[str],
 
 
 def grid(variants) -> tuple[str, dict[str, dict[str, str]]] | None:
-  """(the variants' first field, {its value: {the other fields: variant}}) when the first
-  field and the others each take several values (e.g. task × encoding); None otherwise."""
+  """(the variants' first field, {its value: {the other fields: variant}}) when the variants
+  form a grid: the first field takes several values, the other fields several combinations,
+  and every value meets every combination (e.g. task × encoding); None otherwise."""
   parts = {v: v.split(",", 1) for v in variants}
   if any(len(p) < 2 for p in parts.values()):
     return None
@@ -57,9 +78,25 @@ def grid(variants) -> tuple[str, dict[str, dict[str, str]]] | None:
   rows: dict[str, dict[str, str]] = {}
   for variant, (first, rest) in parts.items():
     rows.setdefault(first.split("=", 1)[1], {})[rest] = variant
-  if len(fields) > 1 or len(rows) < 2 or len({c for r in rows.values() for c in r}) < 2:
+  columns = {c for r in rows.values() for c in r}
+  if (len(fields) > 1 or len(rows) < 2 or len(columns) < 2
+      or any(len(r) != len(columns) for r in rows.values())):
     return None
   return fields.pop(), rows
+
+
+def baseline_of(baseline: str | None, variant: str, variants) -> str | None:
+  """The variant that `variant` is compared with: `baseline` when it is a variant; when it
+  is a FIELD=VALUE of the variants (e.g. model.random_positions=False), the variant equal
+  to `variant` but for that field's value (None where there is none)."""
+  if baseline is None or baseline in variants:
+    return baseline
+  field = baseline.split("=", 1)[0]
+  parts = variant.split(",")
+  if not any(p.split("=", 1)[0] == field for p in parts):
+    return None
+  match = ",".join(baseline if p.split("=", 1)[0] == field else p for p in parts)
+  return match if match in variants else None
 
 
 def state_counts(entries) -> dict[str, int]:
@@ -89,20 +126,54 @@ class Entry:
                state.final)
 
 
+def check_seeds(entries: list[Entry]) -> None:
+  """A ConfigError naming two runs of one variant with the same seed: the same experiment
+  twice is no second sample (sweeps and comparisons alike refuse it)."""
+  seen: dict[tuple[str, int], Entry] = {}
+  for entry in entries:
+    if (other := seen.get((entry.variant, entry.seed))) is not None:
+      raise ConfigError(f"{other.name} and {entry.name} are the same run (the same config "
+                        f"and seed {entry.seed}) of variant {entry.variant}: a repeated seed "
+                        "is no second sample; give each run once")
+    seen[entry.variant, entry.seed] = entry
+
+
+def diverged(entry: Entry) -> Entry:
+  """The entry, or a failed one if it finished with a metric that is not finite (its
+  training diverged without being stopped): its numbers are no result to average."""
+  if entry.state != "finished":
+    return entry
+  bad = next((f"{split}/{key} = {value}" for split, m in entry.final.items()
+              for key, value in m.items()
+              if isinstance(value, float) and not math.isfinite(value)), None)
+  if bad is None:
+    return entry
+  return dataclasses.replace(entry, state="failed", final=None,
+                             note=f"failed: diverged, its final evaluation is not finite ({bad})")
+
+
 @dataclasses.dataclass(frozen=True)
 class Results:
   """The final held-out metrics of a report's finished runs: `finals` {variant: {seed:
   {split: metrics}}}, the variants in the entries' order and their seeds ascending; the
-  metric names in the table's order and the main one (order_metrics)."""
+  metric names in the table's order and the main one (order_metrics); each metric key's
+  declaration (`metrics`)."""
 
   entries: list[Entry]
   variants: dict[str, list[Entry]]
   finals: dict[str, dict[int, dict]]
   names: list[str]
   main: str | None
+  metrics: Mapping[str, Metric] = dataclasses.field(default_factory=lambda: METRICS)
+  _bootstraps: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
-  def of(cls, entries: list[Entry], train_length: int | None) -> "Results":
+  def of(cls, entries: list[Entry], train_length: int | None,
+         metrics: Mapping[str, Metric] = METRICS) -> "Results":
+    """The Results of `entries` (check_seeds; a run finished with non-finite metrics counts
+    as failed: diverged); `metrics`: the declarations of their source's metrics."""
+    check_seeds(entries)
+    entries = [diverged(e) for e in entries]
     variants: dict[str, list[Entry]] = {}
     for entry in entries:
       variants.setdefault(entry.variant, []).append(entry)
@@ -113,7 +184,21 @@ class Results:
                                  for r in runs.values() for split, m in r.items()
                                  for key, value in m.items() if isinstance(value, float)
                                  and key not in ("step", "eval_length")}, train_length)
-    return cls(entries, variants, finals, names, main)
+    return cls(entries, variants, finals, names, main, metrics)
+
+  def metric(self, name: str) -> Metric:
+    """The declaration of the metric `split/key` (stats.UNBOUNDED if its source declares
+    none)."""
+    return declared(name, self.metrics)
+
+  def declared(self, name: str) -> bool:
+    return name.split("/", 1)[1] in self.metrics
+
+  def lower_is_better(self, name: str) -> bool:
+    return lower_is_better(name, self.metrics)
+
+  def counts(self, variant: str) -> dict[str, int]:
+    return state_counts(self.variants[variant])
 
   def values(self, variant: str, name: str) -> dict[int, float]:
     """{seed: value} of the metric `split/key` over the variant's finished runs."""
@@ -123,8 +208,41 @@ class Results:
 
   def summary(self, variant: str, name: str) -> stats.Summary | None:
     values = self.values(variant, name)
-    return stats.summary(list(values.values())) if values else None
+    return stats.summary(list(values.values()), self.metric(name)) if values else None
 
+  def paired(self, baseline: str, variant: str, name: str) -> stats.Paired | None:
+    return stats.paired(self.values(baseline, name), self.values(variant, name),
+                        self.metric(name))
 
-def lower_is_better(name: str) -> bool:
-  return name.split("/")[1] in LOWER_IS_BETTER
+  def success(self, variant: str, threshold: stats.Threshold) -> stats.Rate:
+    """The success rate of the variant's finished runs that report the threshold's metric
+    and of its failed runs (which meet no threshold)."""
+    return stats.success_rate(list(self.values(variant, threshold.metric).values()),
+                              threshold, self.counts(variant)["failed"])
+
+  def parts(self, variant: str, name: str) -> dict[int, bootstrap.Parts | None]:
+    """{seed: the per-example Parts of the metric `split/key`, or None} of the variant's
+    finished runs."""
+    split, key = name.split("/", 1)
+    return {seed: bootstrap.parts(r[split], self.metric(name))
+            for seed, r in self.finals[variant].items() if key in r.get(split, {})}
+
+  def paired_bootstrap(self, baseline: str, variant: str, name: str
+                       ) -> bootstrap.Bootstrap | str:
+    """The paired bootstrap over seeds and examples of variant − baseline in the metric
+    `split/key`, or why there is none (computed once: the tables ask twice)."""
+    key = baseline, variant, name
+    if key not in self._bootstraps:
+      self._bootstraps[key] = self._paired_bootstrap(baseline, variant, name)
+    return self._bootstraps[key]
+
+  def _paired_bootstrap(self, baseline: str, variant: str, name: str):
+    if self.metric(name).parts is None:
+      return "no per-example form (a corpus-level metric)"
+    a, b = self.parts(baseline, name), self.parts(variant, name)
+    if why := bootstrap.check(a, b):
+      return why
+    test = bootstrap.paired_bootstrap(a, b, self.metric(name))
+    if test.ci is not None and not all(map(math.isfinite, test.ci)):
+      return "undefined in some resamples (a denominator of 0)"
+    return test

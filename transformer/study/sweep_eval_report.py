@@ -9,14 +9,16 @@ evaluation and metric)."""
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from etils import epath
 
 from transformer.core import storage
+from transformer.core.metrics import METRICS, Metric
 from transformer.run.state import run_state
 from transformer.study import report, stats, sweep_eval
-from transformer.study.results import lower_is_better, order_metrics
+from transformer.study.report_tables import CLIPPED, cell, interval
+from transformer.study.results import declarations, declared, lower_is_better, order_metrics
 
 UNMODIFIED = "unmodified"  # the evaluation without overrides: each run's final one
 
@@ -49,18 +51,23 @@ def collect(evaluations: Sequence[sweep_eval.Evaluation]
 
 
 def _cell(summary: stats.Summary | None, seeds: int) -> str:
-  """mean [interval], and n where fewer seeds than the row's have the metric."""
+  """mean [interval] (or "identical in every seed"), and n where fewer seeds than the row's
+  have the metric."""
   if summary is None:
     return ""
-  ci = f" [{summary.ci[0]:.4f}, {summary.ci[1]:.4f}]" if summary.ci else ""
+  ci = (" (identical in every seed)" if summary.identical else
+        f" {interval(summary.ci, summary.clipped)}" if summary.ci else "")
   return f"{summary.mean:.4f}{ci}" + (f" (n={summary.n})" if summary.n != seeds else "")
 
 
 def _diff_cell(pair: stats.Paired | None, seeds: int) -> str:
-  """mean difference [interval], * where it excludes 0, and n where fewer seeds pair."""
+  """mean difference [interval] (or "identical in every seed", never starred), * where it
+  excludes 0, and n where fewer seeds pair."""
   if pair is None:
     return ""
-  ci = f" [{pair.ci[0]:+.4f}, {pair.ci[1]:+.4f}]" if pair.ci else ""
+  ci = (" (identical in every seed)" if pair.identical else
+        f" [{pair.ci[0]:+.4f}, {pair.ci[1]:+.4f}]" + (CLIPPED if pair.clipped else "")
+        if pair.ci else "")
   return f"{pair.mean:+.4f}{ci}" + (" *" if pair.excludes_zero else "") + (
       f" (n={len(pair.seeds)})" if len(pair.seeds) != seeds else "")
 
@@ -70,23 +77,24 @@ def _values(by_seed: dict[int, dict], metric: str) -> dict[int, float]:
 
 
 def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, str],
-             train_length: int | None) -> str:
-  """The report as markdown (module docstring)."""
+             train_length: int | None, metrics: Mapping[str, Metric] = METRICS) -> str:
+  """The report as markdown (module docstring); `metrics`: the declarations of the runs'
+  metrics (results.declarations: their ranges bound the intervals)."""
   names, main = order_metrics({m for evs in table.values() for seeds in evs.values()
                                for ms in seeds.values() for m in ms}, train_length)
   lines = list(title)
   if main:
     key = main.split("/", 1)[1]
     columns = [n for n in names if n.split("/", 1)[1] == key]
-    better = "lower" if lower_is_better(main) else "higher"
+    better = "lower" if lower_is_better(main, metrics) else "higher"
     header = "| variant | evaluation | seeds | " + " | ".join(c.split("/")[0] for c in columns)
     rule = "|---" * (3 + len(columns)) + "|"
     lines += ["", f"## {key} ({better} is better): mean [{stats.CONFIDENCE:.0%} CI] over seeds",
               "", header + " |", rule]
     for variant, evs in table.items():
       for name, by_seed in evs.items():
-        lines.append(f"| {report.cell(variant)} | {report.cell(name)} | {len(by_seed)} | "
-                     + " | ".join(_cell(stats.summary(list(v.values()))
+        lines.append(f"| {cell(variant)} | {cell(name)} | {len(by_seed)} | "
+                     + " | ".join(_cell(stats.summary(list(v.values()), declared(c, metrics))
                                         if (v := _values(by_seed, c)) else None, len(by_seed))
                                   for c in columns) + " |")
     lines += ["", f"## Paired differences of {key}: evaluation − {UNMODIFIED}, by seed", "",
@@ -95,39 +103,39 @@ def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, s
       plain = evs[UNMODIFIED]
       for name, by_seed in evs.items():
         if name != UNMODIFIED:
-          lines.append(f"| {report.cell(variant)} | {report.cell(name)} | {len(by_seed)} | "
+          lines.append(f"| {cell(variant)} | {cell(name)} | {len(by_seed)} | "
                        + " | ".join(_diff_cell(stats.paired(_values(plain, c),
-                                                            _values(by_seed, c)), len(by_seed))
+                                                            _values(by_seed, c),
+                                                            declared(c, metrics)), len(by_seed))
                                     for c in columns) + " |")
   if missing or left_out:
     lines += ["", "## Runs and evaluations without results", "", "| run | evaluation | why |",
               "|---|---|---|"]
-    lines += [f"| {report.cell(r)} | {report.cell(e)} | {report.cell(w)} |"
-              for r, e, w in missing]
-    lines += [f"| {report.cell(r)} | all | {report.cell(w)}: left out |"
-              for r, w in left_out.items()]
+    lines += [f"| {cell(r)} | {cell(e)} | {cell(w)} |" for r, e, w in missing]
+    lines += [f"| {cell(r)} | all | {cell(w)}: left out |" for r, w in left_out.items()]
   return "\n".join(lines) + "\n"
 
 
-def table_csv(table: dict) -> str:
+def table_csv(table: dict, metrics: Mapping[str, Metric] = METRICS) -> str:
   """A row per variant, evaluation and metric: the statistics of the values over seeds and
-  of the paired differences against UNMODIFIED (empty where none)."""
+  of the paired differences against UNMODIFIED (empty where none), intervals within the
+  ranges `metrics` declares."""
   out = io.StringIO()
   writer = csv.writer(out)
   writer.writerow(["variant", "evaluation", "metric", "n", "mean", "std", "ci_low", "ci_high",
                    "values", "diff n", "diff mean", "diff ci_low", "diff ci_high",
                    "diff values"])
   for variant, evs in table.items():
-    metrics = sorted({m for by_seed in evs.values() for ms in by_seed.values() for m in ms})
+    names = sorted({m for by_seed in evs.values() for ms in by_seed.values() for m in ms})
     for name, by_seed in evs.items():
-      for metric in metrics:
+      for metric in names:
         values = _values(by_seed, metric)
         if not values:
           continue
-        s = stats.summary(list(values.values()))
+        s = stats.summary(list(values.values()), declared(metric, metrics))
         row = [variant, name, metric, s.n, s.mean, "" if s.std is None else s.std,
                *(s.ci or ("", "")), json.dumps({str(k): v for k, v in values.items()})]
-        pair = (stats.paired(_values(evs[UNMODIFIED], metric), values)
+        pair = (stats.paired(_values(evs[UNMODIFIED], metric), values, declared(metric, metrics))
                 if name != UNMODIFIED else None)
         row += ([len(pair.seeds), pair.mean, *(pair.ci or ("", "")),
                  json.dumps(dict(zip(map(str, pair.seeds), pair.differences)))]
@@ -150,13 +158,18 @@ def write(sweep_dir: str, invocation_flags: list[str], eval_sweep: sweep_eval.Ev
            (f"- evaluations: {axes}, each combination; and {UNMODIFIED}: each run's final "
             "evaluation (its metrics.jsonl)"),
            (f"- statistics over a variant's seeds: mean [{stats.CONFIDENCE:.0%} confidence "
-            "interval of the mean: Student t, n − 1 degrees of freedom; none for one seed]"),
+            "interval of the mean: Student t, n − 1 degrees of freedom; none for one seed, "
+            "none where every seed gives the same value: \"identical in every seed\"], "
+            f"clipped to the metric's declared range and marked {CLIPPED} where it reached "
+            "past it"),
            (f"- paired differences: the evaluation − {UNMODIFIED} of the same run, per seed; "
-            f"their mean [{stats.CONFIDENCE:.0%} t interval]; * where it excludes 0"),
+            f"their mean [{stats.CONFIDENCE:.0%} t interval]; * where it excludes 0 (never "
+            "for a difference identical in every seed)"),
            *report.commit_line()]
   folder = storage.join(sweep_dir, eval_sweep.folder)
   md_path, csv_path = storage.join(folder, "report.md"), storage.join(folder, "report.csv")
   epath.Path(folder).mkdir(parents=True, exist_ok=True)
-  storage.write(md_path, markdown(title, table, missing, left_out, train_length))
-  storage.write(csv_path, table_csv(table))
+  metrics = declarations(evaluations[0].run.config.source) if evaluations else METRICS
+  storage.write(md_path, markdown(title, table, missing, left_out, train_length, metrics))
+  storage.write(csv_path, table_csv(table, metrics))
   return md_path, csv_path
