@@ -9,8 +9,10 @@ seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (
 evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
-its declared capabilities, which check_kernel and check_content_bias compare once, at
-construction, with what the scorer, the dropout and the positional encoding declare.
+its declared capabilities, which transformer/model/kernel_choice.py compares once, when a
+layer is made, with what the layer needs (its scorer, dropout, encoding, dtype, ...); a new
+kernel is one function and its line in KERNELS, and tests/test_kernel_conformance.py runs it
+against the reference kernel over everything it declares.
 
 A kernel declaring `softcap` is made with `softcap=c` when the layer caps its logits
 (model.attention.logit_softcap = c > 0): the scorer's logits become c·tanh(score / c), and
@@ -26,12 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer.core.errors import ConfigError
-from transformer.core.registry import lookup
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.pallas_attention import flash_attention
-from transformer.model.positions import PositionalEncoding
-from transformer.model.scores import Scorer
 
 
 def repeat_heads(x: jax.Array, heads: int) -> jax.Array:
@@ -202,34 +201,58 @@ def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, blo
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-  """A way to compute softmax(score + bias)·V, and what it supports. Every kernel adds an
-  encoding's positional bias (its `bias` seam)."""
+  """A way to compute softmax(score + bias)·V, and what it supports: one declaration per
+  field of what a layer may need (kernel_choice.Needs), which kernel_choice.check compares.
+  Every kernel adds an encoding's positional bias (its `bias` seam) and takes padding,
+  packing and causal masks."""
 
-  make: Callable[..., Callable]  # make(block_size, softcap) -> the kernel function
+  # make(block_size=, softcap=, mesh=) -> the kernel function: blocks of block_size queries
+  # and keys, logits capped at softcap (declared `softcap`; others get 0), for the mesh the
+  # model runs on (jax.sharding.AbstractMesh; None: one device)
+  make: Callable[..., Callable]
   any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
   dropout: bool  # dropout on the attention weights
   # adds an encoding's content_bias, a function of each query's whole row of logits
   content_bias: bool = False
-  softcap: bool = False  # caps the scorer's logits (make's softcap; others get 0)
+  softcap: bool = False  # caps the scorer's logits (make's softcap)
+  # gives the gradient of a positional bias with parameters (an encoding declaring
+  # learned_bias: T5, KERPLE, FIRE)
+  learned_bias: bool = True
+  local_window: bool = True  # masks with a local window (|query − key position| ≤ w)
+  grouped_query: bool = True  # fewer key/value heads than query heads
+  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   # a kernel computing the same function on any backend, which evaluation uses where this
   # one does not run (or, slow_on, runs only emulated)
   stand_in: str | None = None
   slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
-  # gives the gradient of a positional bias with parameters (an encoding declaring
-  # learned_bias: T5, KERPLE, FIRE)
-  learned_bias: bool = True
-  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
-  multi_device: bool = True  # partitioned over a mesh of several devices by XLA
+  multi_device: bool = True  # runs on a mesh of several devices
+
+
+def _reference(block_size, softcap=0.0, mesh=None):
+  del block_size, mesh
+  return functools.partial(reference_kernel, softcap=softcap)
+
+
+def _blockwise(block_size, softcap=0.0, mesh=None):
+  del mesh
+  return functools.partial(blockwise_kernel, block=block_size, softcap=softcap)
 
 
 def _fused(implementation: str):
-  return lambda block_size, softcap=0.0: fused_kernel(implementation)
+  def make(block_size, softcap=0.0, mesh=None):
+    del block_size, softcap, mesh
+    return fused_kernel(implementation)
+  return make
+
+
+def _pallas(block_size, softcap=0.0, mesh=None):
+  del softcap, mesh
+  return pallas_kernel(block_size)
 
 
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(lambda block_size, softcap=0.0: functools.partial(
-        reference_kernel, softcap=softcap), any_score=True, dropout=True, content_bias=True,
+    "reference": Kernel(_reference, any_score=True, dropout=True, content_bias=True,
                         softcap=True),
     "xla": Kernel(_fused("xla"), any_score=False, dropout=False),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
@@ -237,60 +260,14 @@ KERNELS: dict[str, Kernel] = {
     # #32242: none, or NaN): it is refused for a learned bias.
     "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
                     stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
-    "blockwise": Kernel(lambda block_size, softcap=0.0: functools.partial(
-        blockwise_kernel, block=block_size, softcap=softcap), any_score=True, dropout=False,
-                        softcap=True),
+    "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
     # interpret mode on the CPU; a pallas_call that XLA does not partition (no shard_map yet)
-    "pallas": Kernel(lambda block_size, softcap=0.0: pallas_kernel(block_size),
-                     any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
+    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
                      multi_device=False),
 }
 
 
-def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
-                 block_size: int, softcap: float = 0.0,
-                 encoding: PositionalEncoding | None = None, position: str = "none",
-                 dtype=jnp.float32) -> Callable:
-  """The kernel `name` for a layer with this scorer, attention dropout, logit soft-cap (0:
-  none), positional encoding (None: none; `position` its config name) and compute dtype, or
-  a ConfigError naming what the kernel cannot do. Compares declarations only (the backend:
-  runnable_kernel)."""
-  kernel = lookup(KERNELS, name, "attention kernel")
-  if not kernel.any_score and score.dot_product is None:
-    raise ConfigError(f"attention.kernel '{name}' computes dot-product scores only, and score "
-                      f"'{score_name}' declares no dot product; use kernel 'reference' or "
-                      "'blockwise'")
-  if dropout and not kernel.dropout:
-    raise ConfigError(f"attention.kernel '{name}' has no attention dropout; set "
-                      f"model.attention.dropout=0 (got {dropout}) or kernel 'reference'")
-  if softcap and not kernel.softcap:
-    raise ConfigError(f"attention.kernel '{name}' cannot soft-cap the attention logits; set "
-                      f"model.attention.logit_softcap=0 (got {softcap}) or use kernel "
-                      f"{_able(lambda k: k.softcap)}")
-  encoding = encoding or PositionalEncoding()
-  check_content_bias(name, position=position, content_biases=encoding.content_biases)
-  if encoding.learned_bias and not kernel.learned_bias:
-    raise ConfigError(f"attention.kernel '{name}' gives no reliable gradient for the learned "
-                      f"logit bias of position '{position}' (cuDNN's bias gradient, JAX issue "
-                      f"#23701); use kernel {_able(lambda k: k.learned_bias)} or 'auto'")
-  dtype = jnp.dtype(dtype).name
-  if kernel.dtypes is not None and dtype not in kernel.dtypes:
-    raise ConfigError(f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} "
-                      f"only, and model.dtype is {dtype}; set model.dtype="
-                      f"{kernel.dtypes[0]} or use kernel {_able(lambda k: k.dtypes is None)}")
-  return kernel.make(block_size=block_size, softcap=softcap)
-
-
-def _able(capable: Callable[[Kernel], bool]) -> str:
+def able(capable: Callable[[Kernel], bool]) -> str:
   """The kernels with a capability, for an error line: "'reference' or 'xla'"."""
   return " or ".join(repr(key) for key, kernel in KERNELS.items() if capable(kernel))
-
-
-def check_content_bias(name: str, *, position: str, content_biases: bool) -> None:
-  """A ConfigError if kernel `name` cannot add the content bias of a positional encoding
-  (named `position`) that declares one."""
-  if content_biases and not lookup(KERNELS, name, "attention kernel").content_bias:
-    raise ConfigError(f"attention.kernel '{name}' cannot add the content-dependent logit bias of "
-                      f"position '{position}' (it needs each query's whole row of logits); use "
-                      f"kernel {_able(lambda k: k.content_bias)} or another position")
