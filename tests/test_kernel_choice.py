@@ -125,6 +125,21 @@ def test_auto_takes_the_first_kernel_that_fits(monkeypatch, backend, score, posi
   assert callable(function)
 
 
+def test_pallas_in_an_accelerator_order_takes_what_cudnn_passes_over(monkeypatch):
+  """The GPU order of issue 29, once Pallas lowers there (until then AUTO_ORDER leaves it
+  out): a learned bias passes cuDNN over, with its reason, for pallas; a fixed bias stays
+  with cuDNN; a scorer that is no dot product passes both over for the reference."""
+  monkeypatch.setitem(AUTO_ORDER, "gpu", ("cudnn", "pallas", "xla", "reference"))
+  gpu = Target("gpu", TWO_DEVICES)  # on a mesh too
+  t5, _ = choose(AUTO, _needs("scaled_dot", "t5", dtype="bfloat16"), gpu)
+  assert t5.name == "pallas" and [n for n, _ in t5.passed_over] == ["cudnn"]
+  assert "learned logit bias of position 't5'" in t5.passed_over[0][1]
+  assert choose(AUTO, _needs("scaled_dot", "alibi", dtype="bfloat16"), gpu)[0].name == "cudnn"
+  additive, _ = choose(AUTO, _needs("additive", "t5", dtype="bfloat16"), gpu)
+  assert additive.name == "reference"
+  assert [n for n, _ in additive.passed_over] == ["cudnn", "pallas", "xla"]
+
+
 def test_a_kernel_missing_from_the_registry_is_passed_over(monkeypatch):
   monkeypatch.setitem(AUTO_ORDER, "gpu", ("not_yet_registered", "cudnn", "xla"))
   choice, _ = choose(AUTO, Needs(dtype="bfloat16"), Target("gpu"))

@@ -22,6 +22,9 @@ within 5e-2 × their largest |entry| of the float32 reference on the same bf16-r
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -207,6 +210,70 @@ def test_kernel_equals_the_reference(name, case):
     scale = np.abs(ref).max()
     np.testing.assert_allclose(got, ref, rtol=0 if bf16 else 1e-4,
                                atol=5e-2 * scale if bf16 else max(1e-4 * scale, 2e-5))
+
+
+def _bare_pallas_calls(jaxpr, inside: bool = False) -> int:
+  """The pallas_calls of `jaxpr` (and of the jaxprs in its equations) outside a shard_map."""
+  count = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    count += name == "pallas_call" and not inside
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else (param,):
+        sub = sub.jaxpr if isinstance(sub, jax.extend.core.ClosedJaxpr) else sub
+        if isinstance(sub, jax.extend.core.Jaxpr):
+          count += _bare_pallas_calls(sub, inside or name == "shard_map")
+  return count
+
+
+def mesh_matches_one_device(names):
+  """Run in a process of 8 devices: each kernel of `names`, made for a 2x2x2 (data, fsdp,
+  tensor) mesh, gives the values and gradients it gives made for one device, on inputs
+  laid out on the mesh (4 rows, 4 heads: both split), with T5's learned bias where the
+  kernel takes it; and its Pallas calls, forward and backward, run inside a shard_map
+  (XLA cannot partition a compiled Pallas call; in interpret mode it partitions the
+  emulation, so the values alone would not tell)."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  for name in names:
+    case = next(c for c in (Case(position="t5"), Case()) if _accepts(name, c))
+    scorer, encoding, mask, _ = case.parts()
+    (score_def, score_state), (enc_def, enc_state) = nnx.split(scorer), nnx.split(encoding)
+    qkv, _, weights = _inputs(case)
+    rows = lambda x: jnp.concatenate([x, x])  # noqa: E731
+    qkv, weights, mask = [rows(x) for x in qkv], rows(weights), jax.tree.map(rows, mask)
+
+    def grads(kernel):
+      def loss(q, k, v, score_state, enc_state):
+        out = kernel(q, k, v, mask, nnx.merge(enc_def, enc_state),
+                     nnx.merge(score_def, score_state), Dropout(0.0), None)
+        return jnp.sum(out.astype(jnp.float32) * weights)
+      return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4)))
+
+    inputs = jax.device_put((*qkv, score_state, enc_state),
+                            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    make = lambda m: KERNELS[name].make(block_size=BLOCK, softcap=0.0, mesh=m)  # noqa: E731
+    want = grads(make(None))(*inputs)
+    got = grads(make(mesh.abstract_mesh))(*inputs)
+    jaxpr = jax.make_jaxpr(grads(make(mesh.abstract_mesh)))(*inputs).jaxpr
+    assert _bare_pallas_calls(jaxpr) == 0, f"{name}: a pallas_call outside shard_map"
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{name} on the mesh")
+
+
+def test_every_kernel_declaring_multi_device_computes_the_same_on_a_mesh():
+  """In a subprocess of 8 CPU devices (mesh_matches_one_device): a kernel XLA partitions
+  passes by construction; one with Pallas calls must run them per device (pallas:
+  shard_map), and a new one that does not is refused here."""
+  names = [n for n, kernel in KERNELS.items() if kernel.multi_device and not _runs_here(n)]
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+         "JAX_PLATFORMS": "cpu"}
+  code = ("import sys; from tests.test_kernel_conformance import mesh_matches_one_device; "
+          "mesh_matches_one_device(sys.argv[1:]); print('SAME', *sys.argv[1:])")
+  proc = subprocess.run([sys.executable, "-c", code, *names], cwd=root, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ["SAME", *names]
 
 
 @pytest.mark.parametrize("name", ELSEWHERE)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from transformer.core.errors import ConfigError
 from transformer.model.layers import Dropout
@@ -96,11 +97,12 @@ def fused_kernel(implementation: str):
   return kernel
 
 
-def pallas_kernel(block_size: int):
+def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None):
   """flash_attention (transformer/model/pallas_attention.py) for a scorer declaring a dot product
   (its transforms applied before, its scale passed in) and the encoding's BiasSpec, computed
   in-kernel; blocks of block_size queries and keys. Fewer key/value heads than query heads
-  are repeated for their query heads before the kernel."""
+  are repeated for their query heads before the kernel. On a mesh of several devices it
+  runs on each device's shard (per_device): XLA does not partition a pallas_call."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
@@ -111,13 +113,46 @@ def pallas_kernel(block_size: int):
                         "'reference' or 'blockwise'")
     product = score.dot_product
     k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
-    return flash_attention(
-        product.queries(q), product.keys(k), v, q_segments=mask.q_segments,
-        k_segments=mask.k_segments, q_positions=mask.q_positions, k_positions=mask.k_positions,
-        causal=mask.causal, window=mask.window, bias_spec=spec, scale=product.scale,
-        block_q=block_size, block_k=block_size)
+
+    def attend(q, k, v, ids, params):
+      return flash_attention(
+          q, k, v, q_segments=ids[0], k_segments=ids[1], q_positions=ids[2],
+          k_positions=ids[3], causal=mask.causal, window=mask.window,
+          bias_spec=None if spec is None else dataclasses.replace(spec, params=params),
+          scale=product.scale, block_q=block_size, block_k=block_size)
+
+    ids = (mask.q_segments, mask.k_segments, mask.q_positions, mask.k_positions)
+    params = {} if spec is None else dict(spec.params)
+    return per_device(attend, mesh)(product.queries(q), product.keys(k), v, ids, params)
 
   return kernel
+
+
+def per_device(attend: Callable, mesh: jax.sharding.AbstractMesh | None) -> Callable:
+  """attend(q, k, v, ids, params) run by jax.shard_map on each device's shard of a mesh of
+  several devices (itself on one): the rows over the mesh's batch axes, `data` and `fsdp`,
+  and the heads over `tensor` (the axes of transformer/run/sharding.py), each where it
+  divides them (otherwise that dimension is whole on every device). q, k, v [b, t, h, d]
+  and the output split by rows and heads, the ids ([b, t] segments and positions) by rows,
+  the params ({name: [h, size]}, a BiasSpec's) by heads. Each device's rows and heads are
+  independent attentions, so no collective is needed; the gradients of the params, which
+  the rows share, are summed over the batch axes by shard_map's transpose."""
+  if mesh is None or mesh.size == 1:
+    return attend
+
+  def sharded(q, k, v, ids, params):
+    rows = ("data", "fsdp")
+    rows = rows if q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
+    heads = "tensor" if q.shape[2] % mesh.shape["tensor"] == 0 else None
+    x, t = P(rows, None, heads, None), P(rows, None)
+    in_specs = (x, x, x, (t,) * len(ids), jax.tree.map(lambda _: P(heads, None), params))
+    # check_vma=False: a pallas_call's out_shape (pallas_attention.py) declares no varying
+    # mesh axes, which the check requires; the tests compare values and gradients with one
+    # device's (test_sharding: the losses of a 2x2x2 mesh).
+    return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=x,
+                         check_vma=False)(q, k, v, ids, params)
+
+  return sharded
 
 
 def equal_head_dims(q, k, v, multiple: int = 8):
@@ -226,7 +261,8 @@ class Kernel:
   # one does not run (or, slow_on, runs only emulated)
   stand_in: str | None = None
   slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
-  multi_device: bool = True  # runs on a mesh of several devices
+  # runs on a mesh of several devices: XLA partitions it, or its function does (per_device)
+  multi_device: bool = True
 
 
 def _reference(block_size, softcap=0.0, mesh=None):
@@ -247,8 +283,8 @@ def _fused(implementation: str):
 
 
 def _pallas(block_size, softcap=0.0, mesh=None):
-  del softcap, mesh
-  return pallas_kernel(block_size)
+  del softcap
+  return pallas_kernel(block_size, mesh)
 
 
 KERNELS: dict[str, Kernel] = {
@@ -262,9 +298,8 @@ KERNELS: dict[str, Kernel] = {
                     stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
     "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
-    # interpret mode on the CPU; a pallas_call that XLA does not partition (no shard_map yet)
-    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
-                     multi_device=False),
+    # interpret mode on the CPU; on a mesh, per device (shard_map)
+    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",)),
 }
 
 
