@@ -1,6 +1,6 @@
 """Evaluates a trained run: python eval.py --workdir DIR [--step N] [--output FILE]
 [--beam_size K --alpha A | --temperature T [--top_k K] [--top_p P] [--min_p M] [--sample_seed S]]
-[--average N] [--source_file F --reference_file R].
+[--average N] [--source_file F --reference_file R] [--config.FIELD=VALUE ...].
 
 Restores the config saved in DIR and its checkpoint (the latest by default), reports loss,
 token accuracy, exact match and (text) sacreBLEU/chrF on every held-out split, and writes
@@ -19,6 +19,18 @@ and config.eval.sample_seed apply (greedy unless the config sets a temperature; 
 own evaluations decode with them too); a flag replaces its field, and --temperature 0 alone
 decodes greedily.
 
+Overrides: --config.FIELD=VALUE evaluates the same parameters with an execution field of the
+run's config changed, e.g. a RoPE scaling (transformer/model/positions/rotary.py) for
+sequences longer than it was trained on, without retraining and as the same run:
+  python eval.py --workdir DIR --config.model.position_settings.rotary.scaling=yarn \\
+      --config.model.position_settings.rotary.factor=4 \\
+      --config.model.position_settings.rotary.original_length=64
+Only fields the evaluation reads and that are not the run's identity (what its parameters
+mean: model.d_model, model.position, rotary's base, ...) may be overridden. The metrics go
+to DIR/eval_step_N,FIELD=VALUE,....json (each field by its last two names; the JSON records
+them whole, under "overrides"), the pictures to DIR/plots,FIELD=VALUE,...: never over the
+plain evaluation's.
+
 Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
 self, decoder self, cross) of S and its greedy (or sampled) translation, or for a run that
 does not decode prints the predicted label(s) (a language model: the next token) and draws
@@ -29,7 +41,7 @@ as the metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
   python eval.py --workdir DIR --sentence "[MAX 2 9 [MIN 4 7 ] 0 ]" --nometrics  # ListOps
   python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics  # an LM
-  python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics \
+  python eval.py --workdir DIR --sentence "def main(" --generate 40 --nometrics \\
       --temperature 0.8 --top_p 0.95 --sample_seed 1                              # sampled
 """
 
@@ -42,6 +54,7 @@ from transformer.core.errors import ConfigError, Interrupted
 from transformer.core.fields import FieldError
 from transformer.model.sampling import Sampling
 from transformer.run import cli
+from transformer.run import overrides as overrides_lib
 from transformer.run.config import EvalConfig
 from transformer.run.evaluation import (check_decoding, check_prompts, check_sampling,
                                         chosen_sampling, continue_prompts, evaluate_run,
@@ -118,6 +131,18 @@ def sampling_flags(defaults: EvalConfig) -> tuple[Sampling, int, bool]:
   return sampling, seed, bool(given) or f["sample_seed"].present
 
 
+OVERRIDES: dict[str, str] = {}  # the --config.FIELD=VALUE arguments (parse_flags)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """cli.parse_flags of the arguments other than --config.FIELD=VALUE, which go to OVERRIDES
+  (checked against the run's config when it is restored)."""
+  with cli.one_line_errors():
+    found, rest = overrides_lib.split_args(argv)
+  OVERRIDES.update(found)
+  return cli.parse_flags(rest)
+
+
 def main(argv):
   cli.no_arguments(argv)
   cli.setup_logging()
@@ -125,10 +150,11 @@ def main(argv):
   files = (f.source_file, f.reference_file) if f.source_file else None
   with cli.StopSignals() as stop, cli.one_line_errors():
     check_metrics_flags()
-    run = restore_run(f.workdir, f.step, f.average)  # one restore serves metrics and pictures
+    # one restore serves metrics and pictures
+    run = restore_run(f.workdir, f.step, f.average, OVERRIDES)
     exp = run.experiment
     sampling, seed, sampling_given = sampling_flags(exp.eval)
-    plot_dir = f.plot_dir or os.path.join(f.workdir, "plots")
+    plot_dir = f.plot_dir or os.path.join(f.workdir, "plots" + run.suffix)
     # Everything the flags ask is checked before the work: nothing fails after it.
     if sampling_given:  # the config's default applies where it can, silently elsewhere
       check_sampling(exp, sampling, f.metrics, bool(f.sentence), bool(f.generate))
@@ -144,6 +170,8 @@ def main(argv):
         step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop,
                                            sampling, seed)
         print(f"step {step}")
+        if run.overrides:
+          print(f"overrides: {overrides_lib.describe(run.overrides)}")
         print(format_table(results))
         print(f"metrics written to {path}")
       captions = None
@@ -164,4 +192,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=parse_flags)

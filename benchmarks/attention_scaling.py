@@ -1,7 +1,8 @@
 """Attention cost against sequence length: one multi-head self-attention layer, forward and
 forward + backward, per kernel, positional encoding and window.
 
-  python benchmarks/attention_scaling.py [--lengths 256,1024,4096,8192,16384] [--window 128]
+  python benchmarks/attention_scaling.py --lengths 256,1024,4096,8192,16384 --windows full,128
+  python benchmarks/attention_scaling.py --smoke                    # seconds: does it still run
   python benchmarks/attention_scaling.py --kernels cudnn,xla,pallas --dtype bfloat16 \
       --positions none,alibi,t5,kerple,fire --lengths 512,1024,2048,4096,8192,16384 \
       --block 64 --d_model 1024 --heads 16                                   # on a GPU
@@ -20,9 +21,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 from flax import nnx
 
+import harness
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.masks import Mask
@@ -37,6 +39,8 @@ flags.DEFINE_integer("heads", 4, "Attention heads.")
 flags.DEFINE_integer("block", 512, "Block size of the blockwise and pallas kernels.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Computation dtype.")
 flags.DEFINE_float("max_gib", 12.0, "Skip running configurations needing more temporaries.")
+harness.define_smoke(lengths=["32"], kernels=["blockwise"], windows=["full", "8"], d_model=16,
+                     heads=2, block=8)
 
 
 def timed(compiled, *args, repeats: int = 3) -> float:
@@ -76,8 +80,7 @@ def measure(kernel: str, position: str, window: int | None, length: int):
   return out
 
 
-def main(argv):
-  del argv
+def report() -> None:
   f = flags.FLAGS
   backend = jax.default_backend()
   print(f"device {jax.devices()[0].device_kind}; d_model {f.d_model}, {f.heads} heads, batch 1, "
@@ -110,4 +113,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  harness.run(report)

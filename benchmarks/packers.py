@@ -1,6 +1,7 @@
 """The project's packer against grain's: batches/s and the share of slots filled, on Multi30k.
 
-  python benchmarks/packers.py [--config configs/multi30k.py] [--batches 100]
+  python benchmarks/packers.py --config configs/multi30k.py --batches 100
+  python benchmarks/packers.py --smoke            # seconds: does it still run
 
 Why the project packs with its own code (transformer/data/pipeline.py) and not grain's
 FirstFitPackIterDataset / BestFitPackIterDataset: this script measures both on the same
@@ -8,22 +9,25 @@ encoded Multi30k pairs, the same rows (config.data.max_len tokens per side) and 
 batch size. The project's packer runs as training runs it, reading the encoded corpus
 (data.source's train_batches); grain's get the pairs in memory, read from that corpus
 beforehand. It trains the config's tokenizer and encodes the corpus into --workdir on first
-use. Prints figures; asserts nothing. The figures: README, "Data".
+use (Multi30k where the config's data.dir says: docs/data.md; a missing corpus is one
+`error:` line). Prints figures; asserts nothing. The figures: docs/benchmarks.md.
 """
 
 import time
 
 import grain
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+import harness
 from transformer.run import experiment
 from transformer.run.config import parse
 
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
 flags.DEFINE_integer("batches", 100, "Batches timed per packer (after one warm-up batch).")
+harness.define_smoke(batches=3, config={"data.vocab_size": 256, "train.batch_size": 8})
 
 
 def grain_packed(examples, packer, *, batch_size: int, max_len: int, seed: int):
@@ -47,8 +51,7 @@ def measure(name: str, batches, count: int) -> None:
   print(f"{name:<32} {count / seconds:10,.0f} batches/s  target fill {filled / slots:6.1%}")
 
 
-def main(argv):
-  del argv
+def report() -> None:
   config, count = flags.FLAGS.config, flags.FLAGS.batches
   exp = experiment.build(parse(config), flags.FLAGS.workdir)
   exp.source.prepare()
@@ -66,4 +69,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  harness.run(report)

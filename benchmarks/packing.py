@@ -1,6 +1,10 @@
 """Training throughput in real (non-padding) target tokens/s, with and without packing.
 
-  python benchmarks/packing.py [--config configs/multi30k.py] [--steps 20] [--config.X=...]
+  python benchmarks/packing.py --config configs/multi30k.py --steps 20
+  python benchmarks/packing.py --smoke            # seconds: does it still run
+
+It reads Multi30k where configs/multi30k.py's data.dir says (--config.data.dir=DIR; where to
+get it: docs/data.md); a missing corpus is one `error:` line.
 
 Builds the config's text source (training the tokenizer into --workdir on first use), then
 for pack = True and False times `--steps` train steps on the real batch stream, data loading
@@ -11,9 +15,10 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+import harness
 from transformer.run import experiment
 from transformer.run import step as step_lib
 from transformer.run.config import parse
@@ -21,10 +26,12 @@ from transformer.run.config import parse
 config_flags.DEFINE_config_file("config", "configs/multi30k.py", "Config with a text source.")
 flags.DEFINE_string("workdir", "/tmp/packing_benchmark", "Where the tokenizer is kept.")
 flags.DEFINE_integer("steps", 20, "Timed steps per setting (after two warm-up steps).")
+harness.define_smoke(steps=1, config={
+    "data.vocab_size": 256, "train.batch_size": 8, "model.d_model": 32, "model.num_heads": 2,
+    "model.d_ff": 64, "model.num_encoder_layers": 1, "model.num_decoder_layers": 1})
 
 
-def main(argv):
-  del argv
+def report() -> None:
   config = flags.FLAGS.config
   print(f"device {jax.devices()[0].device_kind}; batch {config.train.batch_size} rows x "
         f"{config.data.max_len} tokens per side; dtype {config.model.dtype}")
@@ -53,4 +60,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  harness.run(report)

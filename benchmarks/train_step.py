@@ -9,6 +9,7 @@
 
   XLA_FLAGS=--xla_cpu_enable_xprof_traceme=true python benchmarks/train_step.py --profile
                                                 # where the step's time goes, op by op
+  python benchmarks/train_step.py --smoke       # seconds: does it still run
 
 Prints figures; asserts nothing. MFU = model FLOPs per step (the matmuls of the forward
 pass, attention included, times 3 for forward + backward) / step time / the matmul peak of
@@ -29,9 +30,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+import harness
 from transformer.core.vocab import NUM_RESERVED
 from transformer.run import experiment
 from transformer.run import step as step_lib
@@ -39,6 +41,7 @@ from transformer.run.config import parse
 
 DIMS = {
     "small": dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3),
+    "tiny": dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1),
     "base": dict(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6, num_decoder_layers=6),
 }
 config_flags.DEFINE_config_file("config", "configs/default.py", "Base config.")
@@ -50,6 +53,9 @@ flags.DEFINE_integer("steps", 10, "Timed steps (after one warm-up step).")
 flags.DEFINE_integer("peak_size", 0, "Matmul size for the peak; 0: 2048 on CPU, 8192 else.")
 flags.DEFINE_bool("profile", False, "Trace 3 steps and print the time of the matmul ops (XLA "
                   "dot/YNNPACK fusions, cuBLAS/cuDNN kernels) against the rest, and the top ops.")
+
+harness.define_smoke(dims="tiny", vocab_size=64, batch_size=4, length=8, steps=2,
+                     peak_size=128)
 
 MATMUL_OPS = re.compile(r"dot|ynn_fusion|gemm|cublas|cutlass|xmma|fmha|flash", re.IGNORECASE)
 
@@ -120,8 +126,7 @@ def peak_memory() -> str:
   return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB RSS"
 
 
-def main(argv):
-  del argv
+def report() -> None:
   FLAGS = flags.FLAGS
   config = FLAGS.config
   config.model.update(DIMS[FLAGS.dims], dropout=0.1)
@@ -185,4 +190,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  harness.run(report)

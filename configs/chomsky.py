@@ -23,10 +23,9 @@ length per batch); Adam's β2 is 0.98 (theirs 0.999); the randomized positions o
 evaluation are one fixed draw per stack (theirs: a fresh draw per batch).
 """
 
-import ml_collections
-
 from configs import default
 from transformer.data.chomsky import TASKS
+from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
 
 # The encodings the papers compare (sinusoidal, learned, rotary, ALiBi, T5's relative bias,
@@ -35,16 +34,16 @@ ENCODINGS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5"]
 CPU_TASKS = ["reverse_string", "duplicate_string", "odds_first", "bucket_sort",
              "missing_duplicate_string"]
 CPU_ENCODINGS = ["none", "sinusoidal", "rotary", "alibi"]
+ARGS = ("", "cpu")  # get_config's arguments
 
 
 def get_config(arg: str = ""):
-  if arg not in ("", "cpu"):
+  if arg not in ARGS:
     raise ValueError(f"configs/chomsky.py takes '' or 'cpu', not {arg!r}")
-  config = default.get_config()
-  config.data = ml_collections.ConfigDict(dict(source="algorithmic", cast="slots"))
-  # Only the fields every task has: a sweep over task.name keeps each task's own defaults.
-  config.task = ml_collections.ConfigDict(dict(
-      name="reverse_string", min_len=1, max_len=40, test_max_len=500))
+  config = with_source(default.get_config(), "algorithmic")  # data.cast: slots, as the papers
+  # Only the fields every task has; the others stay unset (each task's own defaults), also
+  # in a sweep over task.name.
+  config.task.update(name="reverse_string", min_len=1, max_len=40, test_max_len=500)
   config.model.update(arch="encoder", pooling="none", d_model=64, num_heads=8, d_ff=256,
                       num_encoder_layers=5, dropout=0.1, position="sinusoidal",
                       max_len=1536, max_position=2048, norm="post")

@@ -24,6 +24,7 @@ SIZES = {
             "train.keep_checkpoints": 1, "eval.num_examples": 200},
 }
 SEEDS = {"full": [0, 1, 2], "gpu": [0, 1, 2], "cpu": [0]}
+ARGS = tuple(SIZES)  # get_config's arguments
 
 
 def get_config(size: str = "full"):

@@ -11,18 +11,16 @@ heads, ff 1024, mean pooling; vanilla Transformer 36.4% in LRA Table 1). Data is
 from the seed; held-out expressions never occur in training.
 """
 
-import ml_collections
-
 from configs import default
+from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
+
+ARGS = ("", "lra")  # get_config's arguments
 
 
 def get_config(arg: str = ""):
-  config = default.get_config()
-  config.data.source = "labelled"
-  config.task = ml_collections.ConfigDict(dict(
-      name="listops", min_len=10, max_len=64, max_depth=4, max_args=5, branch_prob=0.25,
-      heldout_modulus=10))
+  config = with_source(default.get_config(), "labelled")
+  config.task.name = "listops"  # its defaults are the CPU-sized task (docstring)
   config.model.update(arch="encoder", pooling="cls", d_model=64, num_heads=4, d_ff=128,
                       num_encoder_layers=2, max_len=64, dropout=0.0)
   config.train.update(batch_size=32, num_steps=3000, learning_rate=0.25, warmup_steps=300,

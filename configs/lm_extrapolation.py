@@ -18,25 +18,19 @@ files (by CRC32 of the file name) held out; a 2048-piece BPE vocabulary is train
 training files into each workdir.
 """
 
-import ml_collections
-
 from configs import default
-from transformer.core import fields
-from transformer.data.lm import LMData
+from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
 
 POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
+ARGS = ("", "t5_distance")  # get_config's arguments
 
 
 def get_config(arg: str = ""):
-  if arg not in ("", "t5_distance"):
+  if arg not in ARGS:
     raise ValueError(f"configs/lm_extrapolation.py takes '' or 't5_distance', not {arg!r}")
-  config = default.get_config()
-  # Every field of the lm source's section (so each can be overridden), from its dataclass.
-  config.data = ml_collections.ConfigDict(fields.to_dict(LMData(
-      corpus="stdlib", python_version="3.11", stdlib_scope="top", heldout_modulus=10,
-      vocab_size=2048, tokenizer_type="bpe", max_len=64, max_factor=8, sliding=True)))
-  del config.task
+  config = with_source(default.get_config(), "lm")  # its defaults: the corpus described above
+  config.data.python_version = "3.11"  # pinned: another version is another corpus
   config.model.update(arch="decoder", d_model=128, num_heads=4, d_ff=512,
                       num_decoder_layers=2, max_len=512, dropout=0.0, norm="pre",
                       position="alibi")

@@ -10,25 +10,16 @@ vocabulary is trained on the training pairs into the workdir on the first run.
 """
 
 from configs import default
+from transformer.run.config import with_source
 
 
 def get_config():
-  config = default.get_config()
-  del config.task  # a translation source reads none
+  config = with_source(default.get_config(), "text")
   data = config.data
-  data.source = "text"
   data.dir = "../shared/data/multi30k"
   data.train_source, data.train_target = "train.en.gz", "train.de.gz"
   data.valid_source, data.valid_target = "val.en.gz", "val.de.gz"
   data.test_source, data.test_target = "test_2016_flickr.en.gz", "test_2016_flickr.de.gz"
-  data.vocab_size = 8000
-  data.tokenizer_type = "unigram"  # unigram | bpe | char | word
-  data.tokenizer = ""  # an existing sentencepiece model; "": train one into the workdir
-  data.max_len = 64  # training pairs longer than this (in pieces) are dropped; packed row width
-  data.pack = True
-  data.decode_offset = 10  # decode up to source length + this many pieces
-  data.window = 8192  # training pairs shuffled in and packed at a time (memory: one window)
-  data.cache_dir = ""  # the encoded training corpus goes here; "": next to the tokenizer
 
   # Recipe measured on one H100 (bf16, cuDNN attention): test_2016_flickr sacreBLEU 39.2 with
   # beam 4, α 0.6 and the last 5 checkpoints averaged, after ~5 min of training. High dropout

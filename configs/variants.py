@@ -17,7 +17,7 @@ from configs import lm_extrapolation
 from transformer.core.registry import lookup
 from transformer.study.sweep import axis, product
 
-SWEEPS = {"": "blocks", "attention": "attention"}
+ARGS = {"": "blocks", "attention": "attention"}  # get_config's arguments: the sweep
 
 
 def gated_width(d_ff: int) -> int:
@@ -27,7 +27,7 @@ def gated_width(d_ff: int) -> int:
 
 
 def get_config(arg: str = ""):
-  lookup(SWEEPS, arg, "configs/variants.py sweep")
+  lookup(ARGS, arg, "configs/variants.py sweep")
   config = lm_extrapolation.get_config()
   config.data.update(max_factor=1, sliding=False)  # held out at the training length only
   config.model.update(position="rotary", max_len=64)
@@ -37,7 +37,7 @@ def get_config(arg: str = ""):
 
 def get_sweep(arg: str = ""):
   seeds = axis("seed", [0, 1])
-  if lookup(SWEEPS, arg, "configs/variants.py sweep") == "attention":
+  if lookup(ARGS, arg, "configs/variants.py sweep") == "attention":
     return product(axis("model.attention.qk_norm", ["none", "rmsnorm"]),
                    axis("model.attention.logit_softcap", [0.0, 5.0]),
                    axis("train.z_loss", [0.0, 1e-4]), seeds)

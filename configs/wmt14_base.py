@@ -15,38 +15,24 @@ whole); reversed: --config.data.source_column=translation.de
 --config.data.target_column=translation.en.
 """
 
-import ml_collections
-
 from configs import default
-from transformer.core import fields
 from transformer.core.registry import lookup
-from transformer.data.hf import HfData
+from transformer.run.config import with_source
+
+ARGS = ("tfds", "hf")  # get_config's arguments: the data source
 
 
 def get_config(source: str = "tfds"):
-  """source: tfds (the prepared TFDS dataset) | hf (the hub's wmt/wmt14 de-en, columns
-  translation.en → translation.de: configs/wmt14_base.py:hf)."""
-  lookup({"tfds": 0, "hf": 0}, source, "configs/wmt14_base.py data source")
-  config = default.get_config()
-  del config.task  # a translation source reads none
+  """source: tfds (the prepared TFDS dataset wmt14_translate/de-en) | hf (the hub's
+  wmt/wmt14 de-en, columns translation.en → translation.de: configs/wmt14_base.py:hf);
+  both sources' defaults are this dataset."""
+  lookup(dict.fromkeys(ARGS), source, "configs/wmt14_base.py data source")
+  config = with_source(default.get_config(), source)
   data = config.data
-  data.source = "tfds"
-  data.tfds_name = "wmt14_translate/de-en"
-  data.tfds_dir = ""  # "": tfds's default, ~/tensorflow_datasets
-  data.source_lang, data.target_lang = "en", "de"
-  data.train_split, data.valid_split, data.test_split = "train", "validation", "test"
-  if source == "hf":  # every field of the hf source's section, so each can be overridden
-    data = config.data = ml_collections.ConfigDict(fields.to_dict(HfData(
-        source="hf", hf_path="wmt/wmt14", hf_name="de-en", source_column="translation.en",
-        target_column="translation.de")))
   data.vocab_size = 32768  # the paper: a shared source-target vocabulary of ~37000 BPE tokens
   data.tokenizer_type = "bpe"
-  data.tokenizer = ""  # "": train one into the workdir from (a sample of) the training pairs
   data.max_len = 128  # pieces per side: longer pairs are dropped; the packed row width
-  data.pack = True
   data.decode_offset = 50  # the paper decodes up to input length + 50
-  data.window = 8192  # training pairs shuffled in and packed at a time (memory: one window)
-  data.cache_dir = ""  # the encoded training corpus goes here; "": next to the tokenizer
 
   config.model.update(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6,
                       num_decoder_layers=6, dropout=0.1, max_len=256)

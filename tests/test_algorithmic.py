@@ -1,7 +1,8 @@
-"""data.source "algorithmic" (data/algorithmic.py) and the tasks of data/chomsky: every
-task's shapes, ranges and determinism; the six tasks of the CPU protocol against direct
-references and their papers' examples; the row layout, the splits and the per-length
-accuracy against a direct computation; and configs/chomsky.py end to end at tiny size."""
+"""data.source "algorithmic" (data/algorithmic.py) and the tasks of data/chomsky (every
+task's shapes, ranges and determinism: tests/test_tasks.py): the six tasks of the CPU
+protocol against direct references and their papers' examples; the row layout, the splits
+and the per-length accuracy against a direct computation; and configs/chomsky.py end to end
+at tiny size, in every cast."""
 
 import json
 import os
@@ -13,12 +14,13 @@ from ml_collections import config_dict
 from configs import chomsky
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
-from transformer.data import SourceArgs
-from transformer.data.algorithmic import (AlgorithmicData, AlgorithmicSource, length_accuracy,
-                                          slot_id)
+from transformer.data import SourceArgs, Targets
+from transformer.data.algorithmic import AlgorithmicData, AlgorithmicSource, length_accuracy
 from transformer.data.base import Split
-from transformer.data.chomsky import TASKS
+from transformer.data.casts import CASTS
+from transformer.data.chomsky import TASKS as PAPERS_TASKS
 from transformer.data.chomsky.base import up_to_termination
+from transformer.model.families import ARCHS
 from transformer.run import optim
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
@@ -26,30 +28,12 @@ from transformer.run.training import train_and_evaluate
 from transformer.study import pictures, report_plots
 
 LENGTHS = [1, 2, 3, 4, 5, 7, 40, 41, 100]
+TASKS = AlgorithmicSource.Task.registry  # each problem with the papers' splits fields
+SLOTS = CASTS["slots"]
 
 
 def _sample(task, n, seed=0):
   return task.sample(np.random.default_rng([seed, n]), n)
-
-
-# --------------------------------------------------------------------------- every task
-
-
-@pytest.mark.parametrize("name", sorted(TASKS))
-def test_every_task_samples_in_range_and_from_its_seed(name):
-  task = TASKS[name]()
-  assert len(TASKS) <= 15
-  for n in LENGTHS:
-    for seed in range(3):
-      inputs, outputs = _sample(task, n, seed)
-      assert inputs.dtype == np.int32 and outputs.dtype == np.int32
-      assert inputs.shape == (n,) and outputs.shape == (task.output_length(n),)
-      assert 0 <= inputs.min() and inputs.max() < task.input_size
-      assert 0 <= outputs.min() and outputs.max() < task.output_size
-      again = _sample(task, n, seed)
-      np.testing.assert_array_equal(inputs, again[0])
-      np.testing.assert_array_equal(outputs, again[1])
-  assert len(task.pieces()) == task.input_size
 
 
 # --------------------------------------------------------------------------- references
@@ -63,8 +47,8 @@ def _reference(name, x):
     return x[::-1]
   if name == "duplicate_string":
     return x + x
-  if name == "odds_first":  # 1-based odd positions are 0-based even ones
-    return [x[i] for i in range(0, n, 2)] + [x[i] for i in range(1, n, 2)]
+  if name == "odds_first":  # 0-based odd indices first, as DeepMind's code
+    return [x[i] for i in range(1, n, 2)] + [x[i] for i in range(0, n, 2)]
   if name == "bucket_sort":
     return [s for s in range(5) for _ in range(x.count(s))]
   if name == "missing_duplicate_string":
@@ -103,8 +87,10 @@ def test_task_matches_a_direct_reference(name):
     # The examples in DeepMind's docstrings.
     ("reverse_string", "011010", "010110"),
     ("duplicate_string", "101", "101101"),
-    ("odds_first", "00110101", "01000111"),
-    ("odds_first", "110", "101"),
+    # DeepMind's odds_first docstring says 00110101 -> 0100 0111 and 110 -> 10 1 (1-based
+    # odd positions first); its code puts 0-based odd indices first: test_odds_first_*
+    ("odds_first", "00110101", "01110100"),
+    ("odds_first", "110", "110"),
     ("bucket_sort", "10204112", "00111224"),
     ("missing_duplicate_string", "01100210", "1"),
     ("missing_duplicate_string", "1011213", "0"),
@@ -140,7 +126,7 @@ def test_missing_duplicate_has_one_gap_and_odd_padding():
 
 def test_a_bad_task_field_is_refused():
   with pytest.raises(ConfigError, match="num_symbols"):
-    TASKS["bucket_sort"](num_symbols=1)
+    TASKS["bucket_sort"](num_symbols=0)
   with pytest.raises(ConfigError, match="test_max_len"):
     TASKS["reverse_string"](max_len=10, test_max_len=5)
 
@@ -149,14 +135,14 @@ def test_a_bad_task_field_is_refused():
 
 
 def _source(seed=0, eval_examples=20, batch_size=8, cast="slots", **task):
-  task = TASKS[task.pop("name", "binary_addition")](**task)
+  task = AlgorithmicSource.Task.parse({"name": "binary_addition", **task}, "task")
   return AlgorithmicSource(AlgorithmicData("algorithmic", cast), task,
                            SourceArgs(seed, batch_size, eval_examples))
 
 
 def test_rows_are_inputs_then_answer_slots():
   source = _source(min_len=3, max_len=6, test_max_len=9)
-  task, slot = source.task, slot_id(source.task)
+  task, slot = source.task, SLOTS.slot(source.task)
   batch = next(iter(source.train_batches()))
   assert batch["inputs"].shape == (8, 6 + 7)  # the longest row: 6 inputs and 7 slots
   for row in range(8):
@@ -187,7 +173,7 @@ def test_seq2seq_rows_are_the_input_and_the_answer():
   split = source.eval_splits()["test"]
   predictions = split.arrays["targets"].copy()
   predictions[:, 0] = EOS_ID  # the first answer symbol wrong in every row
-  got = length_accuracy(source.task, split, predictions, "seq2seq")
+  got = length_accuracy(source.task, CASTS["seq2seq"], split, predictions)
   for n, value in got.items():
     counted = [r for r in range(len(predictions))
                if (split.arrays["inputs"][r] != 0).sum() - 1 == n]
@@ -208,7 +194,7 @@ def test_training_batches_are_a_function_of_seed_and_step():
 
 def test_training_lengths_are_uniform():
   source = _source(name="reverse_string", batch_size=64, min_len=1, max_len=4)
-  slot, counts = slot_id(source.task), np.zeros(5)
+  slot, counts = SLOTS.slot(source.task), np.zeros(5)
   for _, batch in zip(range(20), source.train_batches()):
     lengths = ((batch["inputs"] != 0) & (batch["inputs"] != slot)).sum(1)
     counts += np.bincount(lengths, minlength=5)
@@ -220,7 +206,7 @@ def test_training_lengths_are_uniform():
 def test_splits_spread_examples_over_their_lengths():
   source = _source(min_len=2, max_len=5, test_max_len=8, eval_examples=10)
   splits = source.eval_splits()
-  slot = slot_id(source.task)
+  slot = SLOTS.slot(source.task)
   for name, lengths in (("valid", range(2, 6)), ("test", range(6, 9))):
     inputs = splits[name].arrays["inputs"]
     n = ((inputs != 0) & (inputs != slot)).sum(1)
@@ -235,7 +221,7 @@ def test_splits_spread_examples_over_their_lengths():
 def test_length_accuracy_is_the_masked_accuracy_per_length():
   source = _source(min_len=3, max_len=4, test_max_len=4, eval_examples=6)
   split = source.eval_splits()["valid"]
-  arrays, slot = split.arrays, slot_id(source.task)
+  arrays, slot = split.arrays, SLOTS.slot(source.task)
   rng = np.random.default_rng(0)
   predictions = np.where(rng.random(arrays["targets"].shape) < 0.6, arrays["targets"],
                          rng.integers(0, 3, arrays["targets"].shape))
@@ -249,7 +235,7 @@ def test_length_accuracy_is_the_masked_accuracy_per_length():
     expected.setdefault(n, [0, 0])
     expected[n][0] += hits
     expected[n][1] += counted
-  got = length_accuracy(source.task, split, predictions)
+  got = length_accuracy(source.task, SLOTS, split, predictions)
   assert got.keys() == {3, 4}
   for n, (hits, total) in expected.items():
     assert got[n] == pytest.approx(hits / total)
@@ -263,7 +249,7 @@ def test_length_accuracy_is_the_masked_accuracy_per_length():
 def test_encode_and_pieces():
   source = _source()
   tokens = source.encode("0 1 + 1")
-  slot = slot_id(source.task)
+  slot = SLOTS.slot(source.task)
   assert tokens.tolist() == [3, 4, 5, 4] + [slot] * 5
   assert source.pieces(tokens) == ["0", "1", "+", "1"] + ["?"] * 5
   with pytest.raises(ConfigError, match="give space-separated symbols of 0 1 \\+"):
@@ -280,11 +266,19 @@ def test_constant_schedule_formula():
 
 
 def _protocol_config(arg="cpu", cast="slots", **train):
+  """configs/chomsky.py at tiny size in `cast`, on missing_duplicate_string or, for a cast
+  that cannot present it, the first task it can; the model family that learns the cast's
+  targets, pooled where they are one label per sequence."""
   config = chomsky.get_config(arg)
   config.data.cast = cast
-  if cast == "seq2seq":
-    config.model.update(arch="encoder_decoder", num_decoder_layers=1)
-  config.task.update(name="missing_duplicate_string", max_len=6, test_max_len=9)
+  targets = CASTS[cast].targets
+  arch = next(name for name, family in sorted(ARCHS.items()) if targets in family.learns)
+  config.model.update(arch=arch, num_decoder_layers=1,
+                      pooling="cls" if targets is Targets.SEQUENCE_LABELS else "none")
+  fields = dict(max_len=6, test_max_len=9)
+  name = next(n for n in ("missing_duplicate_string", *sorted(TASKS))
+              if CASTS[cast].unfit(TASKS[n](**fields)) is None)
+  config.task.update(name=name, **fields)
   config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, max_len=16,
                       max_position=32, random_positions=True, position="rotary")
   config.train.update(batch_size=8, num_steps=6, log_every=3, checkpoint_every=6,
@@ -293,7 +287,7 @@ def _protocol_config(arg="cpu", cast="slots", **train):
   return config
 
 
-@pytest.mark.parametrize("cast", ["slots", "seq2seq"])
+@pytest.mark.parametrize("cast", sorted(CASTS))
 def test_the_protocol_config_trains_end_to_end(cast, tmp_path):
   train_and_evaluate(parse(_protocol_config(cast=cast)), str(tmp_path))
   finals = {r["split"]: r for r in workdir_lib.read_metrics(str(tmp_path))
@@ -306,15 +300,54 @@ def test_the_protocol_config_trains_end_to_end(cast, tmp_path):
     assert record["mean_accuracy"] == pytest.approx(np.mean(curve))
     assert all(0 <= v <= 1 for v in curve)
   saved = json.load(open(os.path.join(tmp_path, "config.json")))
-  assert saved["train"]["schedule"] == "constant"
+  assert saved["train"]["schedule"] == "constant" and saved["data"]["cast"] == cast
+
+
+# --------------------------------------------------------------------------- fixed tasks
+
+
+def _raw(task, cast="slots"):
+  return {"seed": 0, "data": {"source": "algorithmic", "cast": cast}, "task": task,
+          "model": {"arch": "encoder", "pooling": "none"}}
+
+
+@pytest.mark.parametrize("name,field,new,old", [
+    ("odds_first", "indexing", "0-based", "1-based"),
+    ("modular_arithmetic", "even_lengths", "shorter", "blank")])
+def test_a_run_saved_before_a_fix_keeps_its_meaning(name, field, new, old, tmp_path):
+  """A config file without the field gets the fix; a saved config.json without it (written
+  before the field existed) means what that code computed; one with it keeps its value; and
+  the fixed task is another run: resuming the old one with it is refused."""
+  raw = _raw({"name": name, "min_len": 1, "max_len": 6, "test_max_len": 9})
+  assert getattr(parse(raw).task, field) == new
+  assert getattr(parse(raw, saved=True).task, field) == old
+  assert getattr(parse(_raw({**raw["task"], field: new}), saved=True).task, field) == new
+  (tmp_path / "config.json").write_text(json.dumps(raw))
+  assert getattr(workdir_lib.saved_config(str(tmp_path)).task, field) == old
+  with pytest.raises(ConfigError, match=f"different config.task .differs in: {field}"):
+    workdir_lib.check_identity(parse(raw), str(tmp_path), has_checkpoints=True)
+  workdir_lib.check_identity(parse(_raw({**raw["task"], field: old})), str(tmp_path), True)
+
+
+def test_modular_arithmetic_even_lengths_are_reported_at_their_length():
+  """DeepMind's per-length accuracy of an even length n is over its n − 1 symbol inputs:
+  the splits keep the length drawn, and the metric is keyed by it."""
+  source = _source(name="modular_arithmetic", min_len=1, max_len=6, test_max_len=9,
+                   eval_examples=18)
+  for split in source.eval_splits().values():
+    slot = SLOTS.slot(source.task)
+    symbols = ((split.arrays["inputs"] != 0) & (split.arrays["inputs"] != slot)).sum(1)
+    np.testing.assert_array_equal(symbols, split.lengths - (split.lengths % 2 == 0))
+    got = source.split_results("", split, {"predictions": split.arrays["targets"]}).metrics
+    assert list(got["accuracy_by_length"]) == sorted(set(split.lengths.tolist()))
 
 
 def test_the_protocol_sweeps_cover_the_papers_grid():
   full, cpu = chomsky.get_sweep(), chomsky.get_sweep("cpu")
   # none takes no positions to randomize: plain only
-  assert len(full) == len(TASKS) * (5 * 2 + 1) * 3 * 3
+  assert len(full) == len(PAPERS_TASKS) * (5 * 2 + 1) * 3 * 3
   assert len(cpu) == 5 * (3 * 2 + 1) * 3
-  assert {run["task.name"] for run in cpu} <= set(TASKS)
+  assert {run["task.name"] for run in cpu} <= set(PAPERS_TASKS)
   for arg in ("", "cpu"):
     config = chomsky.get_config(arg)
     for run in chomsky.get_sweep(arg)[:: 37]:

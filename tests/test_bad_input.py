@@ -12,7 +12,7 @@ from tests import clirun
 from tests.clirun import ROOT, CliRunner
 from tests.test_stats import fake_run, write_evaluation
 from transformer.data.sources import SOURCES
-from transformer.data.synthetic import TRANSFORMS
+from transformer.data.synthetic import TASKS as SYNTHETIC_TASKS
 from transformer.model.feedforward import FFNS
 from transformer.model.kernels import KERNELS
 from transformer.model.layers import NORMS
@@ -23,6 +23,7 @@ from transformer.model.scores import SCORES
 from transformer.run.evaluation import text_paths
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
+ROTARY = "model.position_settings.rotary."
 TINY = [*clirun.TINY, "--config.train.num_steps=10", "--config.train.checkpoint_every=5"]
 TEXT = "train.py", ["--config", os.path.join(ROOT, "configs", "multi30k.py"), "--workdir", "{new}",
                     "--config.data.dir={files}/corpus", "--config.data.train_source=train.en",
@@ -179,6 +180,38 @@ CASES = [
      ["unknown attention window 'sliding'", choices(WINDOWS)]),
     ("unknown kernel", *TRAIN, ["--config.model.attention.kernel=flash"],
      ["unknown attention kernel 'flash'", choices({"auto": None, **KERNELS})]),
+    # RoPE's scalings and partial rotation (transformer/model/positions/rotary.py)
+    ("rotary scaling unknown", *TRAIN, [f"--config.{ROTARY}scaling=dynamic"],
+     [f"config.{ROTARY}scaling='dynamic' is not allowed", "one of none, linear, ntk, yarn"]),
+    ("xpos scaling unknown", *TRAIN, ["--config.model.position_settings.xpos.scaling=pi"],
+     ["config.model.position_settings.xpos.scaling='pi'", "none, linear, ntk, yarn"]),
+    ("rotary factor below 1", *TRAIN, [f"--config.{ROTARY}scaling=linear",
+                                       f"--config.{ROTARY}factor=0.5"],
+     [f"config.{ROTARY}factor=0.5 is not allowed", "≥ 1"]),
+    ("rotary factor without a scaling", *TRAIN, [f"--config.{ROTARY}factor=4"],
+     [f"config.{ROTARY}factor=4.0", "1 with scaling 'none'"]),
+    ("yarn without original_length", *TRAIN, [f"--config.{ROTARY}scaling=yarn",
+                                              f"--config.{ROTARY}factor=4"],
+     [f"config.{ROTARY}original_length=0", "≥ 1 with scaling 'yarn'"]),
+    ("original_length negative", *TRAIN, [f"--config.{ROTARY}original_length=-1"],
+     [f"config.{ROTARY}original_length=-1", "≥ 0"]),
+    ("yarn_alpha 0", *TRAIN, [f"--config.{ROTARY}yarn_alpha=0"],
+     [f"config.{ROTARY}yarn_alpha=0.0", "> 0"]),
+    ("yarn_beta below yarn_alpha", *TRAIN, [f"--config.{ROTARY}yarn_beta=0.5"],
+     [f"config.{ROTARY}yarn_beta=0.5", "> yarn_alpha (1.0)"]),
+    ("rotated_fraction 0", *TRAIN, [f"--config.{ROTARY}rotated_fraction=0"],
+     [f"config.{ROTARY}rotated_fraction=0.0", "in (0, 1]"]),
+    ("rotated_fraction above 1", *TRAIN, [f"--config.{ROTARY}rotated_fraction=1.5"],
+     [f"config.{ROTARY}rotated_fraction=1.5", "in (0, 1]"]),
+    ("rotated_fraction turning no pair", *TRAIN,
+     ["--config.model.position=rotary", f"--config.{ROTARY}rotated_fraction=0.1"],
+     ["rotated_fraction=0.1 rotates no pair of the head's 16 dimensions", "at least 0.125"]),
+    ("ntk with one rotated pair", *TRAIN,
+     ["--config.model.position=rotary", f"--config.{ROTARY}rotated_fraction=0.125",
+      f"--config.{ROTARY}scaling=ntk", f"--config.{ROTARY}factor=2"],
+     ["scaling 'ntk'", "more than one rotated pair", "D = 2"]),
+    ("unknown partial rotation", *TRAIN, [f"--config.{ROTARY}partial=half"],
+     [f"config.{ROTARY}partial='half'", "one of neox, p_rope"]),
     # train
     ("batch_size 0", *TRAIN, ["--config.train.batch_size=0"], ["train.batch_size=0"]),
     ("batch vs accumulation", *TRAIN, ["--config.train.accumulation_steps=3"],
@@ -220,8 +253,8 @@ CASES = [
     ("heldout_modulus 1", *TRAIN, ["--config.task.heldout_modulus=1"],
      ["task.heldout_modulus=1", "≥ 2"]),
     ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
-     ["task: no", "string of lengths 1..1 over 1 symbols"]),
-    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(TRANSFORMS)]),
+     ["task: no", "input of copy of lengths 1..1"]),
+    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(SYNTHETIC_TASKS)]),
     ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
     ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
@@ -361,6 +394,34 @@ CASES = [
       "model.arch encoder_decoder"]),
     ("eval beam on a classifier", "eval.py", ["--workdir", "{listops}", "--beam_size", "2"], [],
      ["--beam_size 2", "model.arch 'encoder' does not decode"]),
+    # eval.py --config.FIELD=VALUE (transformer/run/overrides.py)
+    ("eval override of an identity field", "eval.py",
+     ["--workdir", "{run}", "--config.model.d_ff=48"], [],
+     ["--config.model.d_ff=48: model.d_ff is part of the run's identity", "trained with 64",
+      "execution fields only", "model.attention.kernel"]),
+    ("eval override of a section the run does not read", "eval.py",
+     ["--workdir", "{run}", f"--config.{ROTARY}scaling=linear"], [],
+     [f"--config.{ROTARY}scaling=linear changes nothing",
+      f"this run does not read {ROTARY}scaling"]),
+    ("eval override misspelt", "eval.py", ["--workdir", "{run}", f"--config.{ROTARY}scalin=yarn"],
+     [], [f"the run's config has no field '{ROTARY}scalin'", 'Did you mean "scaling"']),
+    ("eval override out of range", "eval.py", ["--workdir", "{run}", "--config.eval.batch_size=0"],
+     [], ["config.eval.batch_size=0 is not allowed", "≥ 1"]),
+    ("eval override not a number", "eval.py",
+     ["--workdir", "{run}", "--config.eval.batch_size=many"], [],
+     ["--config.eval.batch_size=many: 'many' is not a valid int"]),
+    ("eval override without a value", "eval.py", ["--workdir", "{run}", "--config.eval.batch_size"],
+     [], ["give the value as --config.eval.batch_size=VALUE"]),
+    ("eval override given twice", "eval.py",
+     ["--workdir", "{run}", "--config.eval.batch_size=4", "--config.eval.batch_size=8"], [],
+     ["--config.eval.batch_size is given twice ('4' and '8')"]),
+    ("eval override of training", "eval.py", ["--workdir", "{run}", "--config.train.num_steps=5"],
+     [], ["--config.train.num_steps: an evaluation does not read config.train"]),
+    ("eval override of the sampling", "eval.py",
+     ["--workdir", "{run}", "--config.eval.sampling.temperature=1"], [],
+     ["eval.py's flags set the sampling (--temperature"]),
+    ("eval override of a section", "eval.py", ["--workdir", "{run}", "--config.model.attention=x"],
+     [], ["--config.model.attention is a section", "kernel"]),
     ("config sampling top_p 0", *TRAIN, ["--config.eval.sampling.temperature=1",
                                          "--config.eval.sampling.top_p=0"],
      ["config.eval.sampling.top_p=0", "(0, 1]"]),
@@ -625,6 +686,19 @@ def get_config():
   del config.task
   return config
 """
+
+
+def write_lm_config(root) -> str:
+  """Writes root/lm.py (LM_CONFIG) and its corpus (root/corpus); returns the file's path."""
+  corpus = root / "corpus"
+  corpus.mkdir()
+  for name in ("train", "valid"):
+    (corpus / f"{name}.txt").write_text("\n".join(f"def f{i}(x):\n  return x + {i}"
+                                                  for i in range(60)))
+  (root / "lm.py").write_text(LM_CONFIG.format(corpus=str(corpus)))
+  return str(root / "lm.py")
+
+
 LISTOPS_CONFIG = """
 from tests.test_families import listops_config
 
@@ -641,12 +715,7 @@ def others(tmp_path_factory, cli, run):
   (truncated), a JSON list (jsonlist), a JSON string (jsonstring), or holds a bad value
   (badvalue); and a whole copy of {run} (copy)."""
   root = tmp_path_factory.mktemp("others")
-  corpus = root / "corpus"
-  corpus.mkdir()
-  for name in ("train", "valid"):
-    (corpus / f"{name}.txt").write_text("\n".join(f"def f{i}(x):\n  return x + {i}"
-                                                  for i in range(60)))
-  (root / "lm.py").write_text(LM_CONFIG.format(corpus=str(corpus)))
+  write_lm_config(root)
   (root / "listops.py").write_text(LISTOPS_CONFIG)
   workdirs = {}
   for name in ("lm", "listops"):

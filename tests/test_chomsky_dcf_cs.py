@@ -2,7 +2,9 @@
 solve_equation, binary_multiplication, compute_sqrt) checked against direct computations of
 their answers written here: a simulated stack, Python's eval of the expression mod the
 modulus, int(bits, 2) products, math.isqrt; on DeepMind's docstring examples, then on
-random examples of the shortest and long lengths. numpy only."""
+random examples of the shortest and long lengths. And odds_first as DeepMind's code computes
+it (0-based odd indices first), its docstring's order kept for runs saved before. numpy
+only."""
 
 import math
 import random
@@ -15,7 +17,7 @@ from transformer.data.chomsky import TASKS
 from transformer.data.chomsky.base import uniform_int
 from transformer.data.chomsky.context_free import (ModularArithmeticBrackets, SolveEquation,
                                                    StackManipulation, bracket_expression)
-from transformer.data.chomsky.context_sensitive import BinaryMultiplication, ComputeSqrt
+from transformer.data.chomsky.context_sensitive import BinaryMultiplication, ComputeSqrt, OddsFirst
 
 NAMES = ("stack_manipulation", "modular_arithmetic_brackets", "solve_equation",
          "binary_multiplication", "compute_sqrt")
@@ -245,8 +247,44 @@ def test_bad_configs():
       cls(modulus=1)
   with pytest.raises(ConfigError, match="mult"):
     ModularArithmeticBrackets(mult=2)
-  with pytest.raises(ConfigError, match="min_len"):
-    StackManipulation(min_len=0)
+  with pytest.raises(ConfigError, match="unknown task.indexing '2-based'; choose one of: "
+                     "0-based, 1-based"):
+    OddsFirst(indexing="2-based")
+
+
+# ------------------------------------------------------------------ odds_first
+
+def deepmind_odds_first(s):
+  """DeepMind's OddsFirst.sample_batch (tasks/cs/odds_first.py) on one string: the output is
+  jnp.concatenate([one_hot_strings[:, 1::2], one_hot_strings[:, ::2]], axis=1), i.e. the
+  symbols at 0-based indices 1, 3, 5, … then 0, 2, 4, …"""
+  return [s[i] for i in range(len(s)) if i % 2 == 1] + [s[i] for i in range(len(s)) if i % 2 == 0]
+
+
+def docstring_odds_first(s):
+  """DeepMind's OddsFirst docstring: s_1 s_3 s_5 … s_2 s_4 s_6 … (1-based positions)."""
+  positions = range(1, len(s) + 1)
+  return ([s[p - 1] for p in positions if p % 2 == 1]
+          + [s[p - 1] for p in positions if p % 2 == 0])
+
+
+def test_odds_first_is_deepminds_code_and_saved_runs_keep_the_docstring():
+  bits = lambda text: [int(c) for c in text]  # noqa: E731
+  # the docstring's examples hold for the docstring's order, not for the code's
+  assert docstring_odds_first(bits("00110101")) == bits("01000111")
+  assert docstring_odds_first(bits("110")) == bits("101")
+  assert deepmind_odds_first(bits("00110101")) == bits("01110100")
+  assert deepmind_odds_first(bits("110")) == bits("110")
+  code, saved = OddsFirst(), OddsFirst(indexing="1-based")
+  assert code.indexing == "0-based"
+  differ = 0
+  for n in LENGTHS:
+    for seed in SEEDS:
+      for task, reference in ((code, deepmind_odds_first), (saved, docstring_odds_first)):
+        symbols, answer = task.sample(np.random.default_rng([seed, n]), n)
+        assert answer.tolist() == reference(symbols.tolist()), (task, symbols)
+      differ += deepmind_odds_first(symbols.tolist()) != docstring_odds_first(symbols.tolist())
+  assert differ > len(LENGTHS) * len(SEEDS) / 2  # the two orders differ on most strings
 
 
 def test_uniform_int():

@@ -1,7 +1,10 @@
 """The regular tasks of Delétang et al. 2023 (data/chomsky/regular.py): the papers' and
 DeepMind's examples through a direct computation of each answer, and every sampled example
-(lengths 1, 2, 3, … 100) checked against that computation; samples are a pure function of
-the generator's seed; bad fields are refused by name. numpy only: fast."""
+(lengths 1, 2, 3, … 100) checked against that computation; modular_arithmetic's inputs as
+DeepMind's code draws them (an even length n: an expression of n − 1 symbols) and, for runs
+saved before, as this code drew them (n − 1 symbols and a blank), both valued by a
+re-implementation of DeepMind's evaluator; samples are a pure function of the generator's
+seed; bad fields are refused by name. numpy only: fast."""
 
 import numpy as np
 import pytest
@@ -35,6 +38,31 @@ def modular_arithmetic(s, modulus=5):
   """Python's own evaluation of the expression written out (the trailing blank dropped)."""
   text = "".join(str(x) if x < modulus else "+-*_"[x - modulus] for x in s).rstrip("_")
   return [eval(text) % modulus]
+
+
+def deepmind_modular_value(s, modulus=5):
+  """The value as DeepMind's _evaluate_expression computes it (tasks/regular/
+  modular_arithmetic.py), step by step: a blank at an operator's place is +, at a number's 0;
+  each − becomes + and negates the number after it; the numbers joined by × are multiplied
+  (a + starts a new term); the terms are summed, modulo `modulus`."""
+  plus, minus, blank = modulus + regular.PLUS, modulus + regular.MINUS, modulus + regular.BLANK
+  s = [(plus if i % 2 else 0) if x == blank else x for i, x in enumerate(s)]
+  signed = list(s)
+  for i in range(1, len(s) - 1, 2):
+    if s[i] == minus:
+      signed[i], signed[i + 1] = plus, -s[i + 1]
+  terms = [signed[0]]
+  for op, number in zip(signed[1::2], signed[2::2]):
+    if op == plus:
+      terms.append(number)
+    else:  # times
+      terms[-1] *= number
+  return [sum(terms) % modulus]
+
+
+def deepmind_modular_input_length(n):
+  """DeepMind's sample_batch: `if length % 2 != 1: length -= 1`."""
+  return n if n % 2 == 1 else n - 1
 
 
 REFERENCES = {"even_pairs": even_pairs, "parity_check": parity_check,
@@ -96,7 +124,8 @@ def test_samples_match_reference(name):
     for seed in range(40):
       symbols, answer = task.sample(np.random.default_rng([seed, length]), length)
       assert symbols.dtype == answer.dtype == np.int32
-      assert symbols.shape == (length,) and answer.shape == (task.output_length(length),)
+      assert symbols.shape == (task.input_length(length),)
+      assert answer.shape == (task.output_length(length),)
       assert 0 <= symbols.min() and symbols.max() < task.input_size
       assert 0 <= answer.min() and answer.max() < task.output_size
       assert answer.tolist() == reference(symbols.tolist()), (length, symbols)
@@ -104,19 +133,28 @@ def test_samples_match_reference(name):
       assert len(task.pieces()) == task.input_size
 
 
-def test_modular_arithmetic_format():
-  """Numbers at even positions, operators at odd ones; an even length ends in the blank,
-  which appears nowhere else."""
-  task = regular.ModularArithmetic()
+@pytest.mark.parametrize("even_lengths", ["shorter", "blank"])
+def test_modular_arithmetic_format(even_lengths):
+  """Numbers at even positions, operators at odd ones, valued as DeepMind's evaluator does.
+  As DeepMind's code draws it (shorter, the default): an expression of odd length, n − 1
+  symbols for an even n, no blank. As runs saved before the fix drew it (blank): n − 1
+  symbols and the blank; the value is the same expression's."""
+  task = regular.ModularArithmetic(even_lengths=even_lengths)
   blank = task.modulus + regular.BLANK
   for length in LENGTHS:
     for seed in range(20):
-      s, _ = task.sample(np.random.default_rng([seed, length]), length)
-      body = s[:-1] if length % 2 == 0 else s
-      assert (s[-1] == blank) == (length % 2 == 0)
+      s, answer = task.sample(np.random.default_rng([seed, length]), length)
+      body = s[:deepmind_modular_input_length(length)]
+      if even_lengths == "shorter":
+        assert len(s) == deepmind_modular_input_length(length) and blank not in s
+      else:
+        assert len(s) == length and (s[-1] == blank) == (length % 2 == 0)
       assert (body[0::2] < task.modulus).all()
       assert ((body[1::2] >= task.modulus) & (body[1::2] < blank)).all()
-  assert task.pieces() == ("0", "1", "2", "3", "4", "+", "-", "*", "_")
+      assert answer.tolist() == deepmind_modular_value(s.tolist()) == modular_arithmetic(s)
+  assert task.pieces() == ("0", "1", "2", "3", "4", "+", "-", "*", "_")  # DeepMind's alphabet
+  assert deepmind_modular_value(expression("3 - 2 * 4 _")) == [0]
+  assert deepmind_modular_value(expression("4 * 4 - 3 * 2 * 4 + 1")) == [(16 - 24 + 1) % 5]
 
 
 def test_other_fields():
@@ -156,7 +194,10 @@ def test_every_class_occurs(name, length):
 
 @pytest.mark.parametrize("cls, field, value", [
     (regular.ModularArithmetic, "modulus", 1), (regular.ModularArithmetic, "modulus", 0),
-    (regular.CycleNavigation, "cycle_length", 1), (regular.ParityCheck, "min_len", 0)])
+    (regular.CycleNavigation, "cycle_length", 1)])
 def test_bad_field(cls, field, value):
   with pytest.raises(ConfigError, match=f"{field}={value}"):
     cls(**{field: value})
+  with pytest.raises(ConfigError, match="unknown task.even_lengths 'odd'; choose one of: "
+                     "blank, shorter"):
+    regular.ModularArithmetic(even_lengths="odd")

@@ -188,6 +188,7 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   """Every field of the typed config (overrides applied), with the choices of registry
   fields and the ranges of numeric ones, as the registries and checks say."""
   from configs import listops  # noqa: PLC0415
+  from transformer.core import fields  # noqa: PLC0415
   from transformer.data.labelled import TASKS  # noqa: PLC0415
   from transformer.data.sources import SOURCES  # noqa: PLC0415
   from transformer.model.families import ARCHS  # noqa: PLC0415
@@ -207,7 +208,7 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
     shown[path] = (value, allowed[0] if allowed else "")
   config = listops.get_config()
   config.model.position = "rotary"
-  expected = _leaves(config_lib.to_dict(config_lib.parse(config)))
+  expected = fields.flat(config_lib.to_dict(config_lib.parse(config)))
   assert list(shown) == list(expected)
   assert all(shown[path][0] == repr(value) for path, value in expected.items()
              if " " not in repr(value))
@@ -227,14 +228,6 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   assert shown["mesh.data"][1] == ""  # no check: any integer
 
 
-def _leaves(d, prefix=""):
-  out = {}
-  for key, value in d.items():
-    out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict)
-               else {f"{prefix}{key}": value})
-  return out
-
-
 def test_show_config_follows_the_code_not_a_list(monkeypatch):
   """A registry entry added, a section's check changed: described as the code now says."""
   from configs import default  # noqa: PLC0415
@@ -250,20 +243,3 @@ def test_show_config_follows_the_code_not_a_list(monkeypatch):
   assert described["model.position"].endswith(", xpos, zz_new")
   assert described["eval.num_examples"] == "in [3, 999]"
   assert described["eval.batch_size"] == "> 8"
-
-
-def test_show_config_marks_the_fields_an_override_cannot_set():
-  """A field the config file leaves out (here: an older file without data.dir) has its
-  default, but --config.FIELD=VALUE cannot add it to the file's ConfigDict: the listing
-  says so rather than offer it."""
-  from configs import lm_extrapolation  # noqa: PLC0415
-  from transformer.run import config_help  # noqa: PLC0415
-
-  given = lm_extrapolation.get_config()
-  del given.data.dir
-  fields = {f.path: f for f in config_help.describe(given)}
-  assert not fields["data.dir"].in_file and fields["data.dir"].value == ""
-  assert fields["data.corpus"].in_file and fields["model.position"].in_file
-  text = config_help.render(list(fields.values()))
-  assert "  data.dir *  " in text and "  data.corpus  " in text
-  assert text.splitlines()[-1].startswith("* not in the config file")

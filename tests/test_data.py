@@ -1,40 +1,59 @@
-"""Synthetic tasks: determinism, correctness of targets, held-out disjointness, lengths."""
+"""data.source "synthetic": targets of reverse/copy/sort (and their former names), batches a
+pure function of seed and step, held-out strings, the longer split, bad settings; and the
+batching of generated rows."""
 
 import numpy as np
 import pytest
 
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
-from transformer.data.synthetic import TRANSFORMS, SyntheticTask, eval_splits, train_dataset
+from transformer.data import SourceArgs
+from transformer.data.base import SourceSection
+from transformer.data.synthetic import TASKS, SyntheticSource
 
 
 def _strip(row):
   return row[:list(row).index(EOS_ID)]
 
 
-@pytest.mark.parametrize("name,fn", [("reverse", lambda s: s[::-1]), ("copy", lambda s: s),
+def _source(name="reverse_string", seed=0, batch_size=16, eval_examples=50, **fields):
+  task = SyntheticSource.Task.parse({"name": name, **fields}, "task")
+  return SyntheticSource(SourceSection("synthetic"), task, SourceArgs(seed, batch_size,
+                                                                      eval_examples))
+
+
+def _batch(source, step):
+  iterator = iter(source.train_batches())
+  for _ in range(step):
+    next(iterator)
+  return next(iterator)
+
+
+@pytest.mark.parametrize("name,fn", [("reverse_string", lambda s: s[::-1]),
+                                     ("reverse", lambda s: s[::-1]),  # its former name
+                                     ("copy", lambda s: s), ("bucket_sort", sorted),
                                      ("sort", sorted)])
 def test_targets_follow_the_task(name, fn):
-  task = SyntheticTask(name, num_symbols=8, min_len=2, max_len=9)
-  batch = train_dataset(task, seed=3, batch_size=16)[5]
+  source = _source(name, num_symbols=8, min_len=2, max_len=9)
+  assert source.task.name == {"reverse": "reverse_string", "sort": "bucket_sort"}.get(name, name)
+  batch = _batch(source, 5)
   assert batch["inputs"].shape == batch["targets"].shape == (16, 10)
   for src, tgt in zip(batch["inputs"], batch["targets"]):
     s, t = _strip(src), _strip(tgt)
     assert 2 <= len(s) <= 9
-    assert all(NUM_RESERVED <= x < task.vocab_size for x in s)
+    assert all(NUM_RESERVED <= x < NUM_RESERVED + 8 for x in s)
     np.testing.assert_array_equal(t, fn(s))
 
 
 def test_batches_are_a_pure_function_of_seed_and_step():
-  task = SyntheticTask("reverse")
-  a, b = train_dataset(task, 0, 8), train_dataset(task, 0, 8)
-  np.testing.assert_array_equal(a[7]["inputs"], b[7]["inputs"])
-  assert not np.array_equal(a[7]["inputs"], a[8]["inputs"])
-  assert not np.array_equal(a[7]["inputs"], train_dataset(task, 1, 8)[7]["inputs"])
+  a, b, c = _source(batch_size=8), _source(batch_size=8), _source(seed=1, batch_size=8)
+  np.testing.assert_array_equal(_batch(a, 7)["inputs"], _batch(b, 7)["inputs"])
+  assert not np.array_equal(_batch(a, 7)["inputs"], _batch(a, 8)["inputs"])
+  assert not np.array_equal(_batch(a, 7)["inputs"], _batch(c, 7)["inputs"])
 
 
 def test_positions_and_segments_describe_the_padding():
-  batch = train_dataset(SyntheticTask("copy", max_len=6), 0, 4)[0]
+  batch = _batch(_source("copy", batch_size=4, max_len=6), 0)
   for key in ("inputs", "targets"):
     seg = batch[f"{key}_segmentation"]
     np.testing.assert_array_equal(seg, batch[key] != 0)
@@ -42,31 +61,43 @@ def test_positions_and_segments_describe_the_padding():
 
 
 def test_heldout_strings_never_appear_in_training():
-  task = SyntheticTask("reverse", num_symbols=4, min_len=1, max_len=4, heldout_modulus=5,
-                       longer_max_len=6)
-  splits = eval_splits(task, seed=0, num_examples=200)
-  heldout = {tuple(_strip(r)) for r in splits["valid"]["inputs"]}
-  ds = train_dataset(task, 0, 64)
-  seen = {tuple(_strip(r)) for i in range(50) for r in ds[i]["inputs"]}
+  source = _source(num_symbols=4, min_len=1, max_len=4, heldout_modulus=5, longer_max_len=6,
+                   batch_size=64, eval_examples=200)
+  heldout = {tuple(_strip(r)) for r in source.eval_splits()["valid"].arrays["inputs"]}
+  iterator = iter(source.train_batches())
+  seen = {tuple(_strip(r)) for _ in range(50) for r in next(iterator)["inputs"]}
   assert heldout and not heldout & seen
   assert len(seen) > 100  # the training stream still covers most of the small string space
 
 
 def test_longer_split_is_longer_than_any_training_example():
-  task = SyntheticTask("reverse", min_len=2, max_len=8, longer_max_len=12)
-  splits = eval_splits(task, seed=0, num_examples=50)
-  lengths = (splits["longer"]["inputs"] != 0).sum(1) - 1  # minus EOS
+  splits = _source(min_len=2, max_len=8, longer_max_len=12).eval_splits()
+  lengths = (splits["longer"].arrays["inputs"] != 0).sum(1) - 1  # minus EOS
   assert lengths.min() == 9 and lengths.max() <= 12
-  valid = (splits["valid"]["inputs"] != 0).sum(1) - 1
+  np.testing.assert_array_equal(lengths, splits["longer"].lengths)
+  valid = (splits["valid"].arrays["inputs"] != 0).sum(1) - 1
   assert valid.min() >= 2 and valid.max() <= 8
+
+
+def test_exact_match_by_length_counts_whole_answers():
+  source = _source(num_symbols=4, min_len=2, max_len=4, longer_max_len=4, eval_examples=30)
+  split = source.eval_splits()["valid"]
+  predictions = split.arrays["targets"].copy()
+  predictions[::2, 0] = EOS_ID  # every other row wrong
+  got = source.split_results("valid", split, {"predictions": predictions}).metrics
+  for n, value in got["exact_match_by_length"].items():
+    rows = np.flatnonzero(split.lengths == int(n))
+    assert value == pytest.approx(np.mean(rows % 2 == 1))
 
 
 def test_bad_task_settings():
   with pytest.raises(ConfigError, match="unknown task 'revers'; choose one of: "
-                     + ", ".join(sorted(TRANSFORMS))):
-    SyntheticTask("revers")
+                     + ", ".join(sorted(TASKS))):
+    _source("revers")
   with pytest.raises(ValueError, match="min_len"):
-    SyntheticTask("copy", min_len=5, max_len=3)
+    _source("copy", min_len=5, max_len=3)
+  with pytest.raises(ConfigError, match="no held-out input of copy of lengths 1..1"):
+    _source("copy", num_symbols=1, max_len=1, longer_max_len=1)
 
 
 def test_generated_batches_give_each_process_its_share_of_the_same_rows():

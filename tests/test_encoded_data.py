@@ -12,6 +12,7 @@ import pytest
 from configs import multi30k
 from transformer.core.errors import ConfigError
 from transformer.data import encoded, translation
+from transformer.data.encoded_corpus import EncodedCorpus
 from transformer.data.pipeline import permute
 from transformer.data.tokenizer import sample
 from transformer.run import experiment
@@ -265,7 +266,7 @@ def test_two_processes_share_the_encoding_and_wait_only_for_each_other(tmp_path,
   assert [s["records"] for s in results[0]["shards"]] == [16] * 4
   assert not encoders[0] & encoders[1]  # each encoded its own chunks: 0 and 2, 1 and 3
   assert encoders[0] | encoders[1] == {s for pair in pairs for s in pair}
-  corpus = encoded.EncodedCorpus(str(tmp_path / "cache"), results[0])
+  corpus = EncodedCorpus(str(tmp_path / "cache"), results[0])
   tokens, starts, lengths = corpus.read(np.array([63, 0, 17]))
   for k, (source, target) in enumerate((pairs[63], pairs[0], pairs[17])):
     want = [4 + len(w) for w in source.split()] + [2]

@@ -3,6 +3,7 @@ generation), every family × encoding × scorer builds and steps, the tasks are 
 
 import itertools
 import json
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -13,8 +14,11 @@ from flax import nnx
 from tests.conftest import make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import macro_f1
-from transformer.core.vocab import EOS_ID
-from transformer.data import Targets, corpora, labelled, lm
+from transformer.core.vocab import EOS_ID, NUM_RESERVED
+from transformer.data import SourceArgs, Targets, corpora, listops, lm
+from transformer.data.base import SourceSection
+from transformer.data.casts import label_batch
+from transformer.data.labelled import LabelledSource
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate, greedy_decode
@@ -58,8 +62,19 @@ def _without_zeros(model, seed=0):
   return model
 
 
-def _examples(task, n=3, seed=0):
-  return [labelled.example_at(task, seed, 1, i, heldout=True) for i in range(n)]
+def _labelled(name, **fields):
+  """A labelled task (task.name and fields: config.task) and its source."""
+  task = LabelledSource.Task.parse({"name": name, **fields}, "task")
+  return task, LabelledSource(SourceSection("labelled"), task, SourceArgs(0, 8, 8))
+
+
+def _row(source, split, index, seed=0):
+  """(tokens, labels, weights) of instance `index` of a split, as the source casts it."""
+  return source.cast.row(source.task, source.task.example(seed, split, index))
+
+
+def _examples(source, n=3):
+  return [_row(source, "valid", i) for i in range(n)]
 
 
 # --------------------------------------------------------------------------- every family
@@ -108,11 +123,11 @@ def test_every_family_meets_the_interface(arch):
     (p, ("cls", "mean")[i % 2]) for i, p in enumerate(FAMILY_POSITIONS["encoder"])])
 def test_classification_is_invariant_to_padding_and_packing(position, pooling):
   model = _model("encoder", position, pooling)
-  examples = _examples(labelled.ListOps(min_len=6, max_len=20, max_depth=3))
+  examples = _examples(_labelled("listops", min_len=6, max_len=20, max_depth=3)[1])
   first = examples[0]
-  alone = np.asarray(forward(model, labelled.label_batch([first], len(first[0]))))[0, 0]
-  padded = labelled.label_batch(examples, 24)  # one per row, padded
-  packed = labelled.label_batch(examples, 64, pack=True)  # all three in one row
+  alone = np.asarray(forward(model, label_batch([first], len(first[0]))))[0, 0]
+  padded = label_batch(examples, 24)  # one per row, padded
+  packed = label_batch(examples, 64, pack=True)  # all three in one row
   assert len(packed["inputs"]) == 1
   by_padded = np.asarray(forward(model, padded))[:, 0]
   starts = np.flatnonzero(packed["targets_segmentation"][0])
@@ -124,21 +139,21 @@ def test_classification_is_invariant_to_padding_and_packing(position, pooling):
 @pytest.mark.parametrize("position", ["sinusoidal", "rotary", "t5"])
 def test_token_labels_of_a_packed_row_equal_each_sequence_alone(position):
   model = _model("encoder", position)
-  examples = _examples(labelled.Duplicates(min_len=3, max_len=9), n=4)
-  packed = labelled.label_batch(examples, 40, pack=True)
+  examples = _examples(_labelled("duplicates", min_len=3, max_len=9)[1], n=4)
+  packed = label_batch(examples, 40, pack=True)
   logits = np.asarray(forward(model, packed))
   segments = packed["inputs_segmentation"]
   for row, segment in {(r, s) for r, s in zip(*np.nonzero(segments))
                        for s in [segments[r, s]]}:
     ex = examples[sum(len(np.unique(segments[i][segments[i] > 0])) for i in range(row))
                   + segment - 1]
-    alone = np.asarray(forward(model, labelled.label_batch([ex], 12)))[0, :len(ex[0])]
+    alone = np.asarray(forward(model, label_batch([ex], 12)))[0, :len(ex[0])]
     np.testing.assert_allclose(logits[row][segments[row] == segment], alone, atol=2e-5)
 
 
 def test_bidirectional_labels_need_both_sides():
-  task = labelled.Duplicates(num_symbols=4, min_len=6, max_len=6)
-  tokens, labels, weights = labelled.example_at(task, 0, 0, 0, heldout=False)
+  tokens, labels, weights = _row(_labelled("duplicates", num_symbols=4, min_len=6,
+                                           max_len=6)[1], "train", 0)
   counts = [(tokens == t).sum() - 1 for t in tokens]
   np.testing.assert_array_equal(labels, np.minimum(counts, 1))
   assert weights.tolist() == [1] * 6
@@ -147,10 +162,10 @@ def test_bidirectional_labels_need_both_sides():
 
 
 def test_listops_values_and_purity():
-  task = labelled.ListOps(min_len=5, max_len=40, max_depth=3)
-  a, b = labelled.example_at(task, 3, 0, 7, False), labelled.example_at(task, 3, 0, 7, False)
+  _, source = _labelled("listops", min_len=5, max_len=40, max_depth=3)
+  a, b = _row(source, "train", 7, seed=3), _row(source, "train", 7, seed=3)
   np.testing.assert_array_equal(a[0], b[0])
-  pieces = task.pieces(a[0])[1:]
+  pieces = [listops.PIECES[t - NUM_RESERVED] for t in a[0][1:]]
 
   def evaluate(i):  # a reference evaluator of the prefix notation
     if pieces[i].isdigit():
@@ -159,13 +174,14 @@ def test_listops_values_and_purity():
     while pieces[i] != "]":
       value, i = evaluate(i)
       args.append(value)
-    return labelled.OPERATORS[op](args), i + 1
+    return listops.OPERATORS[op](args), i + 1
 
   assert evaluate(0) == (a[1][0], len(pieces))
-  assert labelled.OPERATORS["[MED"]([1, 4, 6, 9]) == 5 and labelled.OPERATORS["[SM"]([7, 8]) == 5
+  assert listops.OPERATORS["[MED"]([1, 4, 6, 9]) == 5 and listops.OPERATORS["[SM"]([7, 8]) == 5
   assert a[2].tolist() == [1] + [0] * (len(a[0]) - 1)  # scored at the CLS token only
-  heldout = labelled.example_at(task, 3, 1, 7, True)
-  assert labelled.is_heldout(heldout[0], 10) and not labelled.is_heldout(a[0], 10)
+  heldout = _row(source, "valid", 7, seed=3)
+  # held out: the CRC32 of the tokens, CLS included, is a multiple of heldout_modulus (10)
+  assert zlib.crc32(heldout[0].tobytes()) % 10 == 0 and zlib.crc32(a[0].tobytes()) % 10
 
 
 def test_macro_f1_against_hand_computed_values():
@@ -345,9 +361,10 @@ def test_a_tiny_encoder_learns_each_task(tmp_path, task, pooling, chance):
 def test_pictures_of_each_family(tmp_path, arch):
   from transformer.study import pictures  # noqa: PLC0415 - matplotlib only here
   model = _model(arch, "alibi")
-  task = labelled.Duplicates(num_symbols=16)
+  source = _labelled("duplicates", num_symbols=16)[1]
   encoded = [np.array([3, 4, 5, 3], np.int32), np.array([6, 7], np.int32)]
-  paths = pictures.draw_self_attention(model, task, ["0 1 2 0", "3 4"], encoded, str(tmp_path))
+  paths = pictures.draw_self_attention(model, source, ["0 1 2 0", "3 4"], encoded,
+                                       str(tmp_path))
   assert [p.rsplit("/", 1)[1] for p in paths] == [f"attention_{i}_{arch}.png" for i in (0, 1)]
   weights = pictures.attention_weights(model, {"inputs": np.stack([encoded[0]])})
   assert list(weights) == [arch] and weights[arch][0].shape == (1, 2, 4, 4)
@@ -417,14 +434,13 @@ def test_listops_input_must_be_one_expression():
   """eval.py --sentence on ListOps: an expression's value is the generator's label, and a
   malformed one (left open, an operator without arguments, a ']' closing nothing, pieces
   after the end) is refused, saying where."""
-  task = labelled.ListOps(min_len=5, max_len=40, max_depth=4, max_args=4)
-  names = {i: p for p, i in labelled._PIECE_ID.items()}
+  _, source = _labelled("listops", min_len=5, max_len=40, max_depth=4, max_args=4)
   for i in range(200):
-    tokens, labels, _ = labelled.example_at(task, 0, 1, i, heldout=i % 2 == 0)
-    pieces = [names[t] for t in tokens[1:]]
-    assert labelled.listops_value(pieces) == labels[0]
-    np.testing.assert_array_equal(task.encode(" ".join(pieces)), tokens)
-  assert labelled.listops_value("[MED 1 [SM 5 7 ] 9 ]".split()) == 2
+    tokens, labels, _ = _row(source, ("valid", "train")[i % 2], i)
+    pieces = [listops.PIECES[t - NUM_RESERVED] for t in tokens[1:]]
+    assert listops.listops_value(pieces) == labels[0]
+    np.testing.assert_array_equal(source.encode(" ".join(pieces)), tokens)
+  assert listops.listops_value("[MED 1 [SM 5 7 ] 9 ]".split()) == 2
   for sentence, problem in [("[MAX 1 2", "[MAX (piece 1) is not closed"),
                             ("[MAX 1 [MIN 2 ]", "[MAX (piece 1) is not closed"),
                             ("[MAX ]", "[MAX (piece 1) has no arguments"),
@@ -432,5 +448,5 @@ def test_listops_input_must_be_one_expression():
                             ("[SM 1 ] 2", "piece 4 ('2') follows the end"),
                             ("4 5", "piece 2 ('5') follows the end")]:
     with pytest.raises(ConfigError, match="is not an expression") as e:
-      task.encode(sentence)
+      source.encode(sentence)
     assert problem in str(e.value), str(e.value)

@@ -21,13 +21,15 @@ from orbax.checkpoint._src.handlers import standard_checkpoint_handler
 
 from tests.clirun import ROOT, TINY, CliRunner
 from tests.conftest import make_tiny_config, restore_and_evaluate
-from transformer.core.errors import RunError
+from transformer.core.errors import ConfigError, RunError
 from transformer.run import checkpoint, evaluator, experiment, lock
 from transformer.run import step as step_lib
 from transformer.run.config import parse
+from transformer.run.state import run_state
 from transformer.run.step import make_train_step
 from transformer.run.training import train_and_evaluate
-from transformer.run.workdir import CONFIG_FILE, read_metrics
+from transformer.run.workdir import CONFIG_FILE, METRICS_FILE, read_metrics
+from transformer.study import compare
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 TINY_CONFIG = ("import sys\nsys.path.insert(0, {root!r})\n"
@@ -398,6 +400,34 @@ def test_resuming_after_a_crash_records_each_step_once(tmp_path, tiny_config, st
   assert [s for s, split in records if split == "train"] == list(range(10, 41, 10))
 
 
+def test_a_final_evaluation_cut_short_is_done_again_not_taken_for_finished(tmp_path, tiny_config,
+                                                                           straight, caplog):
+  """A process killed while appending the final evaluation's records (one write, a record
+  per split) leaves some of them: the run is not finished (compare has no results for it,
+  instead of mixing an earlier evaluation's values in), and training it again evaluates it
+  again, recording each split once."""
+  run = str(tmp_path / "run")
+  shutil.copytree(straight, run)
+  path = os.path.join(run, METRICS_FILE)
+  with open(path) as f:
+    whole = f.read()
+  last = whole.splitlines(keepends=True)[-1]
+  assert (json.loads(last)["step"], json.loads(last)["split"]) == (40, "longer")
+  with open(path, "w") as f:
+    f.write(whole[:-len(last) // 2])  # valid is recorded, longer cut mid-line
+  assert run_state(run).note == ("its final evaluation (step 40) was cut short (longer not "
+                                 "recorded): training it again evaluates it again")
+  with pytest.raises(ConfigError, match=r"run has no results: its final evaluation \(step 40\) "
+                                        "was cut short"):
+    compare.compare([run])
+  with caplog.at_level(logging.INFO, logger="transformer"):
+    assert train_and_evaluate(parse(tiny_config()), run) == 40
+  assert "already finished at step 40; evaluating" in caplog.text
+  with open(path) as f:
+    assert f.read() == whole  # the same evaluation again, each split's record once
+  assert run_state(run).finished
+
+
 def test_a_run_trained_with_cudnn_evaluates_and_resumes_on_cpu(tmp_path, tiny_config, caplog):
   config = tiny_config(**{"train.num_steps": 20, "model.attention.kernel": "xla"})
   run = str(tmp_path / "run")
@@ -524,7 +554,7 @@ def test_a_closed_stdout_fails_no_write_and_not_the_exit():
   flush at exit (status 120 and a traceback, had it failed) go to /dev/null once the reader
   of the pipe is gone."""
   code = ("import sys, time\n"
-          "from transformer import logs\n"
+          "from transformer.run import logs\n"
           "logs.unbreakable_streams()\n"
           "time.sleep(0.5)  # the reader closes the pipe\n"
           "print('x' * 100000)\n"

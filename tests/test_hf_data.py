@@ -18,7 +18,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from tests.conftest import make_tiny_config  # noqa: E402
 from transformer.core import fields
 from transformer.core.errors import ConfigError  # noqa: E402
-from transformer.data import encoded, hf  # noqa: E402
+from transformer.data import encoded, hf_datasets  # noqa: E402
 from transformer.data.hf import HfData  # noqa: E402
 from transformer.data.lm import LMData  # noqa: E402
 from transformer.run import config as config_lib  # noqa: E402
@@ -289,10 +289,10 @@ def test_columns_of_translation_features_and_of_unknown_features():
       lambda: ({"translation": t, "n": 1} for t in rows["translation"]))
   assert undeclared.features is None
   for dataset in (declared, declared.to_iterable_dataset(), undeclared):
-    hf.check_column(dataset, "translation.de", "target_column", "here")
-    assert list(hf.texts(dataset, ["translation.en", "translation.de"], "here")) == list(
-        zip(EN[:4], DE[:4]))
+    hf_datasets.check_column(dataset, "translation.de", "target_column", "here")
+    assert list(hf_datasets.texts(dataset, ["translation.en", "translation.de"], "here")
+                ) == list(zip(EN[:4], DE[:4]))
     with pytest.raises(ConfigError, match=r"'n' is not a text column of here"):
-      hf.check_column(dataset, "n", "source_column", "here")
+      hf_datasets.check_column(dataset, "n", "source_column", "here")
     with pytest.raises(ConfigError, match=r"its columns: translation.de, translation.en, n"):
-      hf.check_column(dataset, "translation", "source_column", "here")
+      hf_datasets.check_column(dataset, "translation", "source_column", "here")

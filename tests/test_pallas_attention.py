@@ -5,6 +5,12 @@ bias-declaring encoding (and rotary, which biases nothing) × {causal, bidirecti
 window}, each batch holding a packed row (two segments, restarting positions) and a padded
 row (sorted positions with gaps, as randomized positions give), 19 tokens in blocks of 8.
 
+The compiled lowerings' layouts (Triton's, Mosaic TPU's: pallas_layouts.LAYOUTS) run in
+interpret mode against the reference too, every encoding per layout with grouped-query heads
+in every other case; tests/test_lowering.py lowers them for cuda and tpu. A one-query row (a
+KV-cached decoding step) takes the reference formula: it is checked against the reference
+kernel for every encoding.
+
 Tolerances: float32 outputs within atol = rtol = 1e-5; float32 gradients within rtol 1e-4
 and atol max(1e-4 × the largest |entry| of that gradient, 2e-5) (the blocks sum in another
 order; the floor covers gradients that are 0 in exact arithmetic, e.g. of FIRE's output bias,
@@ -12,6 +18,8 @@ a constant per row that the softmax ignores); bfloat16 inputs: outputs within 2e
 gradients within 5e-2 × their largest |entry| of the float32 reference on the same
 (bf16-rounded) inputs.
 """
+
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +35,7 @@ from transformer.model.kernels import KERNELS, reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
 from transformer.model.pallas_attention import flash_attention
+from transformer.model.pallas_layouts import LAYOUTS
 from transformer.model.positions import POSITIONS, Fire, T5Bias
 from transformer.model.positions.base import spec_bias
 from transformer.model.scores import SCORES, Dot, make_score
@@ -59,7 +68,7 @@ def _encoding(name, causal):
   return cls(16, H, 64, causal=causal, settings=SETTINGS.get(name), rngs=nnx.Rngs(1))
 
 
-def _run(kernel, enc, scorers, mask, q, k, v, w):
+def _run(kernel, enc, scorers, mask, q, k, v, w, layout=None):
   """Σ_scorers Σ out·w, and the outputs [n_scorers, b, tq, h, d], from `kernel` (pallas or
   reference) run once for all scorers: their transformed queries and keys stacked along the
   batch, scored as plain q·k (what a dot-product scorer is defined as, scores.py). The
@@ -79,14 +88,14 @@ def _run(kernel, enc, scorers, mask, q, k, v, w):
     out = flash_attention(q, k, tile(v), q_segments=mask.q_segments, k_segments=mask.k_segments,
                           q_positions=mask.q_positions, k_positions=mask.k_positions,
                           causal=mask.causal, window=mask.window, bias_spec=enc.bias_spec(),
-                          block_q=BLOCK, block_k=BLOCK)
+                          block_q=BLOCK, block_k=BLOCK, layout=layout)
   else:
     out = reference_kernel(q, k, tile(v), mask, enc, DOT, Dropout(0.0), None)
   out = out.reshape(len(scorers), -1, *out.shape[1:])
   return jnp.sum(out.astype(jnp.float32) * w), out
 
 
-def _outputs_and_grads(enc, scorers, mask, q, k, v, w, reference_inputs=None):
+def _outputs_and_grads(enc, scorers, mask, q, k, v, w, reference_inputs=None, layout=None):
   """((gradients, outputs) of the Pallas kernel, the same of the reference), compiled as
   one program; gradients of (encoding, scorers, q, k, v). reference_inputs: other q, k, v
   for the reference (e.g. float32 copies of bfloat16 ones)."""
@@ -94,7 +103,7 @@ def _outputs_and_grads(enc, scorers, mask, q, k, v, w, reference_inputs=None):
 
   def loss(enc_state, score_states, q, k, v, kernel):
     merged = [nnx.merge(g, s) for (g, _), s in zip(score_parts, score_states)]
-    return _run(kernel, nnx.merge(enc_def, enc_state), merged, mask, q, k, v, w)
+    return _run(kernel, nnx.merge(enc_def, enc_state), merged, mask, q, k, v, w, layout)
 
   grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
   states = [s for _, s in score_parts]
@@ -103,10 +112,10 @@ def _outputs_and_grads(enc, scorers, mask, q, k, v, w, reference_inputs=None):
   return jax.jit(both, compiler_options=FAST_COMPILE)(q, k, v, *(reference_inputs or (q, k, v)))
 
 
-def _inputs(tq=T, tk=T, dtype=jnp.float32, seed=5):
+def _inputs(tq=T, tk=T, dtype=jnp.float32, seed=5, kv_heads=H):
   rng = np.random.default_rng(seed)
   q = jnp.asarray(rng.normal(size=(2, tq, H, D)), dtype)
-  k, v = (jnp.asarray(rng.normal(size=(2, tk, H, D)), dtype) for _ in range(2))
+  k, v = (jnp.asarray(rng.normal(size=(2, tk, kv_heads, D)), dtype) for _ in range(2))
   w = jnp.asarray(rng.normal(size=(len(DOT_SCORES), 2, tq, H, D)), jnp.float32)
   return q, k, v, w
 
@@ -157,6 +166,99 @@ def test_pallas_equals_reference(position, mask_kind):
   spec = enc.bias_spec()
   if spec is not None and spec.learned:  # the encoding's parameters do learn through it
     assert all(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(want_grads[0]))
+
+
+# The compiled lowerings' layouts (pallas_layouts.LAYOUTS), run in interpret mode: Triton's
+# power-of-two blocks ≥ 16 and padded head dims, Mosaic TPU's lane- and sublane-broadcast
+# ids, [t, 128] statistics, SMEM parameters and inner blocks on the grid (their scratch
+# carried between grid steps). Every encoding per layout, the masks in turn, every other
+# case with grouped-query heads (one K/V head for both query heads).
+LAYOUT_CASES = [(layout, position, sorted(MASKS)[n % 3], 1 if n % 2 else H)
+                for layout in ("triton", "mosaic_tpu")
+                for n, position in enumerate(KERNEL_POSITIONS)]
+
+
+@pytest.mark.parametrize("layout,position,mask_kind,kv_heads", LAYOUT_CASES, ids=[
+    f"{layout}-{position}-{mask}-kv{kv}" for layout, position, mask, kv in LAYOUT_CASES])
+def test_compiled_layouts_equal_reference(layout, position, mask_kind, kv_heads):
+  causal, window = MASKS[mask_kind]
+  seg, pos = _rows()
+  mask = Mask(seg, seg, pos, pos, causal=causal, window=window)
+  enc, scorers = _encoding(position, causal), [make_score("scaled_dot", H, D, rngs=nnx.Rngs(2))]
+  q, k, v, w = _inputs(kv_heads=kv_heads)
+  (grads, out), (want_grads, want) = _outputs_and_grads(enc, scorers, mask, q, k, v, w[:1],
+                                                        layout=layout)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["triton", "mosaic_tpu"])
+def test_compiled_layouts_over_many_blocks(layout):
+  """Rows of 300 tokens in the layouts' default blocks: Mosaic TPU's inner blocks are grid
+  steps (3 of 128 keys), its running sums carried in scratch between them; Triton's
+  forward and backward blocks differ (128 and 64). Packed and padded rows, causal, T5's
+  bias, one K/V head for both query heads."""
+  t = 300
+  seg = jnp.array([[1] * 150 + [2] * 100 + [0] * 50, [1] * 280 + [0] * 20])
+  pos = jnp.array([list(range(150)) + list(range(100)) + [0] * 50,
+                   list(range(280)) + [0] * 20])
+  mask = Mask(seg, seg, pos, pos, causal=True)
+  enc = _encoding("t5", True)
+  q, k, v, _ = _inputs(tq=t, tk=t, kv_heads=1)
+  w = jnp.asarray(np.random.default_rng(6).normal(size=(2, t, H, D)), jnp.float32)
+  pallas = lambda q, k, v: flash_attention(  # noqa: E731
+      q, k, v, q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos,
+      causal=True, bias_spec=enc.bias_spec(), layout=layout)
+  reference = lambda q, k, v: reference_kernel(  # noqa: E731
+      q, k, v, mask, enc, DOT, Dropout(0.0), None)
+  (out, grads), (want, want_grads) = jax.jit(lambda *x: [
+      (f(*x), jax.grad(lambda *y, f=f: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
+      for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_layout_blocks_meet_their_lowerings_rules(name):
+  """Mosaic TPU: blocks of a [t, ·] array are multiples of 8 rows, of a key side's [8, t]
+  multiples of 128 lanes; Triton: powers of two ≥ 16 (tl.dot's least), ≤ 128 forward and
+  ≤ 64 backward, head dims padded to one; every layout: blocks within the asked size (or
+  the least allowed) and never twice a length or more (or the least allowed)."""
+  layout = LAYOUTS[name]
+  least = max(layout.q_multiple, layout.k_multiple, layout.min_size)
+  for asked, length, backward in itertools.product((8, 100, 128, 512), (1, 19, 128, 300),
+                                                   (False, True)):
+    for block in layout.blocks(asked, asked, length, length, backward):
+      assert block <= max(asked, least) and block < max(2 * length, least + 1)
+      if name == "mosaic_tpu":
+        assert block % 128 == 0
+      if name == "triton":
+        assert block & (block - 1) == 0 and 16 <= block <= (64 if backward else 128)
+  for dim in (1, 8, 11, 64, 66):
+    padded = layout.dim(dim)
+    assert padded == (max(16, 1 << (dim - 1).bit_length()) if name == "triton" else dim)
+
+
+@pytest.mark.parametrize("position", KERNEL_POSITIONS)
+def test_one_query_rows_equal_reference(position):
+  """A KV-cached decoding step (one query per row against a cache with empty slots) takes
+  the reference formula (flash_attention._one_query), grouped-query heads included."""
+  rng = np.random.default_rng(4)
+  q = jnp.asarray(rng.normal(size=(2, 1, H, D)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(2, T, 1, D)), jnp.float32) for _ in range(2))
+  slots = jnp.broadcast_to(jnp.arange(T), (2, T))
+  mask = Mask(jnp.ones((2, 1), jnp.int32), (slots < jnp.array([[12], [5]])).astype(jnp.int32),
+              jnp.array([[11], [4]]), slots, causal=True, window=6)
+  enc = _encoding(position, True)
+  out = flash_attention(enc.rotate_queries(q, mask.q_positions),
+                        enc.rotate_keys(k, mask.k_positions), v, q_segments=mask.q_segments,
+                        k_segments=mask.k_segments, q_positions=mask.q_positions,
+                        k_positions=mask.k_positions, causal=True, window=6,
+                        bias_spec=enc.bias_spec())
+  want = reference_kernel(enc.rotate_queries(q, mask.q_positions),
+                          enc.rotate_keys(k, mask.k_positions), v, mask, enc, DOT,
+                          Dropout(0.0), None)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
 def test_pallas_cross_attention_with_other_lengths():

@@ -2,8 +2,8 @@
 the tiny instance each source gives of itself (DataSource.example): declarations, batches in
 the batch layout, determinism, checkpointable iteration, held-out splits (from load(), which
 writes nothing), text in and out, and a run that trains, restores and evaluates. A new
-source is tested here the moment it is registered; so is a new labelled task
-(labelled.TASKS)."""
+source is tested here the moment it is registered; a new generated task, in
+tests/test_tasks.py."""
 
 import dataclasses
 import math
@@ -14,9 +14,8 @@ import pytest
 
 from tests.conftest import make_tiny_config, restore_and_evaluate
 from transformer.core.fields import Chosen
-from transformer.data import Targets, labelled
+from transformer.data import Targets
 from transformer.data.base import DataSource, Split
-from transformer.data.labelled import TASKS
 from transformer.data.sources import SOURCES
 from transformer.model.families import ARCHS
 from transformer.run import config as config_lib
@@ -126,30 +125,3 @@ def test_a_run_trains_restores_and_evaluates(example, tmp_path):
   assert step == cfg.train.num_steps and results
   for metrics in results.values():
     assert math.isfinite(metrics["loss"]) and metrics["examples"] >= 1
-
-
-@pytest.mark.parametrize("name", sorted(TASKS))
-def test_every_labelled_task(name, tmp_path):
-  """Each task with its default settings: examples a pure function of their index, lengths
-  in range, labels below num_classes, scored where `pooled` says (the first token only, or
-  any), held-out sequences never among training ones; then one training step of the
-  labelled source."""
-  task = TASKS[name]()
-  train = [labelled.example_at(task, 0, 0, i, heldout=False) for i in range(300)]
-  heldout = [labelled.example_at(task, 0, 1, i, heldout=True) for i in range(100)]
-  again = labelled.example_at(task, 0, 0, 7, heldout=False)
-  assert all(np.array_equal(a, b) for a, b in zip(again, train[7]))
-  for tokens, labels, weights in train + heldout:
-    assert task.min_len <= len(tokens) <= task.max_len
-    assert tokens.min() >= 0 and tokens.max() < task.vocab_size
-    assert len(labels) == len(weights) == len(tokens) and set(weights.tolist()) <= {0, 1}
-    assert 0 <= labels.min() and labels[weights > 0].max() < task.num_classes
-    assert (weights.tolist() == [1] + [0] * (len(tokens) - 1)) if task.pooled else weights.any()
-  assert not {t.tobytes() for t, _, _ in train} & {t.tobytes() for t, _, _ in heldout}
-  raw = _config({"data": {"source": "labelled"}, "task": {"name": name},
-                 "model": {"arch": "encoder", "pooling": "cls" if task.pooled else "none",
-                           "max_len": task.max_len}}, **{"train.num_steps": 1})
-  cfg = parse(raw)
-  assert experiment.build(cfg).source.targets is (
-      Targets.SEQUENCE_LABELS if task.pooled else Targets.TOKEN_LABELS)
-  assert train_and_evaluate(cfg, str(tmp_path / "run")) == 1

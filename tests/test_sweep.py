@@ -17,6 +17,7 @@ from tests.clirun import CliRunner
 from tests.conftest import make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
+from transformer.run.state import read_failure, run_state
 from transformer.study import report, report_plots, results, sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,11 +58,11 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
   deadline = time.time() + 300
-  while not sweep.is_finished(str(first), 30) and time.time() < deadline and proc.poll() is None:
+  while not run_state(str(first), 30).finished and time.time() < deadline and proc.poll() is None:
     time.sleep(0.5)
   proc.kill()  # SIGKILL mid-sweep: the second run has started or is starting
   proc.communicate(timeout=120)
-  assert sweep.is_finished(str(first), 30)
+  assert run_state(str(first), 30).finished
   finished_at = os.path.getmtime(first / "metrics.jsonl")
 
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -69,12 +70,12 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   assert "model.position=sinusoidal,seed=0 is finished; skipped" in done.stdout
   assert os.path.getmtime(first / "metrics.jsonl") == finished_at  # not redone
   for name in ("sinusoidal,seed=0", "sinusoidal,seed=1", "rotary,seed=0", "rotary,seed=1"):
-    assert sweep.is_finished(str(sweep_dir / f"model.position={name}"), 30)
+    assert run_state(str(sweep_dir / f"model.position={name}"), 30).finished
 
   with open(sweep_dir / "report.csv") as f:
     rows = {r["variant"]: r for r in csv.DictReader(f)}
   assert set(rows) == {"model.position=sinusoidal", "model.position=rotary"}
-  exact = [results.final_metrics(str(sweep_dir / f"model.position=rotary,seed={s}"))["valid"]
+  exact = [run_state(str(sweep_dir / f"model.position=rotary,seed={s}"), 30).final["valid"]
            ["exact_match"] for s in (0, 1)]
   row = rows["model.position=rotary"]
   assert row["seeds"] == "2"
@@ -87,7 +88,7 @@ def test_killed_sweep_finishes_without_redoing_finished_runs(tmp_path):
   assert "| model.position=rotary | 2 |" in (sweep_dir / "report.md").read_text()
   for picture in ("curves.png", "final.png", "extrapolation.png"):
     assert (sweep_dir / picture).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  final = results.final_metrics(str(first))  # exact match per length, training and longer ones
+  final = run_state(str(first)).final  # exact match per length, training and longer ones
   assert {"3", "4", "5"} <= set(final["valid"]["exact_match_by_length"]) <= set("12345")
   assert set(final["longer"]["exact_match_by_length"]) == {"6", "7"}
 
@@ -170,7 +171,7 @@ def test_failed_and_untrained_runs_are_reported_and_only_narrows_the_sweep(tmp_p
   assert ("sweep: run 2/2: training train.learning_rate=1e+30,seed=0 | 1 run(s) trained in "
           in out) and "for 1 left" in out.split("run 2/2")[1].splitlines()[0]
   assert not (sweep_dir / "train.learning_rate=0.5,seed=1").exists()  # not selected
-  assert sweep.read_failure(str(sweep_dir / "train.learning_rate=1e+30,seed=0"))["kind"] == (
+  assert read_failure(str(sweep_dir / "train.learning_rate=1e+30,seed=0"))["kind"] == (
       "RunError")
 
   md = (sweep_dir / "report.md").read_text()

@@ -19,7 +19,7 @@ SENTENCES = [f"the {a} {n} sees {b} {m}" for a in ("red", "small", "old", "happy
 
 class Pairs:
   """In-memory (source ids, target ids) examples with the random-access `read` of
-  encoded.EncodedCorpus, which PackedStream packs."""
+  encoded_corpus.EncodedCorpus, which PackedStream packs."""
 
   def __init__(self, examples):
     lengths = np.array([(len(s), len(t)) for s, t in examples], np.int64).reshape(-1, 2)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from transformer.core.errors import ConfigError, RunError
-from transformer.run import summaries, tracking
+from transformer.run import checkpoint, summaries, tracking
 from transformer.run.config import parse
 from transformer.run.training import train_and_evaluate
 from transformer.run.workdir import read_metrics
@@ -239,6 +239,36 @@ def test_a_run_begun_part_way_gets_the_history_and_a_continued_one_no_step_twice
   assert [row["step"] for row in run.logged] == [20, 20]
   again.close()
   assert run.exit_code == 0
+
+
+def test_a_run_killed_before_its_first_checkpoint_is_recorded_once_by_every_tracker(
+    tmp_path, fake_wandb, tiny_config, monkeypatch):
+  """Killed before its first checkpoint, a run begins again from scratch and trains the
+  logged steps again: metrics.jsonl, TensorBoard and W&B each hold every step once."""
+  from tensorboard.backend.event_processing.event_accumulator import (  # noqa: PLC0415
+      EventAccumulator)
+
+  config = tiny_config(**{"train.num_steps": 20, "train.log_every": 5,
+                          "train.wandb_project": "p"})
+  workdir = str(tmp_path / "run")
+  with monkeypatch.context() as patch:
+    def killed(*args, **kwargs):
+      raise RuntimeError("killed")
+
+    patch.setattr(checkpoint, "save", killed)  # at step 10, after logging steps 5 and 10
+    with pytest.raises(RuntimeError, match="killed"):
+      train_and_evaluate(parse(config), workdir)
+  assert not checkpoint.has_checkpoints(workdir)
+  assert [r["step"] for r in read_metrics(workdir)] == [5, 10]
+  assert train_and_evaluate(parse(config), workdir) == 20
+  records = [(r["split"], r["step"]) for r in read_metrics(workdir)]
+  assert records == [("train", s) for s in (5, 10, 15, 20)] + [("valid", 20), ("longer", 20)]
+  events = EventAccumulator(os.path.join(workdir, summaries.SUMMARY_DIR, "train"))
+  events.Reload()
+  assert [e.step for e in events.Scalars("loss")] == [5, 10, 15, 20]
+  sent = [(key.split("/")[0], row["step"]) for run in fake_wandb.runs for row in run.logged
+          for key in row if key.endswith("/loss")]
+  assert sorted(sent) == sorted(records)
 
 
 def test_a_failed_login_is_a_run_error_and_leaves_no_run_id(tmp_path, fake_wandb, tiny_config):

@@ -16,7 +16,8 @@ from transformer.core.metrics import cross_entropy, language_model_metrics
 from transformer.run import checkpoint, evaluator, experiment, logs, sharding
 from transformer.run.config import parse
 from transformer.run.optim import rsqrt_schedule
-from transformer.run.training import log_eval, train_and_evaluate
+from transformer.run.progress import log_eval
+from transformer.run.training import train_and_evaluate
 from transformer.run.workdir import METRICS_FILE
 
 
@@ -203,8 +204,7 @@ def test_a_long_evaluation_logs_progress(tiny_config, log_lines, monkeypatch):
   monkeypatch.setattr(logs, "PROGRESS_EVERY", 0.0)
   config = tiny_config(**{"eval.num_examples": 40, "eval.batch_size": 16})  # 3 batches
   exp = experiment.build(parse(config))
-  evaluator = evaluator.Evaluator(exp)
-  evaluator.evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits())
+  evaluator.Evaluator(exp).evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits())
   progress = [m for m in log_lines() if m.startswith("eval ")]
   assert [m.split(",")[0] for m in progress] == [
       f"eval {split}: {i}/6 batches" for split in ("valid", "longer") for i in range(1, 6)]

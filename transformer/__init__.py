@@ -2,7 +2,8 @@
 before it (tests/test_layout.py holds the rule):
 
   core   the base every wing uses: errors, typed config fields, registries, storage, vocab, metrics
-  data   data sources: synthetic and algorithmic tasks, text, TFDS, Hugging Face, LM corpora
+  data   data sources: generated tasks (one seam: task, splits rule, cast), text, TFDS,
+         Hugging Face, LM corpora
   model  pure model code: layers, attention, scorers, kernels, positional encodings, families,
          decoding
   run    wiring and running: the typed config, the experiment, the train step and loop,

@@ -8,13 +8,18 @@ field's declared role:
     data source).
 A field may also declare where it lived in an older config layout (`moved_from`), and a
 section of per-entry settings which entry counts (`chosen_by`): checks and migrations derive
-from these declarations (identity, migrate), never from hand-kept lists of paths."""
+from these declarations (identity, migrate), never from hand-kept lists of paths.
+
+The dataclasses are the config's schema: `schema` gives a section's every field with its
+default, the ConfigDict a config file starts from (run/config.py) and changes by deltas."""
 
 import dataclasses
 import math
 import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
+
+from ml_collections import config_dict
 
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
@@ -139,18 +144,28 @@ def identity(obj, prefix: str = "") -> dict[str, Any]:
   """{dotted path: value} of the identity fields of a typed config (or section), recursing
   into sections; in a settings section declared `chosen_by` a sibling field, only the
   chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  return _values(obj, prefix, skipped=(EXECUTION, DERIVED))
+
+
+def in_use(obj, prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of every config field a run reads, identity and execution: as
+  identity, with the execution fields (an override of a path outside it changes nothing)."""
+  return _values(obj, prefix, skipped=(DERIVED,))
+
+
+def _values(obj, prefix: str, skipped: tuple[str, ...]) -> dict[str, Any]:
   out = {}
   for field in dataclasses.fields(obj):
-    if field.metadata.get(ROLE) in (EXECUTION, DERIVED):
+    if field.metadata.get(ROLE) in skipped:
       continue
     value, path = getattr(obj, field.name), f"{prefix}{field.name}"
     chosen = field.metadata.get("chosen_by")
     if chosen is not None:
       key = getattr(obj, chosen)
       entry = getattr(value, key, None)
-      out.update(identity(entry, f"{path}.{key}.") if entry is not None else {})
+      out.update(_values(entry, f"{path}.{key}.", skipped) if entry is not None else {})
     elif dataclasses.is_dataclass(value):
-      out.update(identity(value, f"{path}."))
+      out.update(_values(value, f"{path}.", skipped))
     else:
       out[path] = value
   return out
@@ -162,6 +177,15 @@ def to_dict(obj) -> dict[str, Any]:
   values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if is_config_field(f)}
   return {name: to_dict(value) if dataclasses.is_dataclass(value) else value
           for name, value in values.items()}
+
+
+def flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """{dotted path: value} of the fields of a nested dict (a config or section)."""
+  out = {}
+  for key, value in d.items():
+    out.update(flat(value, f"{prefix}{key}.") if isinstance(value, Mapping)
+               else {f"{prefix}{key}": value})
+  return out
 
 
 def migrate(raw: dict, cls: type, prefix: tuple[str, ...]) -> dict:
@@ -216,6 +240,41 @@ def _put(d, path, value):
   d[path[-1]] = value
 
 
+# --------------------------------------------------------------------------- schema
+
+
+def schema(cls: type, **sections) -> dict[str, Any]:
+  """The config section of dataclass `cls` as a nested dict of its config fields' defaults
+  (a field whose type is a dataclass: that class's section), `sections` replacing fields by
+  name. A field without a default (or defaulting to None) is unset: a typed placeholder,
+  None until the config sets it, that --config.PATH=VALUE can set."""
+  hints = typing.get_type_hints(cls)
+  out = {}
+  for field in dataclasses.fields(cls):
+    if not is_config_field(field):
+      continue
+    hint = hints[field.name]
+    if field.name in sections:
+      out[field.name] = sections[field.name]
+    elif dataclasses.is_dataclass(hint):
+      out[field.name] = schema(hint)
+    else:
+      default = (field.default_factory() if field.default_factory is not dataclasses.MISSING
+                 else field.default)
+      out[field.name] = (_unset(cls, field.name, hint)
+                         if default is dataclasses.MISSING or default is None else default)
+  return out
+
+
+def _unset(cls: type, name: str, hint) -> config_dict.FieldReference:
+  """A placeholder for a field of type `hint` (a scalar, or a scalar or None)."""
+  types = [t for t in typing.get_args(hint) or (hint,) if t is not type(None)]
+  if len(types) != 1 or types[0] not in _TYPES:
+    raise TypeError(f"{cls.__name__}.{name}: a config field without a default must be one of "
+                    f"{', '.join(t.__name__ for t in _TYPES)}, not {hint}")
+  return config_dict.placeholder(types[0])
+
+
 @dataclasses.dataclass(frozen=True)
 class Chosen:
   """A config section whose dataclass one of its fields chooses from a registry (e.g.
@@ -226,4 +285,22 @@ class Chosen:
   what: str  # names the registry in the error for an unknown entry
 
   def parse(self, section: Mapping[str, Any], name: str):
+    """The chosen entry's dataclass of `section`; a field that is None takes the entry's
+    default (schema)."""
+    section = {key: value for key, value in section.items() if value is not None}
     return dataclass_from(lookup(self.registry, section.get(self.key), self.what), section, name)
+
+  def schema(self) -> dict[str, Any]:
+    """The section of any entry: the key and every field an entry has, all unset. The
+    defaults are the chosen entry's, so a config sets only the fields it changes, and a
+    sweep over the key keeps each entry's own defaults (its other fields stay unset)."""
+    hints = {}
+    for entry in self.registry.values():
+      entry_hints = typing.get_type_hints(entry)
+      for field in dataclasses.fields(entry):
+        hint = entry_hints[field.name]
+        if is_config_field(field) and hints.setdefault(field.name, hint) != hint:
+          raise TypeError(f"{self.what} entries declare the field {field.name} as "
+                          f"{hints[field.name]} and as {hint}")
+    return {name: _unset(Chosen, name, hint)
+            for name, hint in {self.key: str, **hints}.items()}

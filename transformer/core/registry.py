@@ -3,7 +3,7 @@ and each entry with knobs declares them as its own `Settings` section."""
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from transformer.core.errors import ConfigError
 
@@ -52,8 +52,3 @@ def settings_sections(registry: Mapping[str, type], name: str) -> type:
 def settings_of(sections, registry: Mapping[str, type], key: str):
   """The Settings of registry[key] in `sections` (a settings_sections instance)."""
   return getattr(sections, key, None) or registry[key].Settings()
-
-
-def settings_config(sections_class: type) -> dict[str, dict[str, Any]]:
-  """The default sections as a nested dict, for a config file: {key: {field: value}}."""
-  return dataclasses.asdict(sections_class())

@@ -6,7 +6,9 @@
                                            where its targets_segmentation > 0
 
 What `targets` hold is the source's declaration (Targets), which a model family must learn.
-The interface every source meets: transformer/data/base.py; the registry: sources.py.
+The interface every source meets: transformer/data/base.py; the registry: sources.py. The
+generated tasks (reverse, copy, sort, the papers' 15, ListOps, duplicates) meet one more:
+data/task.py (problems, data/tasks.py), data/splits.py (splits rules), data/casts.py (casts).
 """
 
 import dataclasses

@@ -31,11 +31,13 @@ class SourceSection:
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-  """A held-out split: padded arrays in the batch layout, and the raw target texts where the
-  data has them (BLEU and chrF score detokenized predictions against them)."""
+  """A held-out split: padded arrays in the batch layout, the raw target texts where the
+  data has them (BLEU and chrF score detokenized predictions against them), and the length
+  each row was drawn at where the data is generated (its by-length metrics' key)."""
 
   arrays: dict[str, np.ndarray]
   references: list[str] | None = None
+  lengths: np.ndarray | None = None  # [rows]
 
   def __len__(self) -> int:
     return len(self.arrays["inputs"])
@@ -82,6 +84,13 @@ class DataSource(abc.ABC):
     it on their extrapolation plots); None: no such metrics."""
     del data, task
     return None
+
+  @classmethod
+  def saved(cls, raw: dict[str, Any]) -> dict[str, Any]:
+    """A run's saved config (nested dicts, today's layout) as it meant when saved: a field
+    the source gained since, that changed what it computes, gets the value that keeps the
+    old meaning (e.g. task.changed fields). Unchanged by default."""
+    return raw
 
   @classmethod
   @abc.abstractmethod

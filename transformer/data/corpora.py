@@ -13,12 +13,13 @@ Corpora (`data.corpus`):
           read through tfds.data_source (array_record, no TensorFlow), one document each.
   hf      the `data.text_key` column of a Hugging Face dataset's train_split / valid_split
           (data.hf_path, hf_name, ...) or of local files (data.hf_path a builder such as
-          parquet, data.train_files / valid_files): one document per row (hf.py).
+          parquet, data.train_files / valid_files): one document per row (hf_datasets.py).
 Held-out documents: for stdlib, the files whose CRC32 of the relative path is 0 modulo
 `data.heldout_modulus`; otherwise the valid files or split.
-"""
 
-from __future__ import annotations
+Each reader takes the config.data of data.source "lm" (lm.LMData, which checks data.corpus
+against CORPORA) and a split, train or valid.
+"""
 
 import hashlib
 import json
@@ -26,21 +27,17 @@ import pathlib
 import sys
 import sysconfig
 import zlib
-from typing import TYPE_CHECKING
 
 from etils import epath
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError
-from transformer.data import encoded, hf, text
-
-if TYPE_CHECKING:
-  from transformer.data.lm import LMData
+from transformer.data import encoded, hf_datasets, text
 
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})
 
 
-def stdlib_files(data: LMData) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
+def stdlib_files(data) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
   """(train, valid) .py files of the running interpreter's standard library (see the module
   docstring); a ConfigError if it is not data.python_version."""
   running = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -57,38 +54,29 @@ def stdlib_files(data: LMData) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
 
 
 def _read(path) -> str:
-  return path.read_bytes().decode("utf-8", errors="replace")
+  return epath.Path(path).read_bytes().decode("utf-8", errors="replace")
 
 
-def stdlib_documents(data: LMData, split: str) -> list[str]:
+def stdlib_documents(data, split: str) -> list[str]:
   train, valid = stdlib_files(data)
   return [_read(p) for p in (train if split == "train" else valid)]
 
 
-def matching_files(data: LMData, split: str) -> list[epath.Path]:
-  pattern = data.train_files if split == "train" else data.valid_files
-  paths = sorted(epath.Path(data.dir).glob(pattern)) if pattern else []
-  if not paths:
-    raise ConfigError(f"config.data.{split}_files={pattern!r}: no file matches under "
-                      f"{data.dir or '.'!r}")
-  return paths
+def file_documents(data, split: str) -> list[str]:
+  return [_read(p) for p in text.split_files(data, split)]
 
 
-def file_documents(data: LMData, split: str) -> list[str]:
-  return [_read(p) for p in matching_files(data, split)]
-
-
-def _tfds_split(data: LMData, split: str):
+def _tfds_split(data, split: str):
   return text.tfds_split(data.tfds_name, data.train_split if split == "train"
                          else data.valid_split, data.tfds_dir, what="data.corpus 'tfds'")
 
 
-def tfds_documents(data: LMData, split: str) -> list[str]:
+def tfds_documents(data, split: str) -> list[str]:
   return [text.as_text(ex[data.text_key]) for ex in _tfds_split(data, split)]
 
 
 CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents,
-           "hf": hf.documents}
+           "hf": hf_datasets.documents}
 
 
 def _files_identity(paths) -> dict:
@@ -100,17 +88,18 @@ def _files_identity(paths) -> dict:
                     "sha256": hashlib.sha256(json.dumps(identities).encode()).hexdigest()}}
 
 
-def corpus_identity(data: LMData) -> dict:
+def corpus_identity(data) -> dict:
   """What the training documents are, cheaply (their files' paths, sizes and mtimes, a
-  TFDS split's version and size, a Hugging Face dataset's hf.identity): what the run's
+  TFDS split's version and size, a Hugging Face dataset's hf_datasets.identity): what the run's
   tokenizer is trained from."""
   if data.corpus == "stdlib":
     return {"corpus": "stdlib", "python": sys.version.split()[0], "scope": data.stdlib_scope,
             "heldout_modulus": data.heldout_modulus, **_files_identity(stdlib_files(data)[0])}
   if data.corpus == "files":
-    return {"corpus": "files", **_files_identity(matching_files(data, "train"))}
+    return {"corpus": "files", **_files_identity(text.split_files(data, "train"))}
   if data.corpus == "hf":
-    return {"corpus": "hf", **hf.identity(data, "train", [data.text_key], "data.corpus 'hf'")}
+    return {"corpus": "hf", **hf_datasets.identity(data, "train", [data.text_key],
+                                                   "data.corpus 'hf'")}
   source = _tfds_split(data, "train")
   return {"corpus": "tfds", "tfds_name": data.tfds_name, "split": data.train_split,
           "tfds_dir": storage.absolute(data.tfds_dir) if data.tfds_dir else "",

@@ -28,10 +28,10 @@ from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges, exec
 from transformer.core.metrics import language_model_metrics
 from transformer.core.registry import lookup
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
-from transformer.data import SourceArgs, Targets, hf, pipeline
+from transformer.data import SourceArgs, Targets, hf_datasets, pipeline, text
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Example, Split, SplitResult
-from transformer.data.corpora import CORPORA, corpus_identity, matching_files, stdlib_files
+from transformer.data.corpora import CORPORA, corpus_identity, stdlib_files
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
 
 _TRAIN_STREAM = 0
@@ -52,7 +52,7 @@ class LMData:
   valid_files: str = ""
   tfds_name: str = ""
   tfds_dir: str = execution("")
-  hf_path: str = ""  # hf: a hub dataset, or a builder of local files (hf.LOCAL_BUILDERS)
+  hf_path: str = ""  # hf: a hub dataset, or a builder of local files (hf_datasets.LOCAL_BUILDERS)
   hf_name: str = ""  # hf: the hub dataset's config; "": its default
   hf_revision: str = ""  # hf: a branch, tag or commit; "": the default branch
   hf_streaming: bool = execution(False)  # hf: read rows as they arrive
@@ -76,7 +76,7 @@ class LMData:
     check(self.max_factor & (self.max_factor - 1) == 0, "max_factor", self.max_factor,
           "a power of 2")
     if self.corpus == "hf":
-      hf.check_fields(self, ("train", "valid"))
+      hf_datasets.check_fields(self, ("train", "valid"))
 
   @property
   def eval_lengths(self) -> list[int]:
@@ -145,9 +145,9 @@ class LanguageModelSource(DataSource):
       check(bool(train and valid), "config.data.heldout_modulus", data.heldout_modulus,
             "one that leaves training and held-out files")
     elif data.corpus == "files":
-      matching_files(data, "train")
+      text.split_files(data, "train")
     elif data.corpus == "hf":
-      hf.check_split(data, "train")
+      hf_datasets.check_split(data, "train")
     self.valid_documents = CORPORA[data.corpus](data, "valid")
     bound, need = max_tokens(self.valid_documents), self._need()
     if bound <= need:

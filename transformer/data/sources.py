@@ -6,15 +6,16 @@ from transformer.data.base import DataSource
 from transformer.data.hf import HfSource
 from transformer.data.labelled import LabelledSource
 from transformer.data.lm import LanguageModelSource
+from transformer.data.parallel_text import ParallelTextSource
 from transformer.data.synthetic import SyntheticSource
-from transformer.data.translation import ParallelTextSource, TfdsSource
+from transformer.data.tfds_translation import TfdsSource
 
 SOURCES: dict[str, type[DataSource]] = {
-    "synthetic": SyntheticSource,  # reverse / copy / sort random strings (seq2seq)
+    "synthetic": SyntheticSource,  # a generated task over held-out strings, seq2seq
     "text": ParallelTextSource,  # parallel text files (translation)
     "tfds": TfdsSource,  # a prepared TFDS translation dataset
     "hf": HfSource,  # a Hugging Face dataset's translation pairs (hub or local files)
-    "labelled": LabelledSource,  # ListOps, duplicates (an encoder's labels)
+    "labelled": LabelledSource,  # a generated task labelled by an encoder (ListOps, duplicates)
     "lm": LanguageModelSource,  # long documents (a causal language model)
-    "algorithmic": AlgorithmicSource,  # Delétang et al. / Ruoss et al.'s 15 tasks (an encoder)
+    "algorithmic": AlgorithmicSource,  # a generated task, the papers' length protocol
 }

@@ -1,6 +1,7 @@
 """Text corpora: parallel files with one sentence per line, a source and a target file per
-split, plain or gzip, local or a URL; and prepared TFDS datasets. Bad input fails with a
-ConfigError naming the file (and line) or saying how to prepare the dataset."""
+split, plain or gzip, local or a URL; the files of a split named by a glob; and prepared
+TFDS datasets. Bad input fails with a ConfigError naming the file (and line) or saying how
+to prepare the dataset."""
 
 import contextlib
 import gzip
@@ -9,7 +10,20 @@ from collections.abc import Iterator
 
 from etils import epath
 
+from transformer.core import storage
 from transformer.core.errors import ConfigError
+
+
+def split_files(data, split: str) -> list[str]:
+  """The files of a split (`split`: train | valid | test) that the glob of a config.data's
+  `{split}_files` matches under its `dir`, sorted, as absolute paths; a ConfigError if it
+  matches none."""
+  pattern = getattr(data, f"{split}_files")
+  paths = sorted(epath.Path(data.dir).glob(pattern)) if pattern else []
+  if not paths:
+    raise ConfigError(f"config.data.{split}_files={pattern!r}: no file matches under "
+                      f"{data.dir or '.'!r}")
+  return [storage.absolute(str(p)) for p in paths]
 
 
 def read_lines(path: str) -> list[str]:

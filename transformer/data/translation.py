@@ -1,8 +1,9 @@
-"""Translation data: parallel text files (data.source "text") or a prepared TFDS translation
-dataset (data.source "tfds"), with a sentencepiece vocabulary trained on a sample of the
-training pairs into the workdir (or an existing model, data.tokenizer). The training pairs
-are encoded once into data.cache_dir (default: the tokenizer's directory; encoded.py) and
-streamed from there in packed batches, each process reading its own part.
+"""Translation data, whatever the pairs' source (parallel text files: parallel_text.py; a
+prepared TFDS dataset: tfds_translation.py; a Hugging Face dataset: hf.py): a
+sentencepiece vocabulary trained on a sample of the training pairs into the workdir (or an
+existing model, data.tokenizer). The training pairs are encoded once into data.cache_dir
+(default: the tokenizer's directory; encoded.py) and streamed from there in packed batches,
+each process reading its own part.
 
 load() reads what can be wrong before anything is written: the held-out splits, and the
 training pairs whole when it trains the tokenizer (in memory: its sample draws from all of
@@ -13,9 +14,6 @@ an error there removes the shards written so far.
 """
 
 import dataclasses
-import functools
-import gzip
-import pathlib
 from collections.abc import Iterator
 
 import grain
@@ -25,14 +23,14 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer.core import storage
-from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, Range, check_ranges, execution
 from transformer.core.metrics import text_scores
 from transformer.core.registry import lookup
 from transformer.core.vocab import NUM_RESERVED
 from transformer.data import SourceArgs, Targets, encoded, pipeline, text
 from transformer.data import tokenizer as tokenizer_lib
-from transformer.data.base import DataSource, Example, Split, SplitResult
+from transformer.data.base import DataSource, Split, SplitResult
+from transformer.data.encoded_corpus import EncodedCorpus
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
 
 ENCODED_DIR = "encoded_train"  # the encoded training corpus, under data.cache_dir
@@ -40,7 +38,7 @@ ENCODED_DIR = "encoded_train"  # the encoded training corpus, under data.cache_d
 
 @dataclasses.dataclass(frozen=True)
 class TranslationData:
-  """What both translation sources' config.data hold."""
+  """What every translation source's config.data holds."""
 
   source: str
   vocab_size: int = 8000  # pieces of the joint sentencepiece vocabulary
@@ -58,36 +56,8 @@ class TranslationData:
     lookup({t: t for t in MODEL_TYPES}, self.tokenizer_type, "data.tokenizer_type")
 
 
-@dataclasses.dataclass(frozen=True)
-class TextData(TranslationData):
-  """config.data of data.source "text": a source and a target file per split under `dir`
-  (plain or .gz, one sentence per line); the test split is optional ("")."""
-
-  dir: str = execution("")
-  train_source: str = ""
-  train_target: str = ""
-  valid_source: str = ""
-  valid_target: str = ""
-  test_source: str = ""
-  test_target: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class TfdsData(TranslationData):
-  """config.data of data.source "tfds": a prepared TFDS translation dataset, read through
-  tfds.data_source (array_record, no TensorFlow), source_lang → target_lang."""
-
-  tfds_name: str = "wmt14_translate/de-en"
-  tfds_dir: str = execution("")  # "": tfds's default, ~/tensorflow_datasets
-  source_lang: str = "en"
-  target_lang: str = "de"
-  train_split: str = "train"
-  valid_split: str = "validation"
-  test_split: str = "test"  # "": none
-
-
 class TranslationSource(DataSource):
-  """What both translation sources share: the tokenizer, the encoded training corpus, the
+  """What every translation source shares: the tokenizer, the encoded training corpus, the
   packed batches and the held-out splits with their reference texts. A subclass says where
   the pairs come from (held_out, pairs, train_pairs, corpus_identity)."""
 
@@ -98,7 +68,7 @@ class TranslationSource(DataSource):
     self.tokenizer_path = data.tokenizer or storage.join(args.workdir or ".", TOKENIZER_FILE)
     self.cache_dir = storage.join(data.cache_dir or str(epath.Path(self.tokenizer_path).parent),
                                   ENCODED_DIR)
-    self.corpus: encoded.EncodedCorpus | None = None
+    self.corpus: EncodedCorpus | None = None
     self.tokenizer: Tokenizer | None = None
     self.held: dict[str, list[tuple[str, str]]] = {}  # the held-out pairs load() read
 
@@ -152,7 +122,7 @@ class TranslationSource(DataSource):
   def detokenize(self, ids) -> str:
     return self.tokenizer.decode(ids)
 
-  def encoded_corpus(self) -> encoded.EncodedCorpus:
+  def encoded_corpus(self) -> EncodedCorpus:
     """The encoded training corpus, encoded first (by all processes) if the cache is
     missing, stale or damaged."""
     if self.corpus is None:
@@ -167,7 +137,7 @@ class TranslationSource(DataSource):
             self.data.vocab_size, jax.process_index(), jax.process_count(),
             barrier=multihost_utils.sync_global_devices if jax.process_count() > 1
             else lambda name: None)
-      self.corpus = encoded.EncodedCorpus(self.cache_dir, manifest)
+      self.corpus = EncodedCorpus(self.cache_dir, manifest)
     return self.corpus
 
   def train_batches(self, process_index: int | None = None,
@@ -206,125 +176,3 @@ class TranslationSource(DataSource):
     """sacreBLEU and chrF of the detokenized predictions against the references."""
     hypotheses = [self.tokenizer.decode(row) for row in outputs["predictions"]]
     return SplitResult(text_scores(hypotheses, split.references), hypotheses)
-
-
-class ParallelTextSource(TranslationSource):
-  """data.source "text": parallel files (TextData)."""
-
-  Data = TextData
-
-  def __init__(self, data: TextData, task, args: SourceArgs):
-    super().__init__(data, task, args)
-    for split in ("train", "valid"):  # fails early, before anything is written
-      for side in ("source", "target"):
-        path = self.path(split, side)
-        if not epath.Path(path).is_file():
-          raise ConfigError(f"config.data.{split}_{side}: corpus file not found: {path}")
-
-  @classmethod
-  def example(cls, directory: str) -> Example:
-    words = ["a", "dog", "cat", "runs", "sleeps", "the", "big", "small"]
-    lines = [f"{a} {b} {c}" for a in words[:4] for b in words[4:] for c in words[::3]]
-    for lang, sentences in (("en", lines), ("de", [s.upper() for s in lines])):
-      with gzip.open(pathlib.Path(directory) / f"train.{lang}.gz", "wt") as f:
-        f.write("\n".join(sentences * 2) + "\n")
-      (pathlib.Path(directory) / f"valid.{lang}").write_text("\n".join(sentences[:8]) + "\n")
-    data = dict(source="text", dir=directory, train_source="train.en.gz",
-                train_target="train.de.gz", valid_source="valid.en", valid_target="valid.de",
-                vocab_size=40, max_len=12, decode_offset=3)
-    return Example({"data": data}, "the dog runs")
-
-  def path(self, split: str, side: str) -> str:
-    return storage.join(self.data.dir, getattr(self.data, f"{split}_{side}"))
-
-  def held_out(self) -> list[str]:
-    return [split for split in ("valid", "test") if getattr(self.data, f"{split}_source")]
-
-  def pairs(self, split: str) -> list[tuple[str, str]]:
-    return text.read_parallel(self.path(split, "source"), self.path(split, "target"))
-
-  def train_pairs(self) -> Iterator[tuple[str, str]]:
-    return text.iter_parallel(self.path("train", "source"), self.path("train", "target"))
-
-  def corpus_identity(self) -> list[dict]:
-    return [encoded.file_identity(self.path("train", side)) for side in ("source", "target")]
-
-
-class TfdsSource(TranslationSource):
-  """data.source "tfds": a prepared TFDS translation dataset (TfdsData), e.g.
-  wmt14_translate/de-en. Preparing it once needs TensorFlow for the WMT builders."""
-
-  Data = TfdsData
-
-  def __init__(self, data: TfdsData, task, args: SourceArgs):
-    super().__init__(data, task, args)
-    for split in ("train", "valid"):  # fails early, before anything is written
-      self._data_source(split)
-
-  @classmethod
-  def example(cls, directory: str) -> Example:
-    """A six-pair dataset prepared as array_record under `directory` (needs
-    tensorflow-datasets: an ImportError without it)."""
-    _example_builder()(data_dir=directory, file_format="array_record").download_and_prepare()
-    data = dict(source="tfds", tfds_name="example_translation", tfds_dir=directory,
-                vocab_size=40, max_len=16, decode_offset=5, test_split="")
-    return Example({"data": data}, "a dog runs")
-
-  def _data_source(self, split: str):
-    return text.tfds_split(self.data.tfds_name, getattr(self.data, f"{split}_split"),
-                           self.data.tfds_dir)
-
-  def held_out(self) -> list[str]:
-    return [split for split in ("valid", "test") if getattr(self.data, f"{split}_split")]
-
-  def pairs(self, split: str) -> list[tuple[str, str]]:
-    return list(self._stream(split))
-
-  def train_pairs(self) -> Iterator[tuple[str, str]]:
-    return self._stream("train")
-
-  def _stream(self, split: str, chunk: int = 4096) -> Iterator[tuple[str, str]]:
-    """The pairs of a split in record order, read `chunk` records at a time."""
-    src, tgt = self.data.source_lang, self.data.target_lang
-    source = self._data_source(split)
-    for start in range(0, len(source), chunk):
-      for ex in source.__getitems__(range(start, min(start + chunk, len(source)))):
-        yield text.as_text(ex[src]), text.as_text(ex[tgt])
-
-  def corpus_identity(self) -> list[dict]:
-    """The split's name, version and size, and each of its array_record files' size and
-    mtime with the records read from it: a re-prepared dataset has new files."""
-    source = self._data_source("train")
-    files = [encoded.file_identity(f.filename) | {"skip": f.skip, "take": f.take}
-             for f in source.dataset_info.splits[source.split].file_instructions]
-    return [{"tfds_name": self.data.tfds_name, "split": self.data.train_split,
-             "tfds_dir": storage.absolute(self.data.tfds_dir) if self.data.tfds_dir else "",
-             "version": str(source.dataset_info.version), "records": len(source),
-             "languages": [self.data.source_lang, self.data.target_lang], "files": files}]
-
-
-@functools.cache
-def _example_builder():
-  """A TFDS builder of six English-German pairs (train ×10, validation ×1): TfdsSource's
-  example. Defined once: tfds registers a builder class by its name."""
-  import tensorflow_datasets as tfds  # noqa: PLC0415 - optional: pip install '.[tfds]'
-
-  pairs = [("a dog runs", "ein hund läuft"), ("the cat sleeps", "die katze schläft"),
-           ("a big dog", "ein großer hund"), ("the small cat", "die kleine katze"),
-           ("here now", "hier jetzt"), ("a cat runs", "eine katze läuft")]
-
-  class ExampleTranslation(tfds.core.GeneratorBasedBuilder):
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self):
-      return tfds.core.DatasetInfo(builder=self,
-                                   features=tfds.features.Translation(languages=("en", "de")))
-
-    def _split_generators(self, dl_manager):
-      return {"train": self._generate_examples(10), "validation": self._generate_examples(1)}
-
-    def _generate_examples(self, repeats):
-      for i in range(repeats * len(pairs)):
-        yield i, dict(zip(("en", "de"), pairs[i % len(pairs)]))
-
-  return ExampleTranslation

@@ -8,273 +8,203 @@ query block for dq and the bias parameters' gradient, one per key block for dk a
 bias comes from the encoding's BiasSpec (transformer/model/positions/base.py), evaluated on each
 [block_q, block_k] block of positions from the head's parameters, so no [L, L] array exists
 in memory, forward or backward; the gradient of the bias parameters is the vjp of the
-block's bias function at the logits' gradient, summed over blocks.
+block's bias function at the logits' gradient, summed over blocks. The kernel bodies are
+transformer/model/pallas_kernels.py; each lowering's blocks and array layout,
+transformer/model/pallas_layouts.py.
 
-On the CPU the kernels run in Pallas' interpret mode (the kernel bodies as ordinary JAX
-ops); on GPU (Triton) and TPU (Mosaic) they are compiled. Neither lowering has been run (no
-accelerator where this was written; the tests run in interpret mode), and these may need
-work there: Triton wants blocks and head dims that are powers of two ≥ 16; the in-kernel vjp
-of a bias function (T5's select-sum over its buckets transposes into pads of the table row)
-may use primitives a lowering lacks; Mosaic wants (8, 128)-tiled blocks, which the 1-D
-segment, position and parameter-row blocks are not (splash attention broadcasts its segment
-ids along lanes); and pallas_call is not partitioned over a device mesh (a mesh wider than
-one device would need shard_map around it).
+Which lowering runs follows the platform the program is lowered for, not the process's
+default backend (jax.lax.platform_dependent): on `cpu` the kernels run in Pallas' interpret
+mode, on `tpu` they are compiled by Mosaic TPU (a `tpu_custom_call`), on `cuda` and `rocm`
+by Pallas' Triton lowering (`__gpu$xla.gpu.triton`). So one jitted function runs
+interpreted on the CPU and lowers to compiled kernels for a GPU or a TPU from the same
+CPU (tests/test_lowering.py). A single jax.export for several platforms at once is not
+possible: JAX lowers the ops inside each platform's branch for every exported platform, and
+a Triton call cannot be lowered for a TPU (nor Mosaic's for a GPU); export per platform.
+
+GPU: Triton, on purpose, not Mosaic GPU (this JAX's default Pallas GPU backend). Triton
+runs on every CUDA GPU JAX supports (Ampere and later) and on ROCm, and lowers ordinary
+array code (2-D loads of any power-of-two block, masks, loops, conditionals, scalar
+reads), which these kernels are; Mosaic GPU targets Hopper and Blackwell only, and wants
+kernels written for its warpgroup layouts and aligned copies (the 1-D segment rows and
+parameter rows these kernels read are refused there). JAX's own Pallas GPU attention
+(jax/experimental/pallas/ops/gpu/attention.py) is written for Triton too.
+
+Only lowered, never run on an accelerator (none where this was written): the lowering
+proves the Pallas-to-Mosaic and Pallas-to-Triton steps, which run in Python; the device
+compilers (Mosaic's layout passes, Triton's PTX) run only on the device. The layouts'
+numerics are tested in interpret mode (tests/test_pallas_attention.py).
 """
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
-from transformer.model.positions.base import BiasSpec
+from transformer.model import pallas_layouts as layouts
+from transformer.model.masks import Mask, masked_softmax
+from transformer.model.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel
+from transformer.model.pallas_layouts import LAYOUTS, Operand
+from transformer.model.positions.base import BiasSpec, spec_bias
 
-# The running maximum before any visible key, and the logit of hidden keys: finite (no inf
-# arithmetic in the kernels), so low that exp(_MASKED − any real logit) is exactly 0.
-_MASKED = -1e30
+log = logging.getLogger("transformer")
+
+# Each platform's layout, and whether Pallas interprets it there (None: every other one).
+PLATFORMS = {"cpu": ("generic", True), "cuda": ("triton", False), "rocm": ("triton", False),
+             "tpu": ("mosaic_tpu", False), None: ("generic", True)}
 
 
 @dataclasses.dataclass(frozen=True)
-class _Static:
-  """What the kernels are specialised on."""
+class _Config:
+  """What flash_attention is specialised on, but for the platform."""
 
-  fn: object  # the BiasSpec's fn, or None: no bias
-  learned: bool  # the bias parameters' gradient is computed
+  fn: object  # the BiasSpec's fn, or None
+  learned: bool
   causal: bool
   window: int | None
   block_q: int
   block_k: int
-  interpret: bool
+  variants: tuple  # ((platform or None: the default, layout name, interpret), ...)
 
 
-def _dot(a, b, contract_a: int, contract_b: int):
-  """a·b contracting a's axis contract_a with b's contract_b (2-D operands), in float32."""
-  return jax.lax.dot_general(a, b, (((contract_a,), (contract_b,)), ((), ())),
-                             preferred_element_type=jnp.float32)
+def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block):
+  return Static(fn=cfg.fn, learned=cfg.learned, causal=cfg.causal, window=cfg.window,
+                block_q=bq, block_k=bk, params=packing, width=width, lanes=layout.lanes,
+                grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block)
 
 
-def _visible(st: _Static, qs, ks, qp, kp):
-  """Which keys of a block each query sees [bq, bk]: segment ids (0 = padding), causal and
-  window by position, as masks.Mask.dense."""
-  visible = (qs[:, None] == ks[None, :]) & (qs[:, None] != 0) & (ks[None, :] != 0)
-  if st.causal:
-    visible &= kp[None, :] <= qp[:, None]
-  if st.window is not None:
-    visible &= jnp.abs(qp[:, None] - kp[None, :]) <= st.window
-  return visible
+def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
+  """One layout's forward: out [b, tq, h, d_v] and logsumexp float32 [b, h, tq]."""
+  layout = LAYOUTS[name]
+  (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
+  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False)
+  lq, lk = -(-tq // bq) * bq, -(-tk // bk) * bk
+  dp, dvp = layout.dim(d), layout.dim(dv)
+  flat, packing, width = layouts.pack(layout, params)
+  st = _static(cfg, layout, bq, bk, packing, width, lk // bk, bk)
+  groups = h // k.shape[2]
+  inputs = [Operand(layouts.heads(q, lq, dp), "heads"),
+            Operand(layouts.query_side(layout, qs, lq), "query"),
+            Operand(layouts.query_side(layout, qp, lq), "query"),
+            Operand(layouts.heads(k, lk, dp), "heads", "inner", groups),
+            Operand(layouts.heads(v, lk, dvp), "heads", "inner", groups),
+            Operand(layouts.key_side(layout, ks, lk), "keys", "inner"),
+            Operand(layouts.key_side(layout, kp, lk), "keys", "inner")]
+  inputs += [Operand(flat, "params")] if cfg.fn else []
+  outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dvp), v.dtype), "heads"),
+             Operand(jax.ShapeDtypeStruct((b, h, lq, layout.lanes), jnp.float32), "stats")]
+  out, lse = layouts.call(
+      layout, forward_kernel, st, name="flash_forward", outer=lq // bq, inputs=inputs,
+      outputs=outputs, scratch=[(bq, layout.lanes)] * 2 + [(bq, dvp)], interpret=interpret,
+      head_dim=dp)
+  return layouts.unheads(out, tq, dv), lse[:, :, :tq, 0]
 
 
-def _probabilities(st, params, q, k, visible, qp, kp, lse):
-  """One block's softmax weights [bq, bk] float32 from the saved logsumexp [bq] (0 where
-  not visible)."""
-  logits = _logits(st, params, q, k, qp, kp)
-  return jnp.where(visible, jnp.exp(jnp.where(visible, logits, 0.0) - lse[:, None]), 0.0)
+def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, do):
+  """One layout's gradients of q, k, v and of the bias parameters ([h, size] each)."""
+  layout = LAYOUTS[name]
+  (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
+  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True)
+  lq, lk, nq, nk = -(-tq // bq) * bq, -(-tk // bk) * bk, -(-tq // bq), -(-tk // bk)
+  dp, dvp = layout.dim(d), layout.dim(dv)
+  flat, packing, width = layouts.pack(layout, params)
+  groups = h // k.shape[2]
+  delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
+  query = [Operand(layouts.heads(q, lq, dp), "heads"),
+           Operand(layouts.query_side(layout, qs, lq), "query"),
+           Operand(layouts.query_side(layout, qp, lq), "query"),
+           Operand(layouts.heads(do, lq, dvp), "heads"),
+           Operand(layouts.statistics(layout, lse, lq), "stats"),
+           Operand(layouts.statistics(layout, delta, lq), "stats")]
+  keys = [Operand(layouts.heads(k, lk, dp), "heads", groups=groups),
+          Operand(layouts.heads(v, lk, dvp), "heads", groups=groups),
+          Operand(layouts.key_side(layout, ks, lk), "keys"),
+          Operand(layouts.key_side(layout, kp, lk), "keys")]
+  par = [Operand(flat, "params")] if cfg.fn else []
+  inner = lambda ops: [dataclasses.replace(op, role="inner") for op in ops]  # noqa: E731
 
+  st = _static(cfg, layout, bq, bk, packing, width, nk, bk)
+  outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")]
+  if cfg.learned:
+    outputs.append(Operand(jax.ShapeDtypeStruct((b, h, nq, 1, width), jnp.float32), "drow"))
+  dq, *drow = layouts.call(
+      layout, dq_kernel, st, name="flash_dq", outer=nq, inputs=query + inner(keys) + par,
+      outputs=outputs, scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret,
+      head_dim=dp)
 
-def _logits(st, params, q, k, qp, kp):
-  """One block's biased logits [bq, bk] float32: q·kᵀ (q already scaled) + bias."""
-  logits = _dot(q, k, 1, 1)
-  if st.fn is not None:
-    logits = logits + st.fn(params, qp, kp)
-  return logits
-
-
-def _any(visible):
-  return jnp.max(visible.astype(jnp.int32)) > 0
-
-
-def _params(refs, names):
-  return {name: ref[...] for name, ref in zip(names, refs)}
-
-
-def _forward_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, *refs, st, names):
-  """Grid (batch, head, query block): this block's output [bq, d] and logsumexp [bq]."""
-  params, (o_ref, lse_ref) = _params(refs, names), refs[len(names):]
-  q, qs, qp = q_ref[...], qs_ref[...], qp_ref[...]
-
-  def key_block(j, carry):
-    keys = pl.ds(j * st.block_k, st.block_k)
-    kp = kp_ref[keys]
-    visible = _visible(st, qs, ks_ref[keys], qp, kp)
-
-    def update(carry):
-      top, total, acc = carry  # running max [bq], normaliser [bq], output [bq, d]
-      logits = jnp.where(visible, _logits(st, params, q, k_ref[keys, :], qp, kp), _MASKED)
-      new_top = jnp.maximum(top, logits.max(-1))
-      p = jnp.where(visible, jnp.exp(logits - new_top[:, None]), 0.0)
-      rescale = jnp.exp(top - new_top)  # 0 when the first visible key arrives, else ≤ 1
-      v = v_ref[keys, :]
-      acc = acc * rescale[:, None] + _dot(p.astype(v.dtype), v, 1, 0)
-      return new_top, total * rescale + p.sum(-1), acc
-
-    return jax.lax.cond(_any(visible), update, lambda c: c, carry)  # skip hidden blocks
-
-  carry = (jnp.full(qs.shape, _MASKED, jnp.float32), jnp.zeros(qs.shape, jnp.float32),
-           jnp.zeros((q.shape[0], v_ref.shape[-1]), jnp.float32))
-  top, total, acc = jax.lax.fori_loop(0, k_ref.shape[0] // st.block_k, key_block, carry)
-  seen = total > 0
-  o_ref[...] = (acc / jnp.where(seen, total, 1.0)[:, None]).astype(o_ref.dtype)  # none seen: 0
-  lse_ref[...] = jnp.where(seen, top + jnp.log(jnp.where(seen, total, 1.0)), 0.0)
-
-
-def _dq_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, do_ref, lse_ref, delta_ref,
-               *refs, st, names):
-  """Grid (batch, head, query block): dq [bq, d] and this block's share of the bias
-  parameters' gradient (each [size]), over the key blocks."""
-  params, dq_ref, dparam_refs = _params(refs, names), refs[len(names)], refs[len(names) + 1:]
-  q, qs, qp, do, lse, delta = (ref[...] for ref in (q_ref, qs_ref, qp_ref, do_ref, lse_ref,
-                                                    delta_ref))
-
-  def key_block(j, carry):
-    keys = pl.ds(j * st.block_k, st.block_k)
-    kp = kp_ref[keys]
-    visible = _visible(st, qs, ks_ref[keys], qp, kp)
-
-    def update(carry):
-      dq, dparams = carry
-      k, v = k_ref[keys, :], v_ref[keys, :]
-      p = _probabilities(st, params, q, k, visible, qp, kp, lse)
-      dlogits = p * (_dot(do, v, 1, 1) - delta[:, None])  # [bq, bk]
-      dq = dq + _dot(dlogits.astype(k.dtype), k, 1, 0)
-      if st.learned:  # the bias parameters' share: the vjp of this block's bias at dlogits
-        _, bias_vjp = jax.vjp(lambda theta: st.fn(theta, qp, kp), params)
-        dparams = jax.tree.map(jnp.add, dparams, bias_vjp(dlogits)[0])
-      return dq, dparams
-
-    return jax.lax.cond(_any(visible), update, lambda c: c, carry)
-
-  dparams = {name: jnp.zeros_like(params[name]) for name in names} if st.learned else {}
-  dq, dparams = jax.lax.fori_loop(0, k_ref.shape[0] // st.block_k, key_block,
-                                  (jnp.zeros(q.shape, jnp.float32), dparams))
-  dq_ref[...] = dq.astype(dq_ref.dtype)
-  for name, ref in zip(names if st.learned else (), dparam_refs):
-    ref[...] = dparams[name]
-
-
-def _dkv_kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, do_ref, lse_ref, delta_ref,
-                *refs, st, names):
-  """Grid (batch, head, key block): dk and dv [bk, d], over the query blocks."""
-  params, (dk_ref, dv_ref) = _params(refs, names), refs[len(names):]
-  k, v, ks, kp = k_ref[...], v_ref[...], ks_ref[...], kp_ref[...]
-
-  def query_block(i, carry):
-    rows = pl.ds(i * st.block_q, st.block_q)
-    qp = qp_ref[rows]
-    visible = _visible(st, qs_ref[rows], ks, qp, kp)
-
-    def update(carry):
-      dk, dv = carry
-      q, do = q_ref[rows, :], do_ref[rows, :]
-      p = _probabilities(st, params, q, k, visible, qp, kp, lse_ref[rows])
-      dv = dv + _dot(p.astype(do.dtype), do, 0, 0)
-      dlogits = p * (_dot(do, v, 1, 1) - delta_ref[rows][:, None])
-      return dk + _dot(dlogits.astype(q.dtype), q, 0, 0), dv
-
-    return jax.lax.cond(_any(visible), update, lambda c: c, carry)
-
-  zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-  dk, dv = jax.lax.fori_loop(0, q_ref.shape[0] // st.block_q, query_block, zeros)
-  dk_ref[...], dv_ref[...] = dk.astype(dk_ref.dtype), dv.astype(dv_ref.dtype)
-
-
-def _spec(shape, block: int | None):
-  """The BlockSpec of an array [b, h, t, d], [b, h, t] or [b, t] at grid step (i, j, n) =
-  (batch, head, block): its n-th block of `block` along t, or (None) the whole of t."""
-  rank, size = len(shape), shape[2 if len(shape) > 2 else 1] if block is None else block
-  at = (lambda n: 0) if block is None else (lambda n: n)  # noqa: E731
-  if rank == 4:
-    return pl.BlockSpec((None, None, size, shape[3]), lambda i, j, n: (i, j, at(n), 0))
-  if rank == 3:
-    return pl.BlockSpec((None, None, size), lambda i, j, n: (i, j, at(n)))
-  return pl.BlockSpec((None, size), lambda i, j, n: (i, at(n)))
-
-
-def _call(kernel, st: _Static, blocks: int, inputs, in_blocks, params, outputs, out_specs):
-  """pallas_call of `kernel` over the grid (batch, head, blocks): inputs in blocks of
-  in_blocks (None: whole), then the bias parameters [h, size], one head's row each."""
-  b, h = inputs[0].shape[:2]
-  names = sorted(params)
-  in_specs = [_spec(x.shape, block) for x, block in zip(inputs, in_blocks)] + [
-      pl.BlockSpec((None, params[name].shape[-1]), lambda i, j, n: (j, 0)) for name in names]
-  return pl.pallas_call(
-      functools.partial(kernel, st=st, names=names), grid=(b, h, blocks), in_specs=in_specs,
-      out_specs=out_specs, out_shape=outputs, interpret=st.interpret,
-  )(*inputs, *(params[name] for name in names))
-
-
-def _forward(st, q, k, v, qs, ks, qp, kp, params):
-  b, h, tq, _ = q.shape
-  outputs = [jax.ShapeDtypeStruct((b, h, tq, v.shape[-1]), v.dtype),
-             jax.ShapeDtypeStruct((b, h, tq), jnp.float32)]
-  bq = st.block_q
-  return _call(_forward_kernel, st, tq // bq, (q, k, v, qs, ks, qp, kp),
-               (bq, None, None, bq, None, bq, None), params, outputs,
-               [_spec(x.shape, bq) for x in outputs])
-
-
-def _backward(st, q, k, v, qs, ks, qp, kp, params, out, lse, do):
-  """Gradients of q, k, v [b, h, t, d] and of the bias parameters ([h, size] each)."""
-  b, h, tq, _ = q.shape
-  bq, bk, nq = st.block_q, st.block_k, tq // st.block_q
-  delta = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), -1)  # Σ_k p·dp [b, h, tq]
-  inputs = (q, k, v, qs, ks, qp, kp, do, lse, delta)
-  dparams = [jax.ShapeDtypeStruct((b, h, nq, params[name].shape[-1]), jnp.float32)
-             for name in sorted(params)] if st.learned else []
-  dq, *dparams = _call(
-      _dq_kernel, st, nq, inputs, (bq, None, None, bq, None, bq, None, bq, bq, bq), params,
-      [jax.ShapeDtypeStruct(q.shape, q.dtype), *dparams],
-      [_spec(q.shape, bq)] + [pl.BlockSpec((None, None, None, x.shape[-1]),
-                                           lambda i, j, n: (i, j, n, 0)) for x in dparams])
-  outputs = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
-  dk, dv = _call(_dkv_kernel, st, k.shape[2] // bk, inputs,
-                 (None, bk, bk, None, bk, None, bk, None, None, None), params, outputs,
-                 [_spec(x.shape, bk) for x in outputs])
-  if st.learned:  # each block's share, summed over batch and query blocks
-    dparams = {name: d.sum((0, 2)) for name, d in zip(sorted(params), dparams)}
+  st = _static(cfg, layout, bq, bk, packing, width, nq, bq)
+  outputs = [Operand(jax.ShapeDtypeStruct((b, h, lk, dp), k.dtype), "heads"),
+             Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
+  dk, dv_ = layouts.call(
+      layout, dkv_kernel, st, name="flash_dkv", outer=nk, inputs=keys + inner(query) + par,
+      outputs=outputs, scratch=[(bk, dp), (bk, dvp)], interpret=interpret, head_dim=dp)
+  if groups > 1:  # each query head's share, summed into its key/value head
+    dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
+  if cfg.learned:
+    dparams = layouts.unpack(st, drow[0].sum((0, 2))[:, 0])
   else:
     dparams = jax.tree.map(jnp.zeros_like, params)
-  return dq, dk, dv, dparams
+  return (layouts.unheads(dq, tq, d), layouts.unheads(dk, tk, d).astype(k.dtype),
+          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams)
+
+
+def _per_platform(cfg: _Config, what, *args):
+  """what(cfg, layout name, interpret, *args) for the platform being lowered for."""
+  made = {}  # one callable per (layout, interpret): platform_dependent joins their branches
+  branches = {platform: made.setdefault((name, interpret),
+                                        functools.partial(what, cfg, name, interpret))
+              for platform, name, interpret in cfg.variants}
+  if list(branches) == [None]:
+    return branches[None](*args)
+  default = branches.pop(None, None)
+  branches = {p: branch for p, branch in branches.items() if branch is not default}
+  return jax.lax.platform_dependent(*args, default=default, **branches)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(st, q, k, v, qs, ks, qp, kp, params):
-  return _forward(st, q, k, v, qs, ks, qp, kp, params)[0]
+def _flash(cfg, q, k, v, qs, ks, qp, kp, params):
+  return _per_platform(cfg, _forward, q, k, v, qs, ks, qp, kp, params)[0]
 
 
-def _flash_fwd(st, q, k, v, qs, ks, qp, kp, params):
-  out, lse = _forward(st, q, k, v, qs, ks, qp, kp, params)
+def _flash_fwd(cfg, q, k, v, qs, ks, qp, kp, params):
+  out, lse = _per_platform(cfg, _forward, q, k, v, qs, ks, qp, kp, params)
   return out, (q, k, v, qs, ks, qp, kp, params, out, lse)
 
 
-def _flash_bwd(st, residuals, do):
-  q, k, v, qs, ks, qp, kp, params, out, lse = residuals
-  dq, dk, dv, dparams = _backward(st, q, k, v, qs, ks, qp, kp, params, out, lse, do)
+def _flash_bwd(cfg, residuals, do):
+  dq, dk, dv, dparams = _per_platform(cfg, _backward, *residuals, do)
   return dq, dk, dv, None, None, None, None, dparams
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def _heads(x, length: int):
-  """[b, t, h, d] -> [b, h, length, d], zero-padded along t."""
-  x = jnp.swapaxes(x, 1, 2)
-  return jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
-
-
-def _ids(x, length: int):
-  """[b, t] ids -> int32 [b, length], 0-padded (segment 0: padding, masked)."""
-  return jnp.pad(x.astype(jnp.int32), [(0, 0), (0, length - x.shape[1])])
+def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None):
+  """The reference formula for rows of one query (q [b, 1, h, d], scaled): its logits
+  [b, h, 1, tk] are a row, as small as a kernel's block, and a Pallas call would pad the
+  query to a whole block (16 rows for Triton, 128 for Mosaic TPU)."""
+  b, _, h, d = q.shape
+  grouped = q.reshape(b, 1, k.shape[2], h // k.shape[2], d)  # query heads by their kv head
+  logits = jnp.einsum("bqhgd,bkhd->bhgqk", grouped, k, preferred_element_type=jnp.float32)
+  logits = logits.reshape(b, h, 1, k.shape[1])
+  if bias_spec is not None:
+    logits = logits + spec_bias(bias_spec, mask.q_positions, mask.k_positions)
+  weights = masked_softmax(logits, mask.dense()).astype(v.dtype)
+  weights = weights.reshape(b, k.shape[2], h // k.shape[2], 1, k.shape[1])
+  return jnp.einsum("bhgqk,bkhd->bqhgd", weights, v).reshape(b, 1, h, v.shape[-1])
 
 
 def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
                     causal: bool = False, window: int | None = None,
                     bias_spec: BiasSpec | None = None, scale: float = 1.0, block_q: int = 128,
-                    block_k: int = 128, interpret: bool | None = None) -> jax.Array:
+                    block_k: int = 128, interpret: bool | None = None,
+                    layout: str | None = None) -> jax.Array:
   """softmax(scale·q·kᵀ + bias)·V over the visible keys, as Pallas kernels.
 
   Args:
-    q: [b, tq, h, d]; k: [b, tk, h, d]; v: [b, tk, h, d_v] (d_v may differ from d).
+    q: [b, tq, h, d]; k: [b, tk, kv_heads, d]; v: [b, tk, kv_heads, d_v] (d_v may differ
+      from d; kv_heads divides h: query head i reads key/value head i // (h / kv_heads)).
     q_segments, k_segments: int [b, tq], [b, tk]; a query sees keys of its own segment, and
       segment 0 (padding) sees and is seen by none.
     q_positions, k_positions: int [b, tq], [b, tk], the tokens' positions (which the causal
@@ -282,23 +212,37 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
     causal: keys at positions ≤ the query's only; window: within ±window positions.
     bias_spec: the positional bias, evaluated on blocks inside the kernels; its learned
       parameters get gradients.
-    block_q, block_k: queries and keys per block (capped at the lengths rounded up to 8);
-      lengths are zero-padded to whole blocks inside.
-    interpret: run the kernels in Pallas' interpret mode; None: on the CPU backend only.
+    block_q, block_k: the largest blocks of queries and keys; each lowering takes the
+      nearest it allows (pallas_layouts.LAYOUTS), capped at the lengths; lengths are
+      zero-padded to whole blocks inside.
+    interpret: run the kernels in Pallas' interpret mode; None: on the CPU (and platforms
+      without a Pallas lowering) only, decided for the platform being lowered for; False:
+      never (compiled on cuda, rocm and tpu; lowering for the CPU then fails).
+    layout: a key of pallas_layouts.LAYOUTS run in interpret mode on every platform (a
+      compiled lowering's layout checked on the CPU, as tests do); None: each platform's
+      own (PLATFORMS).
   Returns:
-    [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key.
+    [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key. Rows of one query (a
+    KV-cached decoding step) are computed by the reference formula instead (_one_query),
+    which is logged.
   """
-  b, tq, h, d = q.shape
-  tk = k.shape[1]
-  block_q, block_k = min(block_q, -(-tq // 8) * 8), min(block_k, -(-tk // 8) * 8)
-  if interpret is None:
-    interpret = jax.default_backend() == "cpu"
-  st = _Static(fn=None if bias_spec is None else bias_spec.fn,
-               learned=bias_spec is not None and bias_spec.learned, causal=causal,
-               window=window, block_q=block_q, block_k=block_k, interpret=interpret)
+  q = q * jnp.asarray(scale, q.dtype)
+  if q.shape[1] == 1:  # a KV-cached decoding step
+    log.info("flash_attention: one query per row (a decoding step) runs the reference "
+             "formula over the row [b, h, 1, %d], not the Pallas kernels", k.shape[1])
+    mask = Mask(q_segments, k_segments, q_positions, k_positions, causal=causal, window=window)
+    return _one_query(q, k, v, mask, bias_spec)
+  if layout is not None:
+    if interpret is False:
+      raise ValueError(f"flash_attention: layout {layout!r} runs in interpret mode only "
+                       "(its own platform compiles it when layout is None)")
+    variants = ((None, layout, True),)
+  else:  # interpret=False: the compiled platforms only, no branch for the CPU
+    variants = tuple((platform, name, interpreted if interpret is None else interpret)
+                     for platform, (name, interpreted) in PLATFORMS.items()
+                     if interpret is not False or not interpreted)
+  cfg = _Config(fn=None if bias_spec is None else bias_spec.fn,
+                learned=bias_spec is not None and bias_spec.learned, causal=causal,
+                window=window, block_q=block_q, block_k=block_k, variants=variants)
   params = {} if bias_spec is None else dict(bias_spec.params)
-  lq, lk = -(-tq // block_q) * block_q, -(-tk // block_k) * block_k
-  out = _flash(st, _heads(q * jnp.asarray(scale, q.dtype), lq), _heads(k, lk), _heads(v, lk),
-               _ids(q_segments, lq), _ids(k_segments, lk), _ids(q_positions, lq),
-               _ids(k_positions, lk), params)
-  return jnp.swapaxes(out[:, :, :tq], 1, 2)
+  return _flash(cfg, q, k, v, q_segments, k_segments, q_positions, k_positions, params)

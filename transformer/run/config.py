@@ -7,6 +7,10 @@ source without one), `model` (model.config.ModelConfig with its attention and se
 `train`, `eval` and `mesh`. Parsing checks every value (types, ranges, names against their
 registries: ConfigErrors naming the field and what it allows) and moves the fields of older
 layouts to today's places (fields.migrate, from the fields' own `moved_from` declarations).
+
+The dataclasses are the schema: `schema(source)` is the ConfigDict of every field with its
+default, the data and task sections those of a data source; a config file returns it (or
+another config file's) changed by its deltas, and `with_source` switches a config's source.
 """
 
 import dataclasses
@@ -31,11 +35,12 @@ WANDB_RESERVED = "/\\#?%:"  # not in a W&B project name (wandb refuses them)
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-  """config.train: the optimiser and the training loop's schedule."""
+  """config.train: the optimiser (AdamW, β 0.9 and 0.98, ε 1e-9: run/optim.py) and the
+  training loop's schedule."""
 
   batch_size: int = 64  # rows per step over all devices and processes
   num_steps: int = 2000
-  schedule: str = "rsqrt"  # rsqrt | constant (optim.SCHEDULES)
+  schedule: str = "rsqrt"  # a key of optim.SCHEDULES
   # rsqrt: lr = learning_rate · d_model^-0.5 · min(n^-0.5, n·warmup^-1.5);
   # constant: lr = learning_rate · min(1, n/warmup)
   learning_rate: float = 1.0
@@ -45,13 +50,16 @@ class TrainConfig:
   grad_clip_norm: float = 0.0  # 0: off
   accumulation_steps: int = 1  # micro-batches per step (gradients summed): the same update
   loss_chunks: int = 4  # logits of 1/loss_chunks of the target tokens at a time
-  z_loss: float = 0.0  # adds z_loss·log²Z per target token (Z: the softmax's normaliser)
+  # adds z_loss·log²Z per target token (Z: the softmax's normaliser; PaLM: 1e-4); 0: off
+  z_loss: float = 0.0
   log_every: int = 100
   eval_every: int = 0  # 0: only at the end
   eval_examples: int = 0  # per held-out split during training; 0: eval.num_examples
   checkpoint_every: int = 1000
   keep_checkpoints: int = 3  # the latest ones; the lowest-loss checkpoint is kept besides
-  skip_nonfinite: int = 0  # consecutive non-finite steps skipped before the run stops
+  # A step whose loss, gradient or update is not finite is never applied; this many in a
+  # row are skipped (the data moves on), one more stops the run. 0: stop at once.
+  skip_nonfinite: int = 0
   profile_steps: int = 0  # steps traced by jax.profiler into WORKDIR/profile; 0: none
   # Weights & Biases (transformer/run/tracking.py): the project ("": off), entity ("": the
   # login's default) and group (""; a sweep groups its runs under its directory's name).
@@ -93,7 +101,8 @@ class EvalConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """config.mesh: devices per mesh axis (transformer/run/sharding.py); -1: the devices left over."""
+  """config.mesh: devices per mesh axis (transformer/run/sharding.py): the batch is split over
+  data × fsdp, parameters and optimizer state over fsdp and tensor; -1: the devices left over."""
 
   data: int = -1
   fsdp: int = 1
@@ -122,10 +131,38 @@ class Config:
 SECTIONS = ("seed", "data", "task", "model", "train", "eval", "mesh")
 
 
-def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
+def schema(source: str = "synthetic") -> ml_collections.ConfigDict:
+  """Every config field with its dataclass's default (fields.schema): data and task are the
+  sections that SOURCES[source] declares (no task section for a source without one). A
+  field without a default (task.name; every field of a task chosen by name, whose defaults
+  are the chosen task's) is unset, None until the config sets it."""
+  entry = lookup(SOURCES, source, "data source")
+  data = fields.schema(entry.Data, source=source)
+  task = (entry.Task.schema() if isinstance(entry.Task, fields.Chosen) else
+          fields.schema(entry.Task) if entry.Task is not None else None)
+  sections = fields.schema(Config, data=data, task=task)
+  if task is None:
+    del sections["task"]
+  return ml_collections.ConfigDict(sections)
+
+
+def with_source(config: ml_collections.ConfigDict, source: str) -> ml_collections.ConfigDict:
+  """`config` with the data and task sections of `source`'s schema in place of its own (a
+  config that switches sources keeps its other fields); changed in place and returned."""
+  new = schema(source)
+  config.data = new.data
+  if "task" in new:
+    config.task = new.task
+  elif "task" in config:
+    del config.task
+  return config
+
+
+def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = False) -> Config:
   """The typed Config of a config file's ConfigDict or of a run's saved config.json (a
-  nested dict, possibly of an older layout); a ConfigError for any bad field. A `task`
-  section is ignored by a source that reads none."""
+  nested dict, possibly of an older layout; `saved`: read as it meant when saved, see
+  migrate); a ConfigError for any bad field. A `task` section is ignored by a source that
+  reads none."""
   raw = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
   unknown = sorted(set(raw) - set(SECTIONS))
   if unknown:
@@ -135,7 +172,7 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
   if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
     raise fields.FieldError("config.seed", seed, "an integer ≥ 0")
   source = lookup(SOURCES, _section(raw, "data").get("source"), "data source")
-  raw = migrate(raw)
+  raw = migrate(raw, saved)
   data = dataclass_from(source.Data, _section(raw, "data"), "data")
   task = None
   if source.Task is not None:
@@ -152,9 +189,14 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any]) -> Config:
                 mesh=dataclass_from(MeshConfig, _section(raw, "mesh"), "mesh"))
 
 
-def migrate(raw: dict[str, Any]) -> dict[str, Any]:
-  """A whole config (nested dicts) of any older layout in today's (fields.migrate)."""
-  return fields.migrate(raw, ModelConfig, ("model",))
+def migrate(raw: dict[str, Any], saved: bool = False) -> dict[str, Any]:
+  """A whole config (nested dicts) of any older layout in today's (fields.migrate); a run's
+  `saved` config also with the values that keep its meaning for fields added since
+  (DataSource.saved)."""
+  raw = fields.migrate(raw, ModelConfig, ("model",))
+  data = raw.get("data")
+  name = data.get("source") if saved and isinstance(data, Mapping) else None
+  return SOURCES[name].saved(raw) if isinstance(name, str) and name in SOURCES else raw
 
 
 def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:

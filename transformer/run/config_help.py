@@ -15,7 +15,7 @@ from typing import Any
 import ml_collections
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import FieldError
+from transformer.core.fields import FieldError, flat
 from transformer.core.registry import UnknownName
 from transformer.run import config as config_lib
 
@@ -31,40 +31,22 @@ class Field:
   path: str
   value: Any
   allowed: str
-  in_file: bool = True  # the config file has it: --config.PATH=VALUE can set it
 
 
 def describe(config: ml_collections.ConfigDict | Mapping[str, Any]) -> list[Field]:
-  """Every field of `config` (a config file's ConfigDict, overrides applied), the fields
-  it leaves to their defaults included, in the typed config's order. A ConfigError if the
-  config itself is bad."""
-  given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
-  in_file = {path for path, _ in _leaves(config_lib.migrate(dict(given)))}
+  """Every field of the typed config of `config` (a config file's ConfigDict, overrides
+  applied), in its order. A ConfigError if the config itself is bad."""
   raw = config_lib.to_dict(config_lib.parse(config))
-  return [Field(path, value, _allowed(raw, path, value), path in in_file)
-          for path, value in _leaves(raw)]
+  return [Field(path, value, _allowed(raw, path, value)) for path, value in flat(raw).items()]
 
 
 def render(fields: list[Field]) -> str:
-  """Aligned lines `path  value  allowed`; a field the config file leaves out (its
-  default) is marked, with a note: an override cannot add a field to a ConfigDict."""
+  """Aligned lines `path  value  allowed`."""
   width = max(len(f.path) for f in fields) + 2
   values = [repr(f.value) for f in fields]
   value_width = min(max(len(v) for v in values), 24)
-  lines = [f"  {f.path + ('' if f.in_file else ' *'):<{width}}  {v:<{value_width}}  "
-           f"{f.allowed}".rstrip() for f, v in zip(fields, values)]
-  if not all(f.in_file for f in fields):
-    lines.append("* not in the config file (its default): --config.FIELD=VALUE cannot set it; "
-                 "add it to the file's get_config()")
-  return "\n".join(lines)
-
-
-def _leaves(d: Mapping[str, Any], prefix: str = ""):
-  for key, value in d.items():
-    if isinstance(value, Mapping):
-      yield from _leaves(value, f"{prefix}{key}.")
-    else:
-      yield f"{prefix}{key}", value
+  return "\n".join(f"  {f.path:<{width}}  {v:<{value_width}}  {f.allowed}".rstrip()
+                   for f, v in zip(fields, values))
 
 
 def _allowed(raw: dict, path: str, value) -> str:

@@ -19,6 +19,7 @@ from transformer.model.decoding import generate
 from transformer.model.families import ARCHS
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import checkpoint, experiment, sharding
+from transformer.run import overrides as overrides_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import EvalConfig
 from transformer.run.evaluator import Evaluator, check_split_lengths
@@ -34,31 +35,60 @@ class Run:
   experiment: experiment.Experiment  # from the run's config.json, executable on this machine
   steps: list[int]  # the checkpoints whose parameters `params` averages (one: no averaging)
   params: dict
+  # {path: value} of the execution fields evaluated otherwise than the run's config says
+  # (overrides_lib.apply); the files of its evaluation are named after them (overrides_lib.suffix)
+  overrides: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def suffix(self) -> str:
+    return overrides_lib.suffix(self.overrides)
 
 
-def restore_run(workdir: str, step: int | None = None, average: int = 1) -> Run:
+def restore_run(workdir: str, step: int | None = None, average: int = 1,
+                override: dict[str, str] | None = None) -> Run:
   """The run in `workdir` ready to evaluate, its parameters (only) laid out on this
   process's devices: checkpoint `step`, by default the newest that restores; average > 1:
-  the mean parameters of the last `average` checkpoints up to it. The kernel and mesh it
-  was trained with need not run here (experiment.build(evaluating=True))."""
-  cfg = workdir_lib.saved_config(workdir)
+  the mean parameters of the last `average` checkpoints up to it; `override` ({path:
+  text}, eval.py's --config.PATH=VALUE) sets execution fields of its config (overrides_lib.apply:
+  a ConfigError, before any work, for one it may not set). The kernel and mesh it was
+  trained with need not run here (experiment.build(evaluating=True))."""
+  cfg, applied = overrides_lib.apply(workdir_lib.saved_config(workdir), override or {})
   exp = experiment.build(cfg, workdir, evaluating=True)
   abstract = jax.eval_shape(exp.init)["params"]
   shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
   exp.source.load(has_checkpoints=True)
-  return Run(workdir, exp, steps, params)
+  return Run(workdir, exp, steps, params, applied)
 
 
 def output_path(run: Run, output: str | None) -> str:
-  """Where the metrics go (default WORKDIR/eval_step_N.json); a ConfigError, before any
-  evaluation, if that directory cannot be written."""
-  output = output or storage.join(run.workdir, f"eval_step_{run.steps[-1]}.json")
+  """Where the metrics go (default WORKDIR/eval_step_N.json, or under overrides
+  eval_step_N,FIELD=VALUE....json: run.suffix); a ConfigError, before any evaluation, if that
+  directory cannot be written or the file holds an evaluation under other overrides."""
+  output = output or storage.join(run.workdir, f"eval_step_{run.steps[-1]}{run.suffix}.json")
   problem = storage.writable_directory(str(epath.Path(storage.absolute(output)).parent))
   if problem:
     raise ConfigError(f"cannot write the metrics to {output}: {problem}; give another path "
                       "with --output")
+  theirs = _recorded_overrides(output)
+  if theirs is not None and theirs != json.loads(json.dumps(run.overrides)):
+    raise ConfigError(f"{output} holds an evaluation under other overrides "
+                      f"({overrides_lib.describe(theirs)}; this one: "
+                      f"{overrides_lib.describe(run.overrides)}); give another --output")
   return output
+
+
+def _recorded_overrides(path: str) -> dict | None:
+  """The overrides an evaluation that eval.py wrote at `path` was made under ({}: none;
+  written before overrides were recorded, or a plain one); None if there is no such file."""
+  file = epath.Path(storage.absolute(path))
+  try:
+    record = json.loads(file.read_text()) if file.exists() else None
+  except (OSError, ValueError):
+    return None  # not an evaluation eval.py wrote: nothing to keep apart
+  if not isinstance(record, dict):
+    return None
+  return record.get("overrides") or {}
 
 
 def text_paths(output: str, split: str) -> tuple[str, str]:
@@ -97,7 +127,7 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
         results[split].update(predictions=predictions, references=references)
     storage.write(output, json.dumps(
         {"step": step, "averaged_steps": run.steps, "workdir": storage.absolute(run.workdir),
-         "beam_size": beam_size, "alpha": alpha, "sampling": {
+         "overrides": run.overrides, "beam_size": beam_size, "alpha": alpha, "sampling": {
              **dataclasses.asdict(sampling), "seed": seed}, "splits": results}, indent=2))
   except OSError as e:
     raise RunError(f"cannot write the metrics to {output}: {e.strerror}; the results were: "

@@ -4,8 +4,9 @@ WORKDIR/tensorboard/<split>/ holds the scalars of `train` (loss, accuracy, learn
 gradient norm, tokens/s, ...) and of each held-out split (loss, accuracy, exact match,
 BLEU, chrF), so TensorBoard draws training and held-out curves in one chart per metric;
 `tensorboard --logdir SWEEP_DIR` overlays every run of a sweep. Written by process 0 with
-tensorboardX (no TensorFlow; a gs:// workdir needs google-cloud-storage installed). On
-resume the writer purges the events after the restored step, as metrics.jsonl drops its
+tensorboardX (no TensorFlow; a gs:// workdir needs google-cloud-storage installed). Every
+invocation's writer purges the events after the step it starts from (0 for a run begun
+again from scratch, killed before its first checkpoint), as metrics.jsonl drops its
 records, so re-trained steps are drawn once.
 """
 
@@ -37,7 +38,7 @@ class TensorBoard:
       from tensorboardX import SummaryWriter  # noqa: PLC0415 - imported by what writes
       self.writers[split] = SummaryWriter(
           storage.join(self.workdir, SUMMARY_DIR, split),
-          purge_step=self.resumed_at + 1 if self.resumed_at else None,
+          purge_step=self.resumed_at + 1,  # TensorBoard hides earlier files' later events
           filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")  # never another's file
     return self.writers[split]
 

@@ -11,6 +11,9 @@ What a run guarantees, whatever fails:
     final one is saved before the final evaluation;
   * a stop request (signal) is honoured between steps and between evaluation batches, and
     reported once its checkpoint is committed;
+  * metrics.jsonl and the trackers record each step once: a run that goes on from its
+    newest checkpoint, or begins again from scratch without one, first drops the records
+    after it, and an evaluation cut short there is done again (workdir.truncate_metrics);
   * WORKDIR/train.log holds the run's log lines and the details of what failed (logs.py).
 """
 
@@ -19,7 +22,6 @@ import time
 from collections.abc import Callable
 
 import jax
-import numpy as np
 
 from transformer.core import storage
 from transformer.core.errors import Interrupted, RunError
@@ -27,81 +29,10 @@ from transformer.run import checkpoint, experiment, lock, logs, sharding, tracki
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import Config
 from transformer.run.evaluator import Evaluator, check_split_lengths
+from transformer.run.progress import log_eval, log_eval_start, log_train, timing_first_call
 from transformer.run.step import compile_step
 
 log = logging.getLogger("transformer")
-
-
-def _format_duration(seconds: float) -> str:
-  m, s = divmod(int(seconds), 60)
-  return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
-
-
-def log_train(step: int, num_steps: int, sums: list[dict], elapsed: float, steps: int,
-              eta_seconds: float) -> dict:
-  """Logs the metrics summed over the last `steps` train steps; returns their record."""
-  totals = jax.tree.map(lambda *x: float(np.sum(x)), *jax.device_get(sums))
-  applied = max(steps - totals["nonfinite"], 1)
-  record = {"step": step, "split": "train",
-            "loss": totals["loss"] / max(totals["tokens"], 1.0),
-            "accuracy": totals["correct"] / max(totals["tokens"], 1.0),
-            "learning_rate": float(sums[-1]["learning_rate"]),
-            "grad_norm": totals["grad_norm"] / applied,
-            "skipped_steps": int(totals["nonfinite"]),
-            "tokens_per_sec": totals["tokens"] / elapsed,
-            "ms_per_step": 1e3 * elapsed / steps}
-  if "z_loss" in totals:  # train.z_loss > 0: its term's mean per token (included in loss)
-    record["z_loss"] = totals["z_loss"] / max(totals["tokens"], 1.0)
-  log.info("step %d/%d | loss %.4f | acc %.4f | lr %.2e | grad norm %.3f | %s tgt tok/s | "
-           "%.1f ms/step | ETA %s%s%s", step, num_steps, record["loss"], record["accuracy"],
-           record["learning_rate"], record["grad_norm"], f"{record['tokens_per_sec']:,.0f}",
-           record["ms_per_step"], _format_duration(eta_seconds),
-           f" | z-loss {record['z_loss']:.4f}" if "z_loss" in record else "",
-           f" | {record['skipped_steps']} non-finite steps skipped" if record["skipped_steps"]
-           else "")
-  return record
-
-
-def log_eval(step: int, results: dict[str, dict]) -> list[dict]:
-  """Logs the held-out metrics (numbers: floats to 4 decimals, counts as integers); returns
-  a record per split."""
-  for split, m in results.items():
-    shown = " | ".join(f"{k} {_number(v)}" for k, v in m.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)
-                       and k != "examples")
-    log.info("eval %s step %d | %s (%d examples)", split, step, shown, m["examples"])
-  return [{"step": step, "split": split, **m} for split, m in results.items()]
-
-
-def log_eval_start(step: int, splits: dict) -> None:
-  """Logs that an evaluation begins (its first batches wait for compilation)."""
-  log.info("evaluating step %d: %s", step,
-           ", ".join(f"{name} ({len(split)} examples)" for name, split in splits.items()))
-
-
-def _number(value: int | float) -> str:
-  return f"{value:d}" if isinstance(value, int) else f"{value:.4f}"
-
-
-def timing_first_call(fn: Callable, what: str) -> Callable:
-  """`fn` (a jitted function), logging around its first call, which traces and compiles
-  it: 'compiling WHAT...' before, 'compiled WHAT in N s' after (the call returns once the
-  computation is compiled and dispatched), so the wait before the first log line is
-  explained. Later calls are fn's."""
-  first = True
-
-  def call(*args):
-    nonlocal first
-    if not first:
-      return fn(*args)
-    first = False
-    log.info("compiling %s...", what)
-    start = time.time()
-    out = fn(*args)
-    log.info("compiled %s in %.1f s", what, time.time() - start)
-    return out
-
-  return call
 
 
 def train_and_evaluate(cfg: Config, workdir: str,
@@ -157,12 +88,13 @@ class _Loop:
     self.step, self.state, self.batches = checkpoint.restore(
         mngr, jax.eval_shape(exp.init), compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
-    logged = workdir_lib.read_metrics(workdir)  # what the trackers were given before
-    if self.step is None:
+    logged = workdir_lib.whole(workdir_lib.read_metrics(workdir))  # given to the trackers
+    if self.step is None:  # also a run killed before its first checkpoint: from scratch
       self.state, self.step = compiled.init(), 0
     else:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
-      workdir_lib.truncate_metrics(workdir, self.step)  # later records are trained again
+    # the records of the steps to be trained (and of an evaluation cut short) go: each once
+    workdir_lib.truncate_metrics(workdir, self.step)
     self.saved = self.step  # the newest step with a checkpoint (0: none yet)
     self.writers = tracking.Writers(exp.config, workdir, resumed_at=self.step, logged=logged)
     self.trace_from = self.step + self.cfg.log_every - self.step % self.cfg.log_every
@@ -306,7 +238,8 @@ class _Loop:
   def _evaluate(self) -> None:
     log_eval_start(self.step, self.splits)
     results, _ = self.evaluator.evaluate(self.state["params"], self.splits, self.should_stop)
-    self._write(*log_eval(self.step, results))
+    log_eval(self.step, results)
+    self._write(*workdir_lib.evaluation_records(self.step, results))
 
   def _write(self, *records: dict) -> None:
     workdir_lib.append_metrics(self.workdir, *records)

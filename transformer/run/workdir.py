@@ -38,16 +38,16 @@ def check_usable(workdir: str) -> None:
 
 def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) -> None:
   """Refuses (ConfigError) a config whose identity differs from the run in `workdir`'s.
-  Fields missing from the saved config (older layouts migrated first) were added to the
-  code since the run began: they are not compared."""
+  A field missing from the saved config (added to the code since the run began) is compared
+  at the value its parse gives it: the default, or the legacy value a field declares, means
+  what the run did before the field existed (an old rotary run rotated every dimension, and
+  resuming it with model.position_settings.rotary.rotated_fraction=0.5 is another model)."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not has_checkpoints or not path.exists():
     return
-  saved_raw = load_config(workdir)
-  saved = fields.identity(_parse_saved(saved_raw, workdir))
-  present = set(flatten(config_lib.migrate(saved_raw)))
+  saved = fields.identity(saved_config(workdir))
   new = fields.identity(cfg)
-  changed = [k for k in saved if k in present and new.get(k) != saved[k]]
+  changed = [k for k in saved if new.get(k) != saved[k]]
   if changed:
     section = min((k.split(".")[0] for k in changed), key=config_lib.SECTIONS.index)
     fields_changed = sorted(k.split(".", 1)[1] for k in changed if k.startswith(section + "."))
@@ -97,7 +97,7 @@ def saved_config(workdir: str) -> config_lib.Config:
 
 def _parse_saved(raw: dict, workdir: str) -> config_lib.Config:
   try:
-    return config_lib.parse(raw)
+    return config_lib.parse(raw, saved=True)
   except ConfigError as e:
     raise ConfigError(f"{epath.Path(workdir) / CONFIG_FILE} (the run's saved config): "
                       f"{e}") from None
@@ -119,24 +119,58 @@ def read_metrics(workdir: str) -> list[dict]:
   return records
 
 
+SPLITS = "splits"  # in an evaluation's records: the splits evaluated together
+
+
+def evaluation_records(step: int, results: dict[str, dict]) -> list[dict]:
+  """The records of an evaluation at `step` ({split: metrics}), a split each, each naming
+  every split of the evaluation (SPLITS), so that readers know the evaluation is recorded
+  whole (evaluation)."""
+  return [{"step": step, "split": split, **metrics, SPLITS: list(results)}
+          for split, metrics in results.items()]
+
+
+def evaluation(records: list[dict], step: int) -> tuple[dict[str, dict] | None, list[str]]:
+  """(the held-out evaluation at `step` in `records`, {split: record}, or None unless it is
+  recorded whole; the splits its records name that are missing). Whole: every split that
+  its records name (SPLITS) has its record; an evaluation's records are appended in one
+  write, and a process killed in that write leaves some of them, or a line cut short,
+  which read_metrics skips. Records written before SPLITS existed name none: an
+  evaluation of those counts as whole if any split of it is recorded, as it did then."""
+  found = {r["split"]: r for r in records if r["step"] == step and r["split"] != "train"}
+  named = dict.fromkeys(s for r in found.values() for s in r.get(SPLITS, ()))
+  missing = [s for s in named if s not in found]
+  return (found if found and not missing else None), missing
+
+
+def whole(records: list[dict]) -> list[dict]:
+  """The records less those of the evaluations not recorded whole (evaluation): a process
+  killed in their write did nothing after it (nor gave them to a tracker)."""
+  steps = {r["step"] for r in records if r["split"] != "train"}
+  cut = {step for step in steps if evaluation(records, step)[0] is None}
+  return [r for r in records if r["split"] == "train" or r["step"] not in cut]
+
+
 def has_evaluation(workdir: str, step: int) -> bool:
-  """Whether the run's metrics record a held-out evaluation at `step`."""
-  return any(r["step"] == step and r["split"] != "train" for r in read_metrics(workdir))
+  """Whether the run's metrics record a held-out evaluation at `step`, whole (evaluation)."""
+  return evaluation(read_metrics(workdir), step)[0] is not None
 
 
 def append_metrics(workdir: str, *records: dict) -> None:
   """Appends the records in one write (process 0): the records of one evaluation, a split
-  each, are there together or not at all, so a run killed in between is not taken for
-  one whose final evaluation is recorded."""
+  each, are written together (a kill during the write may still cut them: evaluation
+  tells)."""
   if jax.process_index() == 0:
     storage.append(storage.join(workdir, METRICS_FILE),
                    "".join(json.dumps(record) + "\n" for record in records))
 
 
 def truncate_metrics(workdir: str, step: int) -> None:
-  """Drops the records after `step` (process 0): on resuming from the checkpoint at `step`
-  those steps are trained again and logged anew, so each step is recorded once."""
-  kept = [r for r in read_metrics(workdir) if r["step"] <= step]
+  """Keeps the records up to `step` (process 0) that are whole (less an evaluation cut
+  short), and drops lines cut short: a run that goes on from `step` (0: from scratch)
+  trains the later steps again, evaluates again where an evaluation is missing, and logs
+  them anew, so each step is recorded once."""
+  kept = [r for r in whole(read_metrics(workdir)) if r["step"] <= step]
   if jax.process_index() == 0 and len(kept) < len(_metric_lines(workdir)):
     storage.write(storage.join(workdir, METRICS_FILE),
                   "".join(json.dumps(r) + "\n" for r in kept))

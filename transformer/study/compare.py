@@ -20,30 +20,17 @@ from sacrebleu.significance import PairedTest
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError
-from transformer.run import checkpoint
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.evaluation import text_paths
+from transformer.run.state import run_state
 from transformer.study import report, stats
 from transformer.study.results import Entry, Results
-from transformer.study.sweep import read_failure, run_name
+from transformer.study.sweep import run_name
 
 log = logging.getLogger("transformer")
 TITLE = "# Comparison of "  # how a report.md written here begins (save refuses others')
 PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "position_loss.png")
-
-
-def _without_results(workdir: str, num_steps: int) -> str | None:
-  """Why the run in `workdir` has no final held-out evaluation at num_steps; None if it has
-  one (its checkpoints may have been deleted since: the metrics are what count here)."""
-  if workdir_lib.has_evaluation(workdir, num_steps):
-    return None
-  if failure := read_failure(workdir):
-    return f"it failed: {failure['error']}"
-  steps = checkpoint.steps(workdir)
-  if steps:
-    return f"it is unfinished (checkpoint at step {steps[-1]} of {num_steps})"
-  return f"its {workdir_lib.METRICS_FILE} has no final evaluation (step {num_steps})"
 
 
 def _comparable(configs: dict[str, config_lib.Config]) -> None:
@@ -64,15 +51,16 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
   data source and task, each run given once; else a ConfigError naming the path."""
   if not paths:
     raise ConfigError("no runs given: python compare.py RUN_DIR [RUN_DIR ...]")
-  configs, flat = {}, {}
+  configs, flat, states = {}, {}, {}
   for path in paths:
     if path in configs:
       raise ConfigError(f"{path} is given twice; give each run once")
     if not epath.Path(path).is_dir():
       raise ConfigError(f"{path} is not a directory (a run's workdir, as train.py writes)")
     cfg = workdir_lib.saved_config(path)  # a ConfigError names a missing or damaged config
-    if why := _without_results(path, cfg.train.num_steps):
-      raise ConfigError(f"{path} has no results: {why}; compare finished runs")
+    states[path] = run_state(path, cfg.train.num_steps)
+    if not states[path].finished:
+      raise ConfigError(f"{path} has no results: {states[path].note}; compare finished runs")
     configs[path] = cfg
     flat[path] = workdir_lib.flatten(config_lib.to_dict(cfg))
     del flat[path]["seed"]
@@ -93,7 +81,7 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
       raise ConfigError(f"{other} and {path} are the same run (the same config and seed "
                         f"{cfg.seed}); give each run once")
     seen[variant, cfg.seed] = path
-    out.append(Entry(path, variant, cfg.seed, path, cfg.train.num_steps))
+    out.append(Entry.of(path, variant, cfg.seed, path, states[path]))
   return out, differ, next(iter(configs.values()))
 
 

@@ -1,8 +1,8 @@
-"""The report of a sweep (transformer/study/sweep.py) or of any runs (transformer/study/compare.py): a
-table of each variant's final held-out metrics over its seeds with their statistics
-(transformer/study/stats.py), the main metric's spread, success rates and paired differences
-against a baseline variant, the state of every run without results (failed, with the
-reason; stopped part-way; not trained yet), and plots (transformer/study/report_plots.py)."""
+"""The report of a sweep (study/sweep.py) or of any runs (study/compare.py): a table of each
+variant's final held-out metrics over its seeds with their statistics (study/stats.py), the
+main metric's spread, success rates and paired differences against a baseline variant, the
+state of every run without results (run/state.py: failed, with the reason; stopped
+part-way; not trained yet), and plots (study/report_plots.py)."""
 
 import csv
 import io
@@ -15,26 +15,10 @@ from etils import epath
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError
-from transformer.run import checkpoint
+from transformer.run.state import STATES, run_state
 from transformer.study import report_plots, stats
-from transformer.study.results import STATES, Entry, Results, grid, lower_is_better, state_counts
-from transformer.study.sweep import Run, is_finished, read_failure
+from transformer.study.results import Entry, Results, grid, lower_is_better, state_counts
 from transformer.study.sweep import runs as sweep_runs
-
-
-def run_state(run: Run) -> tuple[str, str]:
-  """("finished" | "failed" | "unfinished", what to say of a run without results)."""
-  num_steps = run.config.train.num_steps
-  if is_finished(run.workdir, num_steps):
-    return "finished", ""
-  failure = read_failure(run.workdir)
-  if failure:
-    return "failed", f"failed: {failure['error']}"
-  steps = checkpoint.steps(run.workdir)
-  if steps:
-    return "unfinished", (f"checkpoint at step {steps[-1]} of {num_steps}: training, or "
-                          "stopped (the sweep resumes it)")
-  return "unfinished", "not trained yet"
 
 
 def _commit() -> str | None:
@@ -273,8 +257,8 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
     raise ConfigError(f"--sweep_dir {sweep_dir} does not exist: no run of this sweep has "
                       "started there")
   check_baseline(baseline, list(dict.fromkeys(run.variant for run in all_runs)))
-  entries = [Entry(run.name, run.variant, run.config.seed, run.workdir,
-                   run.config.train.num_steps, *run_state(run)) for run in all_runs]
+  entries = [Entry.of(run.name, run.variant, run.config.seed, run.workdir,
+                     run_state(run.workdir, run.config.train.num_steps)) for run in all_runs]
   first = all_runs[0].config
   train_length = first.source.train_length(first.data, first.task)
   results = Results.of(entries, train_length)

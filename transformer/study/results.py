@@ -6,7 +6,7 @@ variant's seeds (transformer/study/stats.py). transformer/study/report.py presen
 import dataclasses
 import re
 
-from transformer.run import workdir as workdir_lib
+from transformer.run.state import STATES, RunState
 from transformer.study import stats
 
 # The main metric, the first found: the column after the run counts and the bar chart.
@@ -17,11 +17,6 @@ KEYS = ("bleu", "chrf", "exact_match", "mean_accuracy", "accuracy", "macro_f1", 
         "bits_per_token", "loss")
 LOWER_IS_BETTER = ("perplexity", "bits_per_token", "loss")
 SPLITS = ("valid", "test", "longer")
-
-
-def final_metrics(workdir: str) -> dict[str, dict]:
-  """The last evaluation record of each held-out split in a run's metrics.jsonl."""
-  return {r["split"]: r for r in workdir_lib.read_metrics(workdir) if r["split"] != "train"}
 
 
 def _split_rank(split: str) -> tuple:
@@ -66,9 +61,6 @@ def grid(variants) -> tuple[str, dict[str, dict[str, str]]] | None:
   return fields.pop(), rows
 
 
-STATES = ("finished", "failed", "unfinished")
-
-
 def state_counts(entries) -> dict[str, int]:
   """{state: how many of the entries are in it}, for every one of STATES."""
   return {s: sum(e.state == s for e in entries) for s in STATES}
@@ -77,15 +69,23 @@ def state_counts(entries) -> dict[str, int]:
 @dataclasses.dataclass(frozen=True)
 class Entry:
   """A run in a report: its name, variant (the runs of a variant differ only in their
-  seed), seed, workdir and training steps; its state (STATES) and, without results, why."""
+  seed), seed, workdir and training steps; its state (run.state.STATES) and, without
+  results, why; finished, its final evaluation ({held-out split: record}: its results)."""
 
   name: str
   variant: str
   seed: int
   workdir: str
   steps: int
-  state: str = "finished"
+  state: str
   note: str = ""
+  final: dict[str, dict] | None = dataclasses.field(default=None, compare=False)
+
+  @classmethod
+  def of(cls, name: str, variant: str, seed: int, workdir: str, state: RunState) -> "Entry":
+    """The entry of the run in `workdir` in `state` (run_state's, at its train.num_steps)."""
+    return cls(name, variant, seed, workdir, state.num_steps, state.state, state.note,
+               state.final)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +105,8 @@ class Results:
     variants: dict[str, list[Entry]] = {}
     for entry in entries:
       variants.setdefault(entry.variant, []).append(entry)
-    finals = {v: {e.seed: final_metrics(e.workdir)
-                  for e in sorted(es, key=lambda e: e.seed) if e.state == "finished"}
+    finals = {v: {e.seed: e.final for e in sorted(es, key=lambda e: e.seed)
+                  if e.state == "finished"}
               for v, es in variants.items()}
     names, main = order_metrics({f"{split}/{key}" for runs in finals.values()
                                  for r in runs.values() for split, m in r.items()

@@ -3,10 +3,10 @@ workdir per run under the sweep directory (the report over them: transformer/stu
 
 A sweep config file defines `get_config()` as usual and `get_sweep()`, a list of override
 dicts, usually built as `product(axis("model.position", [...]), axis("seed", [0, 1, 2]))`.
-Running a sweep is idempotent: finished runs are skipped, interrupted ones resume from
-their checkpoints, and workers (hosts) take every num_workers-th run. A run that fails
-(it diverges, or its data cannot be prepared) leaves a record, FAILURE_FILE, in its
-workdir, so that every report shows it, whichever process writes the report.
+Running a sweep is idempotent: finished runs (run/state.py) are skipped, interrupted ones
+resume from their checkpoints, and workers (hosts) take every num_workers-th run. A run
+that fails (it diverges, or its data cannot be prepared) leaves a record in its workdir
+(state.record_failure), so that every report shows it, whichever process writes it.
 """
 
 import dataclasses
@@ -18,9 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 
-import jax
 import ml_collections
-from etils import epath
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError, RunError, one_line
@@ -28,11 +26,12 @@ from transformer.run import checkpoint
 from transformer.run import config as config_lib
 from transformer.run import experiment, lock, sharding
 from transformer.run import workdir as workdir_lib
+from transformer.run.progress import duration
+from transformer.run.state import clear_failure, read_failure, record_failure, run_state
 from transformer.run.training import train_and_evaluate
 
 log = logging.getLogger("transformer")
 SEED = "seed"
-FAILURE_FILE = "failed.json"
 
 
 def axis(field: str, values) -> list[dict]:
@@ -115,12 +114,6 @@ def with_overrides(config: ml_collections.ConfigDict, overrides: dict) -> ml_col
     except TypeError as e:  # ConfigDict keeps each field's type
       raise ConfigError(f"sweep override {field}={value!r}: {e}") from None
   return config
-
-
-def is_finished(workdir: str, num_steps: int) -> bool:
-  """Whether the run trained to num_steps and its final evaluation is recorded."""
-  return (checkpoint.steps(workdir)[-1:] == [num_steps]
-          and workdir_lib.has_evaluation(workdir, num_steps))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,42 +232,6 @@ def plan(config_path: str, sweep_dir: str, overrides: dict | None = None,
   return planned
 
 
-def record_failure(workdir: str, error: Exception) -> None:
-  """Writes why the run in `workdir` failed (process 0), for the reports of every later
-  invocation and worker; a run that finishes later removes it (clear_failure)."""
-  if jax.process_index() != 0:
-    return
-  steps = checkpoint.steps(workdir)
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  storage.write(storage.join(workdir, FAILURE_FILE), json.dumps({
-      "error": " ".join(str(error).split()), "kind": type(error).__name__,
-      "last_checkpoint": steps[-1] if steps else None,
-      "time": time.strftime("%Y-%m-%d %H:%M:%S")}))
-
-
-def read_failure(workdir: str) -> dict | None:
-  """The record of the run's last failure ({"error", "kind", "last_checkpoint", "time"}),
-  or None."""
-  path = epath.Path(workdir) / FAILURE_FILE
-  try:
-    return json.loads(path.read_text())
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError) as e:
-    return {"error": f"(its record {path} is unreadable: {e})", "kind": "unknown"}
-
-
-def clear_failure(workdir: str) -> None:
-  path = epath.Path(workdir) / FAILURE_FILE
-  if jax.process_index() == 0 and path.exists():
-    path.unlink()
-
-
-def _duration(seconds: float) -> str:
-  m, s = divmod(int(seconds), 60)
-  return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
-
-
 def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
         should_stop=lambda: False, overrides: dict | None = None, only: Sequence[str] = ()
         ) -> tuple[list[str], dict[str, str]]:
@@ -289,18 +246,18 @@ def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
   if not 0 <= worker < num_workers:
     raise ConfigError(f"--worker must be in 0..{num_workers - 1}, got {worker}")
   share = plan(config_path, sweep_dir, overrides, only)[worker::num_workers]
-  todo = [not is_finished(w, cfg.train.num_steps) for _, cfg, w in share]  # for the ETA
+  todo = [not run_state(w, cfg.train.num_steps).finished for _, cfg, w in share]  # for the ETA
   of = f" of worker {worker}/{num_workers}" if num_workers > 1 else ""
   trained, failed, durations = [], {}, []
   for i, (name, cfg, workdir) in enumerate(share):
     if should_stop():
       break
     place = f"run {i + 1}/{len(share)}{of}"
-    if sharding.process0_decides(is_finished(workdir, cfg.train.num_steps)):
+    if sharding.process0_decides(run_state(workdir, cfg.train.num_steps).finished):
       log.info("sweep: %s: %s is finished; skipped", place, name)
       continue
-    eta = (f" | {len(durations)} run(s) trained in {_duration(sum(durations))}, ETA "
-           f"{_duration(sum(durations) / len(durations) * sum(todo[i:]))} for "
+    eta = (f" | {len(durations)} run(s) trained in {duration(sum(durations))}, ETA "
+           f"{duration(sum(durations) / len(durations) * sum(todo[i:]))} for "
            f"{sum(todo[i:])} left" if durations else "")
     before = read_failure(workdir)
     again = f" (it failed before: {before['error']:.200}; trying again)" if before else ""

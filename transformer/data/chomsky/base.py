@@ -1,20 +1,17 @@
-"""The interface of the algorithmic tasks of Delétang et al. 2023 ("Neural Networks and the
-Chomsky Hierarchy") and Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length
-Generalization of Transformers").
-
-A task maps an input string of length n over `input_size` symbols to an output string of
-`output_length(n)` symbols over `output_size` symbols. `sample(rng, n)` draws one example
-from a numpy Generator, so a dataset built on it is a pure function of the generator's seed
-(data/algorithmic.py seeds it with (seed, split, index)). Symbols are 0-based ints; the data
-source maps them to token ids and casts the task for a model (an encoder reading the input
-followed by answer slots, as the papers do).
+"""The problems of Delétang et al. 2023 ("Neural Networks and the Chomsky Hierarchy") and
+Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length Generalization of
+Transformers"), on the interface of data/task.py: a task maps an input string of length n
+over `input_size` symbols to an answer of `output_length(n)` symbols over `output_size`
+symbols, and `sample(rng, n)` draws one instance from a numpy Generator. The papers' splits
+(train on 1..40, test on 41..500) are data/splits.py's LengthSplits.
 
 The formats follow DeepMind's code (google-deepmind/neural_networks_chomsky_hierarchy and
-randomized_positional_encodings), read to match them; the tests check every task against a
-direct computation of its answer.
+randomized_positional_encodings), read to match them; where its docstrings say otherwise,
+the code is followed (it produced the papers' numbers) and the task's docstring says so.
+The tests check every task against a direct computation of its answer.
 
-Each task is a frozen dataclass (its config.task section): the fields every task has
-(lengths) and its own (an alphabet size, a modulus), with the papers' values as defaults.
+Each task is a frozen dataclass (its fields join config.task): its own fields (an alphabet
+size, a modulus), with the papers' values as defaults.
 """
 
 import dataclasses
@@ -22,67 +19,21 @@ from typing import ClassVar
 
 import numpy as np
 
-from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """config.task of data.source "algorithmic": the task's name, the training lengths
-  min_len..max_len (the papers: 1..40, uniformly) and the test lengths
-  max_len+1..test_max_len (the papers: 41..500)."""
-
-  name: str
-  min_len: int = 1
-  max_len: int = 40
-  test_max_len: int = 100
-
-  # What a task declares (class attributes or properties).
-  input_pieces: ClassVar[tuple[str, ...] | None] = None  # names of the input symbols
-
-  def __post_init__(self):
-    check_ranges(self, min_len=AT_LEAST_1)
-    check(self.max_len >= self.min_len, "max_len", self.max_len, f"≥ min_len ({self.min_len})")
-    check(self.test_max_len >= self.max_len, "test_max_len", self.test_max_len,
-          f"≥ max_len ({self.max_len}); equal: no test split")
-
-  @property
-  def input_size(self) -> int:
-    """Input symbols 0..input_size-1."""
-    raise NotImplementedError
-
-  @property
-  def output_size(self) -> int:
-    """Output symbols (classes) 0..output_size-1."""
-    raise NotImplementedError
-
-  def output_length(self, n: int) -> int:
-    """Output symbols for an input of length n; one (a classification) by default."""
-    del n
-    return 1
-
-  def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(input [n], output [output_length(n)]) int32 symbols of one random example."""
-    raise NotImplementedError
-
-  def accuracy_mask(self, output: np.ndarray) -> np.ndarray:
-    """Which output symbols count in the accuracy (bool, like `output`): all by default;
-    tasks whose answer ends in a termination symbol and padding count up to it."""
-    return np.ones(output.shape, bool)
-
-  def pieces(self) -> tuple[str, ...]:
-    """A name per input symbol (pictures, eval.py --sentence); the digits by default."""
-    return self.input_pieces or tuple(str(i) for i in range(self.input_size))
+from transformer.core.fields import AT_LEAST_1, Range, check_ranges
+from transformer.data.task import Answer, Task
 
 
 @dataclasses.dataclass(frozen=True)
 class StringTask(Task):
-  """A task over strings of num_symbols symbols whose output has those symbols too."""
+  """A task over strings of num_symbols symbols whose output has those symbols too, one
+  per input symbol unless a subclass says otherwise."""
 
   num_symbols: int = 2
+  answer = Answer.PER_SYMBOL
 
   def __post_init__(self):
     super().__post_init__()
-    check_ranges(self, num_symbols=Range(2))
+    check_ranges(self, num_symbols=AT_LEAST_1)
 
   @property
   def input_size(self) -> int:

@@ -6,6 +6,7 @@ import numpy as np
 
 from transformer.core.fields import check
 from transformer.data.chomsky.base import ModularTask, StringTask, Task, strings, up_to_termination
+from transformer.data.task import Answer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,7 @@ class StackManipulation(Task):
   the termination. Length 1 is a one-symbol stack and no action, as in DeepMind's code."""
 
   name: str = "stack_manipulation"
+  answer = Answer.STRING
   input_pieces = ("0", "1", "POP", "PUSH0", "PUSH1")
 
   input_size = 5

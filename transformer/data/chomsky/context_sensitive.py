@@ -5,7 +5,9 @@ import math
 
 import numpy as np
 
+from transformer.core.registry import lookup
 from transformer.data.chomsky.base import StringTask, Task, strings, uniform_int, up_to_termination
+from transformer.data.task import Answer, changed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -13,6 +15,7 @@ class DuplicateString(StringTask):
   """s → s s (the papers: binary strings)."""
 
   name: str = "duplicate_string"
+  answer = Answer.STRING
 
   def output_length(self, n: int) -> int:
     return 2 * n
@@ -22,15 +25,31 @@ class DuplicateString(StringTask):
     return s, np.concatenate([s, s])
 
 
+INDEXINGS = {  # task.indexing of odds_first: which positions count as odd
+    "0-based": "s[1::2] then s[0::2], as DeepMind's code computes it",
+    "1-based": "s[0::2] then s[1::2] (s_1 s_3 … s_2 s_4 …), as DeepMind's docstring says",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class OddsFirst(StringTask):
-  """s_1 s_2 … s_n → s_1 s_3 s_5 … s_2 s_4 … (1-based odd positions first; binary)."""
+  """s → its symbols at odd positions, then those at even ones (the papers: binary).
+  `indexing` says which are odd. DeepMind's docstring (s_1 s_3 s_5 … s_2 s_4 …, and its
+  examples 00110101 → 0100 0111) counts from 1; its code (tasks/cs/odds_first.py:
+  one_hot_strings[:, 1::2] then [:, ::2]), which produced the papers' numbers, counts from 0,
+  and is the default. Runs saved before this field existed used 1-based."""
 
   name: str = "odds_first"
+  indexing: str = changed("0-based", old="1-based")
+
+  def __post_init__(self):
+    super().__post_init__()
+    lookup(INDEXINGS, self.indexing, "task.indexing")
 
   def sample(self, rng, n):
     s = strings(rng, n, self.num_symbols)
-    return s, np.concatenate([s[0::2], s[1::2]])
+    odd, even = (s[1::2], s[0::2]) if self.indexing == "0-based" else (s[0::2], s[1::2])
+    return s, np.concatenate([odd, even])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +107,7 @@ class BinaryAddition(Task):
   itself, as in DeepMind's code."""
 
   name: str = "binary_addition"
+  answer = Answer.STRING
   input_pieces = ("0", "1", "+")
 
   input_size = 3
@@ -122,6 +142,7 @@ class BinaryMultiplication(Task):
   the termination (not their value), as in DeepMind's code."""
 
   name: str = "binary_multiplication"
+  answer = Answer.PER_SYMBOL  # n symbols, as many as the input's
   input_pieces = ("0", "1", "*")
 
   input_size = 3
@@ -153,6 +174,7 @@ class ComputeSqrt(Task):
   of its square root in big-endian binary of ⌈n/2⌉ digits."""
 
   name: str = "compute_sqrt"
+  answer = Answer.STRING
 
   input_size = 2
   output_size = 2

@@ -5,7 +5,9 @@ import dataclasses
 import numpy as np
 
 from transformer.core.fields import Range, check_ranges
+from transformer.core.registry import lookup
 from transformer.data.chomsky.base import ModularTask, Task, strings
+from transformer.data.task import changed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,20 +80,36 @@ def evaluate(expression, modulus: int) -> int:
   return (total + sign * product) % modulus
 
 
+EVEN_LENGTHS = {  # task.even_lengths of modular_arithmetic: an input of even length n is
+    "shorter": "an expression of n − 1 symbols, as DeepMind's code draws it",
+    "blank": "an expression of n − 1 symbols and the blank `_`",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModularArithmetic(ModularTask):
   """An expression of numbers 0..modulus−1 (symbols 0..modulus−1) alternating with
   operators + − × (modulus, modulus+1, modulus+2), all uniform → its value modulo modulus,
-  multiplications first. An even length n has, as in DeepMind's code, an expression of
-  n − 1 symbols; the n-th is the blank `_` (modulus+3, in DeepMind's input alphabet but
-  never drawn there; their evaluator reads it as +, which leaves the value unchanged)."""
+  multiplications first. Expressions have odd lengths: DeepMind's code draws one of n − 1
+  symbols for an even length n (its sample_batch subtracts one), the default here
+  ("shorter"); its alphabet has the blank `_` (modulus+3) besides, never drawn. Runs saved
+  before `even_lengths` existed ended an even length's expression in the blank ("blank"),
+  which their evaluator reads as +, leaving the value unchanged."""
 
   name: str = "modular_arithmetic"
+  even_lengths: str = changed("shorter", old="blank")
   OPERATORS = ("+", "-", "*", "_")  # PLUS, MINUS, TIMES, BLANK
+
+  def __post_init__(self):
+    super().__post_init__()
+    lookup(EVEN_LENGTHS, self.even_lengths, "task.even_lengths")
+
+  def input_length(self, n: int) -> int:
+    return n - 1 if n % 2 == 0 and self.even_lengths == "shorter" else n
 
   def sample(self, rng, n):
     terms = (n - 1) // 2  # operators; the expression has 2 * terms + 1 symbols
-    expression = np.full(n, self.modulus + BLANK, np.int32)
+    expression = np.full(self.input_length(n), self.modulus + BLANK, np.int32)
     expression[0:2 * terms + 1:2] = strings(rng, terms + 1, self.modulus)
     expression[1:2 * terms:2] = self.modulus + strings(rng, terms, 3)  # + − ×
     return expression, np.array([evaluate(expression, self.modulus)], np.int32)

@@ -17,12 +17,16 @@ class BiasSpec:
   """A positional logit bias declared as a function a kernel can evaluate on any block of
   (query, key) positions, one head at a time, without the whole [tq, tk] array:
 
-    fn(params, q_positions [m], k_positions [n]) -> float32 [m, n]
+    fn(params, q_positions [m, 1] (or [m, n]), k_positions [1, n]) -> float32 [m, n]
 
   with `params` one head's slice of `params`, a dict of float32 arrays [num_heads, size]
   (parameters shared by the heads are broadcast to every head, so that the gradient of the
-  broadcast sums theirs). fn uses elementwise operations and static Python loops only (no
-  gather, no matmul), so that it lowers inside a Pallas kernel.
+  broadcast sums theirs): name -> a sequence of `size` scalars, read as params[name][u]
+  with static u and len() (an array [size] in bias(); a tuple of scalars inside the
+  kernels, which read them from scalar memory). fn uses elementwise operations on
+  broadcastable 2-D positions and static Python loops only (no gather, no matmul, no
+  slicing, no custom_jvp function such as jax.nn.relu), so that it lowers inside a Pallas
+  kernel for every backend (Mosaic TPU, Triton) and its vjp does too.
 
   `dense(params, q_positions [b, tq], k_positions [b, tk]) -> [b, h, tq, tk]`, if given, is
   the same bias over whole arrays with the gathers and matmuls that fn avoids (a table
@@ -43,7 +47,8 @@ def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,
   by spec.dense where given, unless `blockwise`: then always by spec.fn (the kernels' form)."""
   if spec.dense is not None and not blockwise:
     return spec.dense(spec.params, q_positions, k_positions)
-  per_head = jax.vmap(spec.fn, in_axes=(0, None, None))
+  block = lambda params, q, k: spec.fn(params, q[:, None], k[None, :])  # noqa: E731
+  per_head = jax.vmap(block, in_axes=(0, None, None))
   return jax.vmap(per_head, in_axes=(None, 0, 0))(spec.params, q_positions, k_positions)
 
 

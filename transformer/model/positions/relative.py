@@ -17,8 +17,8 @@ from transformer.model.positions.base import BiasSpec, PositionalEncoding
 
 
 def _distance(q_positions, k_positions) -> jax.Array:
-  """|i − j| of one row's positions q [m], k [n]: float32 [m, n]."""
-  return jnp.abs(q_positions[:, None] - k_positions[None, :]).astype(jnp.float32)
+  """|i − j| of broadcastable positions (q [m, 1], k [1, n]): float32 [m, n]."""
+  return jnp.abs(q_positions - k_positions).astype(jnp.float32)
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list[float]:
@@ -53,8 +53,9 @@ class ALiBi(PositionalEncoding):
 
 
 def alibi_bias(params, q_positions, k_positions):
-  """One head's ALiBi bias −m·|i − j|: params {"slope": [1]}, positions [m], [n] -> [m, n]."""
-  return -params["slope"] * _distance(q_positions, k_positions)
+  """One head's ALiBi bias −m·|i − j|: params {"slope": (m,)}, positions [m, 1], [1, n] ->
+  [m, n]."""
+  return -params["slope"][0] * _distance(q_positions, k_positions)
 
 
 def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
@@ -120,14 +121,14 @@ def t5_dense_bias(params, q_positions, k_positions, *, bidirectional: bool, max_
 
 
 def t5_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):
-  """One head's T5 bias: params {"table": [num_buckets]}, positions [m], [n] -> [m, n]. The
-  table lookup is a sum of selects over the buckets (no gather, which Pallas kernels lack)."""
+  """One head's T5 bias: params {"table": num_buckets scalars}, positions [m, 1], [1, n] ->
+  [m, n]. The table lookup is a sum of selects over the buckets (no gather, which Pallas
+  kernels lack)."""
   table = params["table"]
-  buckets = relative_position_bucket(k_positions[None, :] - q_positions[:, None],
-                                     bidirectional=bidirectional, num_buckets=table.shape[-1],
-                                     max_distance=max_distance)
+  buckets = relative_position_bucket(k_positions - q_positions, bidirectional=bidirectional,
+                                     num_buckets=len(table), max_distance=max_distance)
   bias = jnp.zeros(buckets.shape, jnp.float32)
-  for n in range(table.shape[-1]):
+  for n in range(len(table)):
     bias = bias + jnp.where(buckets == n, table[n], 0.0)
   return bias
 
@@ -164,9 +165,9 @@ class Kerple(PositionalEncoding):
 
 
 def kerple_bias(params, q_positions, k_positions):
-  """One head's KERPLE bias −r₁·log(1 + r₂·|i − j|): params {"r1", "r2": [1]}, positions [m],
-  [n] -> [m, n]."""
-  return -params["r1"] * jnp.log1p(params["r2"] * _distance(q_positions, k_positions))
+  """One head's KERPLE bias −r₁·log(1 + r₂·|i − j|): params {"r1", "r2": (r,)}, positions
+  [m, 1], [1, n] -> [m, n]."""
+  return -params["r1"][0] * jnp.log1p(params["r2"][0] * _distance(q_positions, k_positions))
 
 
 class Fire(PositionalEncoding):
@@ -227,19 +228,23 @@ def fire_input(c, threshold, q_positions, k_positions) -> jax.Array:
   broadcastable positions i, j: float32."""
   i, j = q_positions.astype(jnp.float32), k_positions.astype(jnp.float32)
   psi = lambda x: jnp.log1p(c * x)  # noqa: E731
-  return jnp.sign(i - j) * psi(jnp.abs(i - j)) / (
+  # sign(i − j) by selects: Mosaic TPU lowers jnp.sign only with a TPU at hand
+  sign = jnp.where(i > j, 1.0, jnp.where(i < j, -1.0, 0.0))
+  return sign * psi(jnp.abs(i - j)) / (
       psi(jnp.maximum(jnp.maximum(i, j), threshold)) + Fire.EPS)
 
 
 def fire_bias(params, q_positions, k_positions):
-  """One head's FIRE bias f_θ(input): params {"c", "threshold", "b2": [1]; "w1", "b1", "w2":
-  [width]}, positions [m], [n] -> [m, n]. The MLP as a sum over its hidden units, so no
-  [m, n, width] array."""
-  x = fire_input(params["c"], params["threshold"], q_positions[:, None], k_positions[None, :])
+  """One head's FIRE bias f_θ(input): params {"c", "threshold", "b2": 1 scalar; "w1", "b1",
+  "w2": width scalars}, positions [m, 1], [1, n] -> [m, n]. The MLP as a sum over its hidden
+  units, so no [m, n, width] array; its ReLU as a select (jax.nn.relu is a custom_jvp
+  function, which not every kernel lowering takes), with relu's gradient (0 at 0)."""
+  x = fire_input(params["c"][0], params["threshold"][0], q_positions, k_positions)
   w1, b1, w2 = params["w1"], params["b1"], params["w2"]
-  bias = jnp.zeros(x.shape, jnp.float32) + params["b2"]
-  for u in range(w1.shape[-1]):
-    bias = bias + jax.nn.relu(x * w1[u] + b1[u]) * w2[u]
+  bias = jnp.zeros(x.shape, jnp.float32) + params["b2"][0]
+  for u in range(len(w1)):
+    hidden = x * w1[u] + b1[u]
+    bias = bias + jnp.where(hidden > 0, hidden, 0.0) * w2[u]
   return bias
 
 

@@ -1,0 +1,84 @@
+"""Every benchmark runs: each benchmarks/*.py in its --smoke mode (its smallest size, seconds),
+on the Quick start's kind of run and on a corpus laid out as configs/multi30k.py expects;
+and one without what it needs says so in one `error:` line."""
+
+import gzip
+import pathlib
+import random
+
+import pytest
+
+from tests.clirun import ROOT, TINY, CliRunner
+
+BENCHMARKS = sorted(p.name for p in pathlib.Path(ROOT, "benchmarks").glob("*.py")
+                    if 'if __name__ == "__main__":' in p.read_text())
+
+
+@pytest.fixture(scope="module")
+def cli():
+  return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def multi30k_like(tmp_path_factory):
+  """A directory with every file configs/multi30k.py reads (its own names), holding a few
+  hundred generated sentence pairs: Multi30k's layout, not its size."""
+  from configs import multi30k  # noqa: PLC0415
+
+  data, directory = multi30k.get_config().data, tmp_path_factory.mktemp("multi30k")
+  rng = random.Random(0)
+  words = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8)))
+           for _ in range(300)]
+  for split, n in (("train", 400), ("valid", 40), ("test", 40)):
+    lines = [" ".join(rng.choices(words, k=rng.randint(3, 12))) for _ in range(n)]
+    for side, text in (("source", lines), ("target", [line.upper() for line in lines])):
+      with gzip.open(directory / data[f"{split}_{side}"], "wt", encoding="utf-8") as f:
+        f.write("\n".join(text) + "\n")
+  return str(directory)
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(cli, tmp_path_factory):
+  """A run of the Quick start's config (configs/default.py: splits valid and longer, no
+  test), shrunk to train in seconds."""
+  workdir = str(tmp_path_factory.mktemp("runs") / "default")
+  result = cli.run("train.py", "--config", "configs/default.py", "--workdir", workdir, *TINY,
+                   "--config.train.num_steps=5", timeout=300)
+  assert result.returncode == 0, result.stderr
+  return workdir
+
+
+def needs(name, run, corpus, tmp):
+  """What benchmark `name` reads, as flags: a trained run, a Multi30k directory."""
+  return {"decoding.py": ["--workdir", run],
+          "packers.py": [f"--config.data.dir={corpus}", "--workdir", tmp],
+          "packing.py": [f"--config.data.dir={corpus}", "--workdir", tmp],
+          "data_scale.py": ["--multi30k", corpus, "--work", tmp]}.get(name, [])
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_smoke_mode_runs(name, cli, quickstart_run, multi30k_like, tmp_path):
+  result = cli.run(f"benchmarks/{name}", "--smoke",
+                   *needs(name, quickstart_run, multi30k_like, str(tmp_path)), timeout=300)
+  assert result.returncode == 0, f"benchmarks/{name} --smoke: {result.stderr}"
+  assert "Traceback" not in result.stderr, result.stderr
+  assert result.stdout.strip(), f"benchmarks/{name} --smoke printed no figures"
+
+
+@pytest.mark.parametrize("name,args,fragment", [
+    ("decoding.py", ["--workdir", "{run}", "--split", "test"],
+     "has the held-out splits valid, longer"),
+    ("packers.py", ["--config.data.dir={tmp}/none", "--workdir", "{tmp}/work"],
+     "corpus file not found"),
+    ("packing.py", ["--config.data.dir={tmp}/none", "--workdir", "{tmp}/work"],
+     "corpus file not found"),
+    ("data_scale.py", ["--multi30k", "{tmp}/none", "--work", "{tmp}/work"], "Multi30k not found"),
+])
+def test_without_what_it_needs_one_error_line(name, args, fragment, cli, quickstart_run,
+                                              tmp_path):
+  args = [arg.format(run=quickstart_run, tmp=tmp_path) for arg in args]
+  result = cli.run(f"benchmarks/{name}", "--smoke", *args, timeout=300)
+  lines = result.stderr.strip().splitlines()
+  assert result.returncode == 2, result.stderr
+  assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0], lines
+  assert not (tmp_path / "work").exists(), "a benchmark that cannot run wrote its workdir"
