@@ -37,11 +37,16 @@ from transformer.model.kernel_choice import Needs, check
 from transformer.model.kernels import KERNELS, reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
-from transformer.model.positions import POSITIONS, make_positional_encoding
+from transformer.model.positions import POSITIONS, PositionSettings, make_positional_encoding
+from transformer.model.positions.relative import Fire, T5Bias
 from transformer.model.scores import SCORES, make_score
 
 H, D, T, BLOCK = 4, 4, 11, 4
 DTYPES = ("float32", "bfloat16")
+# Small tables and MLPs: the Pallas kernels unroll a loop per T5 bucket and per FIRE unit
+# (the T5 buckets still reach their log range within 11 positions).
+SETTINGS = PositionSettings(t5=T5Bias.Settings(num_buckets=8, max_distance=12),
+                            fire=Fire.Settings(width=4))
 # Every encoding that biases the logits (the kernels' concern; rotations and embeddings act
 # before them), and none.
 POSITIONS_SEEN = sorted(n for n, cls in POSITIONS.items() if cls.biases or cls.content_biases)
@@ -86,7 +91,7 @@ class Case:
     scorer = make_score(self.score, H, D, rngs=nnx.Rngs(2))
     mask = _mask(self.mask)
     encoding = make_positional_encoding(self.position, H * D, H, 64, causal=mask.causal,
-                                        rngs=nnx.Rngs(1))
+                                        settings=SETTINGS, rngs=nnx.Rngs(1))
     needs = Needs.of(scorer, encoding, score=self.score, position=self.position,
                      softcap=self.softcap, window=mask.window is not None,
                      grouped=self.kv_heads < H, dtype=self.dtype, block_size=BLOCK)
@@ -212,30 +217,40 @@ def test_kernel_equals_the_reference(name, case):
                                atol=5e-2 * scale if bf16 else max(1e-4 * scale, 2e-5))
 
 
-def _bare_pallas_calls(jaxpr, inside: bool = False) -> int:
-  """The pallas_calls of `jaxpr` (and of the jaxprs in its equations) outside a shard_map."""
-  count = 0
+# The custom call a compiled Pallas kernel lowers to, per platform; the platform's backend.
+COMPILED_PALLAS = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
+BACKEND = {"cuda": "gpu", "tpu": "tpu"}
+
+
+def _pallas_calls(jaxpr, inside: bool = False) -> tuple[int, int]:
+  """(the pallas_calls of `jaxpr` and of the jaxprs in its equations, those of them outside
+  a shard_map)."""
+  total = bare = 0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
-    count += name == "pallas_call" and not inside
+    total, bare = total + (name == "pallas_call"), bare + (name == "pallas_call" and not inside)
     for param in eqn.params.values():
       for sub in param if isinstance(param, (tuple, list)) else (param,):
         sub = sub.jaxpr if isinstance(sub, jax.extend.core.ClosedJaxpr) else sub
         if isinstance(sub, jax.extend.core.Jaxpr):
-          count += _bare_pallas_calls(sub, inside or name == "shard_map")
-  return count
+          counts = _pallas_calls(sub, inside or name == "shard_map")
+          total, bare = total + counts[0], bare + counts[1]
+  return total, bare
 
 
 def mesh_matches_one_device(names):
   """Run in a process of 8 devices: each kernel of `names`, made for a 2x2x2 (data, fsdp,
   tensor) mesh, gives the values and gradients it gives made for one device, on inputs
-  laid out on the mesh (4 rows, 4 heads: both split), with T5's learned bias where the
-  kernel takes it; and its Pallas calls, forward and backward, run inside a shard_map
-  (XLA cannot partition a compiled Pallas call; in interpret mode it partitions the
-  emulation, so the values alone would not tell)."""
+  laid out on the mesh (4 rows, 4 query heads and 2 key/value heads: all split), with T5's
+  learned bias where the kernel takes it; its Pallas calls, forward and backward, run
+  inside a shard_map (XLA cannot partition a compiled Pallas call; in interpret mode it
+  partitions the emulation, so the values alone would not tell); and the program lowers
+  for cuda and tpu (those the kernel declares), with compiled Pallas calls where it has
+  any."""
   mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
   for name in names:
-    case = next(c for c in (Case(position="t5"), Case()) if _accepts(name, c))
+    case = next(c for c in (Case(position="t5", kv_heads=2), Case(kv_heads=2), Case())
+                if _accepts(name, c))
     scorer, encoding, mask, _ = case.parts()
     (score_def, score_state), (enc_def, enc_state) = nnx.split(scorer), nnx.split(encoding)
     qkv, _, weights = _inputs(case)
@@ -253,11 +268,16 @@ def mesh_matches_one_device(names):
                             jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     make = lambda m: KERNELS[name].make(block_size=BLOCK, softcap=0.0, mesh=m)  # noqa: E731
     want = grads(make(None))(*inputs)
-    got = grads(make(mesh.abstract_mesh))(*inputs)
-    jaxpr = jax.make_jaxpr(grads(make(mesh.abstract_mesh)))(*inputs).jaxpr
-    assert _bare_pallas_calls(jaxpr) == 0, f"{name}: a pallas_call outside shard_map"
+    on_mesh = grads(make(mesh.abstract_mesh))
+    got = on_mesh(*inputs)
     for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
       np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=f"{name} on the mesh")
+    pallas_calls, bare = _pallas_calls(jax.make_jaxpr(on_mesh)(*inputs).jaxpr)
+    assert bare == 0, f"{name}: {bare} pallas_call(s) outside shard_map"
+    for platform, call in COMPILED_PALLAS.items():  # the same program, for the accelerators
+      if KERNELS[name].backends is None or BACKEND[platform] in KERNELS[name].backends:
+        text = on_mesh.trace(*inputs).lower(lowering_platforms=(platform,)).as_text()
+        assert (call in text) == (pallas_calls > 0), f"{name} on the mesh, for {platform}"
 
 
 def test_every_kernel_declaring_multi_device_computes_the_same_on_a_mesh():

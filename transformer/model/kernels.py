@@ -101,7 +101,8 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
   """flash_attention (transformer/model/pallas_attention.py) for a scorer declaring a dot product
   (its transforms applied before, its scale passed in) and the encoding's BiasSpec, computed
   in-kernel; blocks of block_size queries and keys. Fewer key/value heads than query heads
-  are repeated for their query heads before the kernel. On a mesh of several devices it
+  are read by their query heads in-kernel (grouped-query attention), unless the key
+  transform is per query head (DotProduct.keys_per_head). On a mesh of several devices it
   runs on each device's shard (per_device): XLA does not partition a pallas_call."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
@@ -112,7 +113,8 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
                         f"encoding {type(encoding).__name__}, which declares none; use kernel "
                         "'reference' or 'blockwise'")
     product = score.dot_product
-    k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+    if product.keys_per_head:  # each query head's own key transform: one key head each
+      k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
 
     def attend(q, k, v, ids, params):
       return flash_attention(
@@ -132,18 +134,21 @@ def per_device(attend: Callable, mesh: jax.sharding.AbstractMesh | None) -> Call
   """attend(q, k, v, ids, params) run by jax.shard_map on each device's shard of a mesh of
   several devices (itself on one): the rows over the mesh's batch axes, `data` and `fsdp`,
   and the heads over `tensor` (the axes of transformer/run/sharding.py), each where it
-  divides them (otherwise that dimension is whole on every device). q, k, v [b, t, h, d]
-  and the output split by rows and heads, the ids ([b, t] segments and positions) by rows,
-  the params ({name: [h, size]}, a BiasSpec's) by heads. Each device's rows and heads are
-  independent attentions, so no collective is needed; the gradients of the params, which
-  the rows share, are summed over the batch axes by shard_map's transpose."""
+  divides them (otherwise that dimension is whole on every device). q [b, t, h, d], k, v
+  [b, t, kv_heads, d] and the output split by rows and heads (a device's query heads read
+  its own key/value heads: both split alike, or neither), the ids ([b, t] segments and
+  positions) by rows, the params ({name: [h, size]}, a BiasSpec's) by heads. Each device's
+  rows and heads are independent attentions, so no collective is needed; the gradients of
+  the params, which the rows share, are summed over the batch axes by shard_map's
+  transpose."""
   if mesh is None or mesh.size == 1:
     return attend
 
   def sharded(q, k, v, ids, params):
     rows = ("data", "fsdp")
     rows = rows if q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
-    heads = "tensor" if q.shape[2] % mesh.shape["tensor"] == 0 else None
+    tensor = mesh.shape["tensor"]
+    heads = "tensor" if q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
     x, t = P(rows, None, heads, None), P(rows, None)
     in_specs = (x, x, x, (t,) * len(ids), jax.tree.map(lambda _: P(heads, None), params))
     # check_vma=False: a pallas_call's out_shape (pallas_attention.py) declares no varying
