@@ -1,10 +1,11 @@
 """Ablation: "train short, test long" (Press et al. 2022, ALiBi) on a decoder-only language
 model: every positional encoding, 2 seeds, trained on windows of L = 64 tokens of the
 Python standard library's source and evaluated at L, 2L, 4L and 8L, in non-overlapping
-windows and with a sliding window of stride L.
+windows and with a sliding window of stride L, and by passkey retrieval (a key hidden at
+depths 0, 1/4, ..., 1 of filler text, Mohtashami & Jaggi 2023) at each of those lengths.
 
   python train.py --config configs/lm_extrapolation.py --workdir workdirs/lm      # one run
-  python eval.py --workdir workdirs/lm                 # perplexity by length, per position
+  python eval.py --workdir workdirs/lm         # perplexity, passkey retrieval by length
   python sweep.py --config configs/lm_extrapolation.py --sweep_dir sweeps/lm_extrapolation
   python sweep.py --config configs/lm_extrapolation.py:t5_distance --sweep_dir sweeps/t5
 
@@ -37,6 +38,8 @@ def get_config(arg: str = ""):
   config.train.update(batch_size=32, num_steps=800, learning_rate=1.0, warmup_steps=200,
                       label_smoothing=0.0, eval_every=0, log_every=100, loss_chunks=4)
   config.eval.update(num_examples=16, batch_size=32)
+  # passkey retrieval at each length: 10 keys × 5 depths (transformer/data/passkey.py)
+  config.data.passkey.examples = 10
   return config
 
 

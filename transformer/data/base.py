@@ -51,6 +51,18 @@ class SplitResult(NamedTuple):
   hypotheses: list[str] | None = None
 
 
+class Grid(NamedTuple):
+  """A split metric that is a table {row: {column: value}} (e.g. passkey retrieval by
+  evaluation length × depth of the key), which a source declares (DataSource.grids):
+  reports tabulate it and draw it as a heatmap, one row per split that has it."""
+
+  title: str  # what the values are, e.g. "passkey retrieval (exact match)"
+  rows: str  # what the rows are, e.g. "evaluation length (tokens)"
+  columns: str  # what the columns are, e.g. "depth of the key"
+  low: float = 0.0  # the values' range (the heatmap's colour scale)
+  high: float = 1.0
+
+
 class Example(NamedTuple):
   """A tiny instance of a source (DataSource.example): config sections that replace the
   base config's `data` and `task` and update its `model` (e.g. the family it needs), and an
@@ -66,6 +78,8 @@ class DataSource(abc.ABC):
 
   Data: ClassVar[type] = SourceSection  # config.data's dataclass
   Task: ClassVar[type | Chosen | None] = None  # config.task's dataclass, or None: no task
+  # The split metrics (by key) that are tables {row: {column: value}}: see Grid.
+  grids: ClassVar[dict[str, Grid]] = {}
   targets: Targets
 
   def __init__(self, data, task, args: SourceArgs):

@@ -1,6 +1,7 @@
 """Language modelling data for the decoder-only family: documents as one contiguous token
 stream, cut into windows of `data.max_len` tokens for training and evaluated at 1, 2, 4,
-... × that length (length extrapolation), without and with a sliding window.
+... × that length (length extrapolation), without and with a sliding window, and, when
+data.passkey.examples > 0, passkey retrieval at each of those lengths (passkey.py).
 
 Corpora (`data.corpus`): see corpora.py.
 
@@ -28,10 +29,11 @@ from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges, exec
 from transformer.core.metrics import language_model_metrics
 from transformer.core.registry import lookup
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
-from transformer.data import SourceArgs, Targets, hf_datasets, pipeline, text
+from transformer.data import SourceArgs, Targets, hf_datasets, passkey, pipeline, text
 from transformer.data import tokenizer as tokenizer_lib
-from transformer.data.base import DataSource, Example, Split, SplitResult
+from transformer.data.base import DataSource, Example, Grid, Split, SplitResult
 from transformer.data.corpora import CORPORA, corpus_identity, stdlib_files
+from transformer.data.passkey import Passkey
 from transformer.data.tokenizer import MODEL_TYPES, TOKENIZER_FILE, Recipe, Tokenizer
 
 _TRAIN_STREAM = 0
@@ -66,6 +68,8 @@ class LMData:
   max_len: int = 64  # L: the training window
   max_factor: int = 8  # evaluation at L, 2L, 4L, ... up to max_factor·L
   sliding: bool = True  # also evaluate each length with a sliding window of stride L
+  # passkey retrieval at each evaluation length (passkey.py); off by default
+  passkey: Passkey = execution(Passkey())
 
   def __post_init__(self):
     lookup(CORPORA, self.corpus, "data.corpus")
@@ -132,6 +136,8 @@ class LanguageModelSource(DataSource):
 
   Data = LMData
   targets = Targets.NEXT_TOKENS
+  grids = {passkey.GRID: Grid("passkey retrieval (exact match)", "evaluation length (tokens)",
+                              "depth of the key")}
 
   def __init__(self, data: LMData, task, args: SourceArgs):
     super().__init__(data, task, args)
@@ -222,7 +228,9 @@ class LanguageModelSource(DataSource):
   def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
     """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored
     at each evaluation length W: `lenW` in non-overlapping windows of W tokens, and
-    `lenW_sliding` in windows of up to W tokens moved by L, each scoring its last L."""
+    `lenW_sliding` in windows of up to W tokens moved by L, each scoring its last L; and
+    the passkey splits (passkey_splits: data.passkey.examples keys per cell, whatever
+    num_examples)."""
     n = num_examples or self.args.eval_examples
     stream, lengths, step = self.streams["valid"], self.data.eval_lengths, self.data.max_len
     total = n * lengths[-1]
@@ -234,7 +242,21 @@ class LanguageModelSource(DataSource):
       starts = [max(0, e - w) for e in ends]
       splits[f"len{w}_sliding"] = Split(window_batch(
           stream, starts, w, ends, [e - step - s for e, s in zip(ends, starts)]))
-    return splits
+    return {**splits, **self.passkey_splits()}
+
+  def passkey_splits(self) -> dict[str, Split]:
+    """`lenW_passkey` at each evaluation length W when data.passkey.examples > 0: the
+    passkey prompts (passkey.rows) through the run's tokenizer; a ConfigError if the
+    prompt does not fit the shortest."""
+    settings = self.data.passkey
+    if not settings.examples:
+      return {}
+    encode = self.tokenizer.sp.encode
+    phrases = passkey.Phrases.encode(encode, self.data.eval_lengths[-1])
+    keys = [encode(str(k)) for k in passkey.draw_keys(settings.seed, settings.examples)]
+    return {f"len{w}{passkey.SUFFIX}": Split(passkey.rows(phrases, keys, w,
+                                                          settings.depth_values))
+            for w in self.data.eval_lengths}
 
   def encode(self, sentence: str) -> np.ndarray:
     """A prompt: its pieces, after BOS, without a final EOS."""
@@ -255,6 +277,11 @@ class LanguageModelSource(DataSource):
     return "\n".join(lines + [self.tokenizer.sp.decode(line)])
 
   def split_results(self, name, split, outputs) -> SplitResult:
-    """metrics.language_model_metrics of the split's per-token losses."""
+    """metrics.language_model_metrics of the split's per-token losses; of a passkey split,
+    passkey.results of its predictions."""
+    if name.endswith(passkey.SUFFIX):
+      return SplitResult(passkey.results(split.arrays["inputs"].shape[1],
+                                         self.data.passkey.depth_values, split.arrays,
+                                         outputs["predictions"]))
     return SplitResult(language_model_metrics(outputs["nll"],
                                               split.arrays["targets_segmentation"] > 0))

@@ -6,6 +6,7 @@ from transformer.data.base import DataSource
 from transformer.data.hf import HfSource
 from transformer.data.labelled import LabelledSource
 from transformer.data.lm import LanguageModelSource
+from transformer.data.mqar import MQARSource
 from transformer.data.parallel_text import ParallelTextSource
 from transformer.data.synthetic import SyntheticSource
 from transformer.data.tfds_translation import TfdsSource
@@ -18,4 +19,5 @@ SOURCES: dict[str, type[DataSource]] = {
     "labelled": LabelledSource,  # a generated task labelled by an encoder (ListOps, duplicates)
     "lm": LanguageModelSource,  # long documents (a causal language model)
     "algorithmic": AlgorithmicSource,  # a generated task, the papers' length protocol
+    "mqar": MQARSource,  # multi-query associative recall (Zoology), a causal language model
 }

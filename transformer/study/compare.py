@@ -24,13 +24,14 @@ from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.evaluation import text_paths
 from transformer.run.state import run_state
-from transformer.study import report, stats
+from transformer.study import report, report_grids, stats
 from transformer.study.results import Entry, Results
 from transformer.study.sweep import run_name
 
 log = logging.getLogger("transformer")
 TITLE = "# Comparison of "  # how a report.md written here begins (save refuses others')
-PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "position_loss.png")
+PLOTS = ("curves.png", "final.png", "extrapolation.png", "perplexity.png", "position_loss.png",
+         *(f"{key}.png" for key in report_grids.declared()))
 
 
 def _comparable(configs: dict[str, config_lib.Config]) -> None:

@@ -1,8 +1,9 @@
 """The report of a sweep (study/sweep.py) or of any runs (study/compare.py): a table of each
 variant's final held-out metrics over its seeds with their statistics (study/stats.py), the
 main metric's spread, success rates and paired differences against a baseline variant, the
-state of every run without results (run/state.py: failed, with the reason; stopped
-part-way; not trained yet), and plots (study/report_plots.py)."""
+grids of split metrics that are tables (study/report_grids.py: e.g. passkey retrieval by
+length × depth), the state of every run without results (run/state.py: failed, with the
+reason; stopped part-way; not trained yet), and plots (study/report_plots.py, report_grids.py)."""
 
 import csv
 import io
@@ -16,7 +17,7 @@ from etils import epath
 from transformer.core import storage
 from transformer.core.errors import ConfigError
 from transformer.run.state import STATES, run_state
-from transformer.study import report_plots, stats
+from transformer.study import report_grids, report_plots, stats
 from transformer.study.results import Entry, Results, grid, lower_is_better, state_counts
 from transformer.study.sweep import runs as sweep_runs
 
@@ -175,6 +176,7 @@ def markdown(results: Results, header: list[str], baseline: str | None,
         lines.append(f"| {cell(variant)} | " + (
             f"{len(pair.seeds)} | {pair.mean:+.4f} | {_interval(pair.ci)} | "
             f"{'*' if pair.excludes_zero else ''} |" if pair else "0 | | | |"))
+  lines += report_grids.markdown({v: list(f.values()) for v, f in results.finals.items() if f})
   without = [e for e in results.entries if e.state != "finished"]
   if without:
     lines += ["", "## Runs without results", "", "| run | state |", "|---|---|"]
@@ -237,6 +239,7 @@ def save(out_dir: str, md: str, table: str, results: Results, train_length: int 
       main = results.main, summaries, lower_is_better(results.main)
     report_plots.plot(out_dir, workdirs, {v: list(results.finals[v].values()) for v in workdirs},
                       main, train_length)
+    report_grids.plot(out_dir, {v: list(results.finals[v].values()) for v in workdirs})
   return md_path, csv_path
 
 

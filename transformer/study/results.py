@@ -22,7 +22,8 @@ SPLITS = ("valid", "test", "longer")
 def _split_rank(split: str) -> tuple:
   if split in SPLITS:
     return (SPLITS.index(split), 0, "")
-  if match := re.fullmatch(r"len(\d+)(_sliding)?", split):  # language models: by length
+  # language models: by length, then plain, passkey (lenW_passkey), sliding
+  if match := re.fullmatch(r"len(\d+)(_[a-z]+)?", split):
     return (len(SPLITS), int(match[1]), match[2] or "")
   return (len(SPLITS) + 1, 0, split)
 

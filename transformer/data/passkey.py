@@ -1,0 +1,163 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): a key hidden at a chosen
+depth in filler text, asked for at the end. A language model retrieves it when greedy
+decoding after the question gives the key's tokens.
+
+The text is the paper's generator's (epfml/landmark-attention, llama/run_test.py): the
+filler sentences repeated, the information line and the final question, with one change
+and one line fewer:
+
+  <filler prefix>
+  The pass key is 12345
+  Remember it. 12345 is the pass key.
+  <filler suffix>
+  What is the pass key? The pass key is 12345
+
+- The key ends a line where the paper writes "12345. Remember it.": the key then ends at a
+  word boundary at all three places, so it has the same tokens in the information line, in
+  its repetition and as the answer. Glued to the period, a subword vocabulary may cut it
+  otherwise there than in the answer (a model that copies it exactly would then fail).
+- The paper's task description (an instruction to an instruction-tuned model) is left
+  out: it takes 49 tokens of the stdlib BPE vocabulary, most of L = 64, and a model trained
+  on code follows no instructions.
+
+Tokens: the prompt goes through the run's own tokenizer, as the paper's goes through its
+model's, in segments that meet at word boundaries (the filler, each fixed phrase, the key as
+a decimal number, each line ending in EOS as the language model's documents do, after BOS).
+For a sentencepiece model that splits on whitespace (every one this project trains) that is
+exactly the encoding of the whole text; for any other, the key still has one tokenization.
+
+Lengths: a row is exactly length + 1 tokens (inputs length, targets shifted by one, as
+lm.window_batch): the filler takes what the fixed parts leave, the first round(depth·F) of
+its F tokens before the information line and the first F − round(depth·F) after it (the
+paper cuts both from the start of the repeated filler). Keys are the paper's: uniform in
+1..50000; key i of every (length, depth) cell is the same, drawn from (seed, i), so the
+cells differ only in where the key is and how much filler surrounds it.
+
+The metric: greedy retrieval, exact. A row is retrieved when the argmax at every answer
+position, the earlier answer tokens given, is the key's token: exactly when greedy
+decoding after the question reproduces the key's tokens (each step sees the same prefix),
+so one teacher-forced pass scores it (tests/test_retrieval.py checks it against KV-cached
+decoding). The paper reads the first integer of 10 sampled tokens; a key's tokens followed
+by more digits count here and not there.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_0, Range, check_ranges
+from transformer.core.vocab import BOS_ID, EOS_ID
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
+          "again.")
+HEAD, REMEMBER, TAIL = "The pass key is", "Remember it.", "is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+KEYS = (1, 50_000)  # the paper's random.randint(1, 50000): both ends included
+SUFFIX = "_passkey"  # a passkey split is named lenW_passkey (W: its evaluation length)
+GRID = "passkey_by_length_depth"  # its metric {length: {depth: rate}} (DataSource.grids)
+
+
+@dataclasses.dataclass(frozen=True)
+class Passkey:
+  """config.data.passkey of data.source "lm": passkey retrieval at each evaluation length."""
+
+  examples: int = 0  # keys per (length, depth) cell; 0: no passkey evaluation
+  depths: int = 5  # the key's depths: 0, 1/(depths − 1), ..., 1 of the filler before it
+  seed: int = 0  # the keys' draws (the same keys at every length and depth)
+
+  def __post_init__(self):
+    check_ranges(self, examples=AT_LEAST_0, depths=Range(2), seed=AT_LEAST_0)
+
+  @property
+  def depth_values(self) -> list[float]:
+    return [i / (self.depths - 1) for i in range(self.depths)]
+
+
+def depth_name(depth: float) -> str:
+  """A depth as a metric's key: 0, 0.25, 0.5, 0.75, 1."""
+  return f"{depth:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Phrases:
+  """The prompt's fixed parts as token ids (lists of int): see the module docstring."""
+
+  filler: list[int]  # the filler sentences repeated, at least as long as any filler needed
+  head: list[int]
+  remember: list[int]
+  tail: list[int]
+  question: list[int]
+
+  @classmethod
+  def encode(cls, encode: Callable[[str], list[int]], max_filler: int) -> "Phrases":
+    """The phrases through `encode` (text -> ids, no BOS/EOS: the run's tokenizer), the
+    filler repeated until it has at least max_filler tokens."""
+    once = max(1, len(encode(FILLER)))
+    filler = encode(" ".join([FILLER] * (max_filler // once + 2)))
+    return cls(filler, encode(HEAD), encode(REMEMBER), encode(TAIL), encode(QUESTION))
+
+  def fixed(self, key: list[int]) -> int:
+    """Tokens of a row besides the filler: BOS, the lines' EOS (4), the phrases, the key 3×."""
+    return 1 + 4 + len(self.head) + len(self.remember) + len(self.tail) + len(
+        self.question) + 3 * len(key)
+
+
+def draw_keys(seed: int, count: int) -> list[int]:
+  """Keys 0..count-1 of `seed`, each uniform in KEYS (a pure function of (seed, i))."""
+  return [int(np.random.default_rng([seed, i]).integers(KEYS[0], KEYS[1] + 1))
+          for i in range(count)]
+
+
+def prompt(phrases: Phrases, key: list[int], length: int, depth: float
+           ) -> tuple[np.ndarray, int]:
+  """(tokens [length + 1], where the information line starts) of a row hiding the key's
+  tokens `key` at `depth` of the filler; a ConfigError if the fixed parts leave no room."""
+  filler = length + 1 - phrases.fixed(key)
+  if filler < 0:
+    raise ConfigError(
+        f"the passkey prompt takes {phrases.fixed(key)} tokens of this run's tokenizer, more "
+        f"than a window of {length} (+1) holds: raise data.max_len, or set "
+        "data.passkey.examples=0")
+  before = int(np.floor(depth * filler + 0.5))
+  if len(phrases.filler) < max(before, filler - before):
+    raise ValueError(f"{len(phrases.filler)} filler tokens for {filler}")
+  parts = [[BOS_ID], phrases.filler[:before], [EOS_ID]]
+  start = sum(map(len, parts))
+  parts += [phrases.head, key, [EOS_ID], phrases.remember, key, phrases.tail, [EOS_ID],
+            phrases.filler[:filler - before], [EOS_ID], phrases.question, key]
+  return np.concatenate([np.asarray(p, np.int32) for p in parts]), start
+
+
+def rows(phrases: Phrases, keys: list[list[int]], length: int, depths: list[float]) -> dict:
+  """Arrays [len(depths) · len(keys), length] in the batch layout: row d·len(keys) + i hides
+  key i at depths[d]; only the answer (the key's tokens after the question) is scored."""
+  n = len(depths) * len(keys)
+  out = {k: np.zeros((n, length), np.int32) for k in (
+      "inputs", "targets", "inputs_positions", "inputs_segmentation", "targets_positions",
+      "targets_segmentation")}
+  for d, depth in enumerate(depths):
+    for i, key in enumerate(keys):
+      row = d * len(keys) + i
+      tokens, _ = prompt(phrases, key, length, depth)
+      out["inputs"][row], out["targets"][row] = tokens[:-1], tokens[1:]
+      out["inputs_positions"][row] = out["targets_positions"][row] = np.arange(length)
+      out["inputs_segmentation"][row] = 1
+      out["targets_segmentation"][row, length - len(key):] = 1
+  return out
+
+
+def retrieved(predictions: np.ndarray, targets: np.ndarray, scored: np.ndarray) -> np.ndarray:
+  """Per row [n] (bool): the prediction is the target at every scored position."""
+  return np.all((predictions == targets) | ~scored, axis=1)
+
+
+def results(length: int, depths: list[float], arrays: dict, predictions: np.ndarray) -> dict:
+  """The metrics of a passkey split (rows as `rows` lays them out) from each position's
+  most likely token: `exact_match`, the fraction of keys retrieved, and GRID {length:
+  {depth: that fraction at the depth}}."""
+  hit = retrieved(predictions, arrays["targets"], arrays["targets_segmentation"] > 0)
+  by_depth = hit.reshape(len(depths), -1).mean(axis=1)
+  return {"exact_match": float(hit.mean()),
+          GRID: {length: {depth_name(d): float(r) for d, r in zip(depths, by_depth)}}}
