@@ -1,5 +1,6 @@
-"""Scorers against their formulas, attention against a direct computation, masks, kernels
-against the reference formula and their declared capabilities."""
+"""Scorers against their formulas, attention against a direct computation, masks, the
+reference kernel's content bias; a dot-scorer subclass computed as it declares. Every other
+kernel against the reference: tests/test_kernel_conformance.py."""
 
 import re
 
@@ -11,13 +12,10 @@ from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
-from transformer.model.config import ModelConfig
-from transformer.model.families import make_model
 from transformer.model.kernels import KERNELS, attention_weights, reference_kernel
 from transformer.model.masks import (WINDOWS, Mask, causal_mask, local_window, masked_softmax,
                                      segment_mask)
-from transformer.model.positions import (POSITIONS, ALiBi, PositionalEncoding,
-                                         make_positional_encoding)
+from transformer.model.positions import (ALiBi, PositionalEncoding)
 from transformer.model.scores import SCORES, ScaledDot, make_score, unit
 
 B, TQ, TK, H, D = 2, 3, 4, 2, 4
@@ -212,13 +210,7 @@ def test_windows_registry_and_mask_composition():
   np.testing.assert_array_equal(mask.block(1, 3, 2, 4).dense(), expected[:, :, 1:4, 2:6])
 
 
-def _encoding(name, causal=False):
-  return make_positional_encoding(name, 8, H, 16, causal=causal, rngs=nnx.Rngs(1))
-
-
 DOT_SCORES = sorted(name for name in SCORES if _make_score(name).dot_product is not None)
-BIASED = sorted(name for name, cls in POSITIONS.items() if cls.biases)
-CONTENT_BIASED = sorted(name for name, cls in POSITIONS.items() if cls.content_biases)
 
 
 def test_dot_product_declarations():
@@ -232,26 +224,6 @@ def test_dot_product_declarations():
     if product.row_term is not None:
       expected = expected + product.row_term(q)
     np.testing.assert_allclose(_make_score(name)(q, k), expected, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("score,position", [*[(s, "none") for s in DOT_SCORES],
-                                            *[("scaled_dot", p) for p in BIASED],
-                                            ("cosine", "fire")])
-def test_fused_kernel_equals_reference(score, position):
-  """jax.nn.dot_product_attention, given the scorer's declared transforms and scale, gives
-  the reference formula's output on every query that sees a key, under padding + packing +
-  causal masks and every kind of logit bias."""
-  rng = np.random.default_rng(3)
-  q, k, v = (jnp.asarray(rng.normal(size=(2, 6, H, D)), jnp.float32) for _ in range(3))
-  seg = jnp.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
-  pos = jnp.array([[0, 1, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]])
-  mask = Mask(seg, seg, pos, pos, causal=True)
-  encoding = _encoding(position, causal=True)
-  scorer, dropout = _make_score(score), nnx.Dropout(0.0)
-  ref = reference_kernel(q, k, v, mask, encoding, scorer, dropout, None)
-  out = KERNELS["xla"].make(block_size=512)(q, k, v, mask, encoding, scorer, dropout, None)
-  seen = np.asarray(seg) > 0
-  np.testing.assert_allclose(np.asarray(out)[seen], np.asarray(ref)[seen], rtol=1e-5, atol=1e-5)
 
 
 class UnitScaledDot(ScaledDot):
@@ -284,38 +256,6 @@ def test_a_subclass_of_a_dot_scorer_is_never_miscomputed():
     class Renormalised(ScaledDot):  # noqa: F841 - refused as it is defined
       def __call__(self, q, k):
         return super().__call__(unit(q), unit(k))
-
-
-def test_kernels_refuse_what_they_cannot_compute():
-  with pytest.raises(ConfigError, match="kernel 'xla' computes dot-product scores only.*"
-                                        "'additive' declares no dot product"):
-    _attention_with(score="additive", kernel="xla")
-  with pytest.raises(ConfigError, match="kernel 'cudnn' has no attention dropout"):
-    _attention_with(kernel="cudnn", dropout=0.1)
-  with pytest.raises(ConfigError, match="unknown attention kernel 'flash'; choose one of: "):
-    _attention_with(kernel="flash")
-  for score in DOT_SCORES:
-    _attention_with(score=score, kernel="xla")
-
-
-@pytest.mark.parametrize("position", CONTENT_BIASED)
-def test_only_kernels_declaring_content_bias_take_a_content_biasing_encoding(position):
-  """A content bias needs each query's whole row of logits: the kernels that do not declare
-  content_bias refuse an encoding declaring one, with one ConfigError naming both and what
-  to use instead, when the model is built; the others build it."""
-  able = " or ".join(repr(name) for name, kernel in KERNELS.items() if kernel.content_bias)
-  for name, kernel in KERNELS.items():
-    cfg = ModelConfig(vocab_size=8, d_model=8, num_heads=2, d_ff=8, arch="decoder",
-                      position=position, attention=AttentionConfig(kernel=name))
-    build = lambda cfg=cfg: nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))  # noqa: E731
-    if kernel.content_bias:
-      build()
-      continue
-    with pytest.raises(ConfigError, match=re.escape(
-        f"attention.kernel '{name}' cannot add the content-dependent logit bias of position "
-        f"'{position}' (it needs each query's whole row of logits); use kernel {able} or "
-        "another position")):
-      build()
 
 
 class CountingProbe(ALiBi):
@@ -359,60 +299,3 @@ def test_reference_adds_the_content_bias_of_the_biased_masked_logits():
   want /= np.maximum(want.sum(-1, keepdims=True), 1e-30)
   np.testing.assert_allclose(weights, want, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", want, v), rtol=1e-5, atol=1e-5)
-
-
-def _attention_with(**cfg):
-  return MultiHeadAttention(8, 2, AttentionConfig(**cfg), rngs=nnx.Rngs(0))
-
-
-@pytest.mark.parametrize("score,causal,window,position", [
-    ("scaled_dot", False, None, "none"), ("scaled_dot", True, None, "alibi"),
-    ("additive", False, None, "none"), ("gaussian", True, None, "t5"),
-    ("scaled_dot", False, 3, "none"), ("dot", True, 2, "alibi"), ("additive", False, 4, "none"),
-    ("cosine", True, None, "kerple"), ("scaled_dot", False, None, "fire"),
-    ("cosine", True, 3, "fire")])
-def test_blockwise_kernel_equals_reference(score, causal, window, position):
-  """Blocks of 4 over 11 packed and padded positions (so padding, several query and key
-  blocks, segments crossing blocks and windows spanning blocks all occur): the same values
-  as the reference formula, exact zeros where nothing is visible, and the same gradients."""
-  rng = np.random.default_rng(5)
-  q, k, v = (jnp.asarray(rng.normal(size=(2, 11, H, D)), jnp.float32) for _ in range(3))
-  seg = jnp.array([[1] * 6 + [2] * 3 + [0] * 2, [1] * 11])
-  pos = jnp.array([list(range(6)) + list(range(3)) + [0, 0], list(range(11))])
-  mask = Mask(seg, seg, pos, pos, causal=causal, window=window)
-  encoding = _encoding(position, causal=causal)
-  scorer, dropout = _make_score(score), nnx.Dropout(0.0)
-  blockwise = KERNELS["blockwise"].make(block_size=4)
-
-  def run(kernel, q, k, v):
-    return kernel(q, k, v, mask, encoding, scorer, dropout, None)
-
-  ref, out = run(reference_kernel, q, k, v), run(blockwise, q, k, v)
-  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
-  assert np.all(np.asarray(out)[0, 9:] == 0.0)  # padding queries see nothing
-  weights = jnp.asarray(rng.normal(size=ref.shape), jnp.float32)
-  grad = lambda kernel: jax.grad(  # noqa: E731
-      lambda *x: jnp.sum(run(kernel, *x) * weights), (0, 1, 2))(q, k, v)
-  for got, want in zip(grad(blockwise), grad(reference_kernel)):
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("score,position,kernel", [
-    ("cosine", "xpos", "blockwise"), ("scaled_dot", "xpos", "blockwise"),
-    ("cosine", "kerple", "blockwise"), ("additive", "fire", "blockwise"),
-    ("cosine", "xpos", "xla"), ("cosine", "fire", "xla")])
-def test_layer_with_each_kernel_equals_reference(score, position, kernel):
-  """A whole self-attention layer (rotated queries and keys, scorer transforms, bias) gives
-  the reference kernel's output with the blockwise (blocks of 4 over 11 positions) and
-  fused kernels, under packing and causality."""
-  rng = np.random.default_rng(6)
-  x = jnp.asarray(rng.normal(size=(2, 11, 8)), jnp.float32)
-  seg = jnp.array([[1] * 6 + [2] * 5, [1] * 11])
-  pos = jnp.array([list(range(6)) + list(range(5)), list(range(11))])
-  mask = Mask(seg, seg, pos, pos, causal=True)
-  encoding = _encoding(position, causal=True)
-  layer = lambda k: MultiHeadAttention(  # noqa: E731
-      8, H, AttentionConfig(score=score, kernel=k, block_size=4), rngs=nnx.Rngs(0))
-  want = layer("reference").self_attend(x, mask, encoding)
-  np.testing.assert_allclose(layer(kernel).self_attend(x, mask, encoding), want,
-                             rtol=1e-5, atol=1e-5)

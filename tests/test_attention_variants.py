@@ -1,5 +1,5 @@
 """Attention variants against their formulas: grouped-query / multi-query attention equals
-multi-head attention with each key/value head repeated (every kernel, scorer and encoding),
+multi-head attention with each key/value head repeated (every scorer and encoding),
 its smaller KV cache, cached decoding = the full pass; QK-norm; logit soft-capping; a tiny
 run with all three learns; sharded = unsharded with grouped K/V heads."""
 
@@ -20,7 +20,7 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import EncoderDecoder, make_model
-from transformer.model.kernels import KERNELS, attention_weights, check_kernel, soft_cap
+from transformer.model.kernels import attention_weights, soft_cap
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionalEncoding, make_positional_encoding
 from transformer.model.qk_norm import EPSILON
@@ -31,8 +31,6 @@ from transformer.run.training import train_and_evaluate
 
 D_MODEL, H, HEAD_DIM, T = 16, 4, 4, 11
 NONE = PositionalEncoding()
-DOT_SCORES = sorted(name for name in SCORES
-                    if make_score(name, H, HEAD_DIM, rngs=nnx.Rngs(0)).dot_product is not None)
 
 
 def _packed_mask(causal=True, window=None):
@@ -77,35 +75,26 @@ def _as_multi_head(grouped: MultiHeadAttention, **attention) -> MultiHeadAttenti
   return mha
 
 
-CASES = [*[("reference", s, "rotary") for s in sorted(SCORES)],
-         *[("blockwise", s, "alibi") for s in sorted(SCORES)],
-         *[("xla", s, "t5") for s in DOT_SCORES],
-         ("pallas", "scaled_dot", "alibi"), ("pallas", "gaussian", "kerple")]  # interpret mode
-
-
 @pytest.mark.parametrize("kv_heads", [2, 1])
-@pytest.mark.parametrize("kernel,score,position", CASES)
-def test_grouped_query_attention_is_multi_head_with_repeated_kv_heads(kernel, score, position,
-                                                                      kv_heads):
+@pytest.mark.parametrize("score", sorted(SCORES))
+def test_grouped_query_attention_is_multi_head_with_repeated_kv_heads(score, kv_heads):
   """GQA (2 kv heads for 4 query heads) and MQA (1) give the outputs, self- and
   cross-attention, of the multi-head layer whose K/V kernels repeat each kv head's
-  columns, with every kernel (blockwise: blocks of 4 over 11 packed positions) and scorer."""
-  attention = dict(score=score, kernel=kernel, block_size=4)
+  columns, with every scorer (the reference kernel; every other kernel equals it with
+  grouped heads: test_kernel_conformance)."""
+  attention = dict(score=score, kernel="reference")
   grouped = _randomise(_layer(kv_heads, **attention))
   assert grouped.key.kernel.shape == (D_MODEL, kv_heads * HEAD_DIM)
   mha = _as_multi_head(grouped, **attention)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.normal(size=(2, T, D_MODEL)), jnp.float32)
   source = jnp.asarray(rng.normal(size=(2, T, D_MODEL)), jnp.float32)
-  mask, encoding = _packed_mask(), _encoding(position)
-  seen = np.asarray(mask.q_segments) > 0  # fused kernels: padding rows attend to every key
-  np.testing.assert_allclose(np.asarray(grouped.self_attend(x, mask, encoding))[seen],
-                             np.asarray(mha.self_attend(x, mask, encoding))[seen],
-                             rtol=1e-5, atol=1e-5)
+  mask, encoding = _packed_mask(), _encoding("rotary")
+  np.testing.assert_allclose(grouped.self_attend(x, mask, encoding),
+                             mha.self_attend(x, mask, encoding), rtol=1e-5, atol=1e-5)
   cross = _packed_mask(causal=False)
-  np.testing.assert_allclose(np.asarray(grouped.cross_attend(x, source, cross, NONE))[seen],
-                             np.asarray(mha.cross_attend(x, source, cross, NONE))[seen],
-                             rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(grouped.cross_attend(x, source, cross, NONE),
+                             mha.cross_attend(x, source, cross, NONE), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("position", sorted(POSITIONS))
@@ -235,36 +224,6 @@ def test_softcap_logits_are_c_tanh_of_the_score_plus_the_bias(score):
   np.testing.assert_allclose(soft_cap(jnp.asarray(raw), c), c * np.tanh(raw / c), rtol=1e-6)
   uncapped = jnp.asarray(raw, jnp.float32)
   assert soft_cap(uncapped, 0.0) is uncapped  # 0: off, no operation
-
-
-@pytest.mark.parametrize("score,position", [("scaled_dot", "alibi"), ("additive", "t5"),
-                                            ("gaussian", "none"), ("cosine", "fire")])
-def test_softcap_kernels_agree(score, position):
-  """The blockwise kernel (blocks of 4 over 11 positions) caps as the reference does; the
-  cap changes the output."""
-  x = jnp.asarray(np.random.default_rng(5).normal(size=(2, T, D_MODEL)), jnp.float32)
-  mask, encoding = _packed_mask(), _encoding(position)
-  out = {kernel: _randomise(_layer(2, score=score, kernel=kernel, block_size=4,
-                                   logit_softcap=0.5)).self_attend(x, mask, encoding)
-         for kernel in ("reference", "blockwise")}
-  np.testing.assert_allclose(out["blockwise"], out["reference"], rtol=1e-5, atol=1e-5)
-  uncapped = _randomise(_layer(2, score=score)).self_attend(x, mask, encoding)
-  assert not np.allclose(uncapped, out["reference"], atol=1e-3)
-
-
-def test_kernels_declare_whether_they_softcap():
-  scorer = make_score("scaled_dot", H, HEAD_DIM, rngs=nnx.Rngs(0))
-  able = [name for name, kernel in KERNELS.items() if kernel.softcap]
-  assert {"reference", "blockwise"} <= set(able) and "xla" not in able
-  for name in KERNELS:
-    make = lambda: check_kernel(name, score_name="scaled_dot", score=scorer,  # noqa: E731
-                                dropout=0.0, block_size=4, softcap=30.0)
-    if name in able:
-      make()
-    else:
-      with pytest.raises(ConfigError, match=f"'{name}' cannot soft-cap.*logit_softcap=0 "
-                                            r"\(got 30.0\).*'reference' or 'blockwise'"):
-        make()
 
 
 # --------------------------------------------------------------------------- config

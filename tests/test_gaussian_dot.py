@@ -1,6 +1,8 @@
-"""The Gaussian scorer as an augmented dot product: the fused and blockwise kernels give the
-attention of the direct formula softmax(−‖q − k‖²/2σ² + bias)·V, values and gradients (q, k,
-v and the learned σ), and the logits keep the row term the fused kernels leave out."""
+"""The Gaussian scorer as an augmented dot product: the reference kernel gives the attention
+of the direct formula softmax(−‖q − k‖²/2σ² + bias)·V, values and gradients (q, k, v and the
+learned σ), and every other kernel the reference's (tests/test_kernel_conformance.py); the
+logits keep the row term the fused kernels leave out, and bf16 through them is as close as
+the reference."""
 
 import jax
 import jax.numpy as jnp
@@ -49,20 +51,17 @@ def _loss_and_grads(run, scorer, q, k, v, g):
   return value, grads[0]["log_sigma"][...], grads[1:]
 
 
-@pytest.mark.parametrize("kernel", ["xla", "blockwise", "reference"])
 @pytest.mark.parametrize("position", ["none", "alibi", "t5"])
-def test_gaussian_kernels_equal_the_direct_formula(kernel, position):
-  """Through every kernel that runs it, with σ per head (0.8 and 1.7), packing, padding and
-  a causal mask: values within 1e-5 and gradients within 1e-4 (relative, f32) of the direct
-  formula's."""
+def test_the_gaussian_through_the_reference_kernel_is_the_direct_formula(position):
+  """With σ per head (0.8 and 1.7), packing, padding and a causal mask: values within 1e-5
+  and gradients within 1e-4 (relative, f32) of the direct formula's."""
   q, k, v, g = _inputs()
   scorer = Gaussian(H, D, Gaussian.Settings(sigma=1.0))
   scorer.log_sigma[...] = jnp.log(jnp.array([0.8, 1.7]))
   encoding = make_positional_encoding(position, 8, H, 16, causal=True, rngs=nnx.Rngs(1))
   bias = encoding.bias(POS, POS)
-  run_kernel = KERNELS[kernel].make(block_size=4)
   got = _loss_and_grads(
-      lambda s, q, k, v: run_kernel(q, k, v, MASK, encoding, s, nnx.Dropout(0.0), None),
+      lambda s, q, k, v: reference_kernel(q, k, v, MASK, encoding, s, nnx.Dropout(0.0), None),
       scorer, q, k, v, g)
   want = _loss_and_grads(
       lambda s, q, k, v: direct_attention(q, k, v, s.log_sigma[...], MASK, bias),

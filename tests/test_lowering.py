@@ -41,6 +41,7 @@ from transformer.core.metrics import token_metrics
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, make_model
+from transformer.model.kernel_choice import Target
 from transformer.model.kernels import KERNELS
 from transformer.model.pallas_attention import flash_attention
 from transformer.model.positions import POSITIONS, PositionSettings
@@ -218,7 +219,10 @@ def _config(family, kernel, name):
 def _traced(family, kernel, name, step):
   """The step jitted and traced from abstract shapes (shared by both platforms' tests)."""
   cfg = _config(family, kernel, name)
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0))))
+  # Built for a backend the kernel runs on (a kernel named by hand is chosen alike on each).
+  target = Target((KERNELS[kernel].backends or (jax.default_backend(),))[0])
+  graphdef, params = nnx.split(nnx.eval_shape(
+      lambda: make_model(cfg, rngs=nnx.Rngs(0), target=target)))
   params = nnx.to_pure_dict(params)
   tokens = S((2, 32), jnp.int32)
   batch = {key: tokens for key in ("inputs", "targets", "inputs_segmentation",

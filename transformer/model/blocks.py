@@ -15,6 +15,7 @@ from transformer.core.registry import lookup
 from transformer.model.attention import MultiHeadAttention
 from transformer.model.config import ModelConfig, compute_dtype
 from transformer.model.feedforward import FFNS
+from transformer.model.kernel_choice import Target
 from transformer.model.positions import PositionalEncoding
 from transformer.model.residual import RESIDUALS, PostNorm
 
@@ -42,13 +43,14 @@ class EncoderLayer(nnx.Module):
   causal = False  # its self-attention sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
-               rngs: nnx.Rngs):
-    """encoding: the stack's, which its self-attention will be handed."""
+               target: Target | None = None, rngs: nnx.Rngs):
+    """encoding: the stack's, which its self-attention will be handed; target: where the
+    model will run (kernel_choice.Target; None: here)."""
     dtype = compute_dtype(cfg)
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
                                              dtype=dtype, num_kv_heads=cfg.num_kv_heads,
                                              encoding=encoding, position=cfg.position,
-                                             rngs=rngs)
+                                             target=target, rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
     self.ffn_block = residual_block(cfg, rngs)
@@ -64,11 +66,12 @@ class DecoderLayer(EncoderLayer):
   causal = True  # its self-attention never sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
-               rngs: nnx.Rngs):
-    super().__init__(cfg, encoding=encoding, rngs=rngs)
+               target: Target | None = None, rngs: nnx.Rngs):
+    super().__init__(cfg, encoding=encoding, target=target, rngs=rngs)
     self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
                                               dtype=compute_dtype(cfg),
-                                              num_kv_heads=cfg.num_kv_heads, rngs=rngs)
+                                              num_kv_heads=cfg.num_kv_heads, cross=True,
+                                              target=target, rngs=rngs)
     self.cross_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, encoding, rngs, *, encoded, cross_mask):

@@ -9,8 +9,10 @@ seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (
 evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
-its declared capabilities, which check_kernel and check_content_bias compare once, at
-construction, with what the scorer, the dropout and the positional encoding declare.
+its declared capabilities, which transformer/model/kernel_choice.py compares once, when a
+layer is made, with what the layer needs (its scorer, dropout, encoding, dtype, ...); a new
+kernel is one function and its line in KERNELS, and tests/test_kernel_conformance.py runs it
+against the reference kernel over everything it declares.
 
 A kernel declaring `softcap` is made with `softcap=c` when the layer caps its logits
 (model.attention.logit_softcap = c > 0): the scorer's logits become c·tanh(score / c), and
@@ -24,14 +26,12 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from transformer.core.errors import ConfigError
-from transformer.core.registry import lookup
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.pallas_attention import flash_attention
-from transformer.model.positions import PositionalEncoding
-from transformer.model.scores import Scorer
 
 
 def repeat_heads(x: jax.Array, heads: int) -> jax.Array:
@@ -97,11 +97,13 @@ def fused_kernel(implementation: str):
   return kernel
 
 
-def pallas_kernel(block_size: int):
+def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None):
   """flash_attention (transformer/model/pallas_attention.py) for a scorer declaring a dot product
   (its transforms applied before, its scale passed in) and the encoding's BiasSpec, computed
   in-kernel; blocks of block_size queries and keys. Fewer key/value heads than query heads
-  are repeated for their query heads before the kernel."""
+  are read by their query heads in-kernel (grouped-query attention), unless the key
+  transform is per query head (DotProduct.keys_per_head). On a mesh of several devices it
+  runs on each device's shard (per_device): XLA does not partition a pallas_call."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
@@ -111,14 +113,51 @@ def pallas_kernel(block_size: int):
                         f"encoding {type(encoding).__name__}, which declares none; use kernel "
                         "'reference' or 'blockwise'")
     product = score.dot_product
-    k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
-    return flash_attention(
-        product.queries(q), product.keys(k), v, q_segments=mask.q_segments,
-        k_segments=mask.k_segments, q_positions=mask.q_positions, k_positions=mask.k_positions,
-        causal=mask.causal, window=mask.window, bias_spec=spec, scale=product.scale,
-        block_q=block_size, block_k=block_size)
+    if product.keys_per_head:  # each query head's own key transform: one key head each
+      k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+
+    def attend(q, k, v, ids, params):
+      return flash_attention(
+          q, k, v, q_segments=ids[0], k_segments=ids[1], q_positions=ids[2],
+          k_positions=ids[3], causal=mask.causal, window=mask.window,
+          bias_spec=None if spec is None else dataclasses.replace(spec, params=params),
+          scale=product.scale, block_q=block_size, block_k=block_size)
+
+    ids = (mask.q_segments, mask.k_segments, mask.q_positions, mask.k_positions)
+    params = {} if spec is None else dict(spec.params)
+    return per_device(attend, mesh)(product.queries(q), product.keys(k), v, ids, params)
 
   return kernel
+
+
+def per_device(attend: Callable, mesh: jax.sharding.AbstractMesh | None) -> Callable:
+  """attend(q, k, v, ids, params) run by jax.shard_map on each device's shard of a mesh of
+  several devices (itself on one): the rows over the mesh's batch axes, `data` and `fsdp`,
+  and the heads over `tensor` (the axes of transformer/run/sharding.py), each where it
+  divides them (otherwise that dimension is whole on every device). q [b, t, h, d], k, v
+  [b, t, kv_heads, d] and the output split by rows and heads (a device's query heads read
+  its own key/value heads: both split alike, or neither), the ids ([b, t] segments and
+  positions) by rows, the params ({name: [h, size]}, a BiasSpec's) by heads. Each device's
+  rows and heads are independent attentions, so no collective is needed; the gradients of
+  the params, which the rows share, are summed over the batch axes by shard_map's
+  transpose."""
+  if mesh is None or mesh.size == 1:
+    return attend
+
+  def sharded(q, k, v, ids, params):
+    rows = ("data", "fsdp")
+    rows = rows if q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
+    tensor = mesh.shape["tensor"]
+    heads = "tensor" if q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
+    x, t = P(rows, None, heads, None), P(rows, None)
+    in_specs = (x, x, x, (t,) * len(ids), jax.tree.map(lambda _: P(heads, None), params))
+    # check_vma=False: a pallas_call's out_shape (pallas_attention.py) declares no varying
+    # mesh axes, which the check requires; the tests compare values and gradients with one
+    # device's (test_sharding: the losses of a 2x2x2 mesh).
+    return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=x,
+                         check_vma=False)(q, k, v, ids, params)
+
+  return sharded
 
 
 def equal_head_dims(q, k, v, multiple: int = 8):
@@ -202,34 +241,59 @@ def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, blo
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-  """A way to compute softmax(score + bias)·V, and what it supports. Every kernel adds an
-  encoding's positional bias (its `bias` seam)."""
+  """A way to compute softmax(score + bias)·V, and what it supports: one declaration per
+  field of what a layer may need (kernel_choice.Needs), which kernel_choice.check compares.
+  Every kernel adds an encoding's positional bias (its `bias` seam) and takes padding,
+  packing and causal masks."""
 
-  make: Callable[..., Callable]  # make(block_size, softcap) -> the kernel function
+  # make(block_size=, softcap=, mesh=) -> the kernel function: blocks of block_size queries
+  # and keys, logits capped at softcap (declared `softcap`; others get 0), for the mesh the
+  # model runs on (jax.sharding.AbstractMesh; None: one device)
+  make: Callable[..., Callable]
   any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
   dropout: bool  # dropout on the attention weights
   # adds an encoding's content_bias, a function of each query's whole row of logits
   content_bias: bool = False
-  softcap: bool = False  # caps the scorer's logits (make's softcap; others get 0)
+  softcap: bool = False  # caps the scorer's logits (make's softcap)
+  # gives the gradient of a positional bias with parameters (an encoding declaring
+  # learned_bias: T5, KERPLE, FIRE)
+  learned_bias: bool = True
+  local_window: bool = True  # masks with a local window (|query − key position| ≤ w)
+  grouped_query: bool = True  # fewer key/value heads than query heads
+  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   # a kernel computing the same function on any backend, which evaluation uses where this
   # one does not run (or, slow_on, runs only emulated)
   stand_in: str | None = None
   slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
-  # gives the gradient of a positional bias with parameters (an encoding declaring
-  # learned_bias: T5, KERPLE, FIRE)
-  learned_bias: bool = True
-  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
-  multi_device: bool = True  # partitioned over a mesh of several devices by XLA
+  # runs on a mesh of several devices: XLA partitions it, or its function does (per_device)
+  multi_device: bool = True
+
+
+def _reference(block_size, softcap=0.0, mesh=None):
+  del block_size, mesh
+  return functools.partial(reference_kernel, softcap=softcap)
+
+
+def _blockwise(block_size, softcap=0.0, mesh=None):
+  del mesh
+  return functools.partial(blockwise_kernel, block=block_size, softcap=softcap)
 
 
 def _fused(implementation: str):
-  return lambda block_size, softcap=0.0: fused_kernel(implementation)
+  def make(block_size, softcap=0.0, mesh=None):
+    del block_size, softcap, mesh
+    return fused_kernel(implementation)
+  return make
+
+
+def _pallas(block_size, softcap=0.0, mesh=None):
+  del softcap
+  return pallas_kernel(block_size, mesh)
 
 
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(lambda block_size, softcap=0.0: functools.partial(
-        reference_kernel, softcap=softcap), any_score=True, dropout=True, content_bias=True,
+    "reference": Kernel(_reference, any_score=True, dropout=True, content_bias=True,
                         softcap=True),
     "xla": Kernel(_fused("xla"), any_score=False, dropout=False),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
@@ -237,60 +301,13 @@ KERNELS: dict[str, Kernel] = {
     # #32242: none, or NaN): it is refused for a learned bias.
     "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
                     stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
-    "blockwise": Kernel(lambda block_size, softcap=0.0: functools.partial(
-        blockwise_kernel, block=block_size, softcap=softcap), any_score=True, dropout=False,
-                        softcap=True),
+    "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
-    # interpret mode on the CPU; a pallas_call that XLA does not partition (no shard_map yet)
-    "pallas": Kernel(lambda block_size, softcap=0.0: pallas_kernel(block_size),
-                     any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
-                     multi_device=False),
+    # interpret mode on the CPU; on a mesh, per device (shard_map)
+    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",)),
 }
 
 
-def check_kernel(name: str, *, score_name: str, score: Scorer, dropout: float,
-                 block_size: int, softcap: float = 0.0,
-                 encoding: PositionalEncoding | None = None, position: str = "none",
-                 dtype=jnp.float32) -> Callable:
-  """The kernel `name` for a layer with this scorer, attention dropout, logit soft-cap (0:
-  none), positional encoding (None: none; `position` its config name) and compute dtype, or
-  a ConfigError naming what the kernel cannot do. Compares declarations only (the backend:
-  runnable_kernel)."""
-  kernel = lookup(KERNELS, name, "attention kernel")
-  if not kernel.any_score and score.dot_product is None:
-    raise ConfigError(f"attention.kernel '{name}' computes dot-product scores only, and score "
-                      f"'{score_name}' declares no dot product; use kernel 'reference' or "
-                      "'blockwise'")
-  if dropout and not kernel.dropout:
-    raise ConfigError(f"attention.kernel '{name}' has no attention dropout; set "
-                      f"model.attention.dropout=0 (got {dropout}) or kernel 'reference'")
-  if softcap and not kernel.softcap:
-    raise ConfigError(f"attention.kernel '{name}' cannot soft-cap the attention logits; set "
-                      f"model.attention.logit_softcap=0 (got {softcap}) or use kernel "
-                      f"{_able(lambda k: k.softcap)}")
-  encoding = encoding or PositionalEncoding()
-  check_content_bias(name, position=position, content_biases=encoding.content_biases)
-  if encoding.learned_bias and not kernel.learned_bias:
-    raise ConfigError(f"attention.kernel '{name}' gives no reliable gradient for the learned "
-                      f"logit bias of position '{position}' (cuDNN's bias gradient, JAX issue "
-                      f"#23701); use kernel {_able(lambda k: k.learned_bias)} or 'auto'")
-  dtype = jnp.dtype(dtype).name
-  if kernel.dtypes is not None and dtype not in kernel.dtypes:
-    raise ConfigError(f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} "
-                      f"only, and model.dtype is {dtype}; set model.dtype="
-                      f"{kernel.dtypes[0]} or use kernel {_able(lambda k: k.dtypes is None)}")
-  return kernel.make(block_size=block_size, softcap=softcap)
-
-
-def _able(capable: Callable[[Kernel], bool]) -> str:
+def able(capable: Callable[[Kernel], bool]) -> str:
   """The kernels with a capability, for an error line: "'reference' or 'xla'"."""
   return " or ".join(repr(key) for key, kernel in KERNELS.items() if capable(kernel))
-
-
-def check_content_bias(name: str, *, position: str, content_biases: bool) -> None:
-  """A ConfigError if kernel `name` cannot add the content bias of a positional encoding
-  (named `position`) that declares one."""
-  if content_biases and not lookup(KERNELS, name, "attention kernel").content_bias:
-    raise ConfigError(f"attention.kernel '{name}' cannot add the content-dependent logit bias of "
-                      f"position '{position}' (it needs each query's whole row of logits); use "
-                      f"kernel {_able(lambda k: k.content_bias)} or another position")

@@ -12,6 +12,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig, compute_dtype
+from transformer.model.kernel_choice import Target
 from transformer.model.layers import Dropout
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.positions import make_positional_encoding
@@ -27,7 +28,9 @@ class Stack(nnx.Module):
   and step, so a resumed run draws the same ones), or from a fixed key when deterministic
   (evaluation samples too, as Ruoss et al. do, and every evaluation the same)."""
 
-  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
+  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs,
+               target: Target | None = None):
+    """target: where the model will run, for its attention kernels (None: here)."""
     self.max_position = cfg.max_position if cfg.random_positions else None
     self.causal = layer.causal
     # Sampled positions reach max_position - 1: a learned table (xPos's centre) covers them.
@@ -37,7 +40,7 @@ class Stack(nnx.Module):
     self.window = lookup(WINDOWS, cfg.attention.window, "attention window")
     self.window_size = cfg.attention.window_size
     self.dropout = Dropout(cfg.dropout)
-    self.layers = nnx.List([layer(cfg, encoding=self.position, rngs=rngs)
+    self.layers = nnx.List([layer(cfg, encoding=self.position, target=target, rngs=rngs)
                             for _ in range(num_layers)])
     self.remat, self.scan_layers = cfg.remat, cfg.scan_layers
     has_final = lookup(RESIDUALS, cfg.norm, "norm").final_norm

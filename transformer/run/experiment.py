@@ -1,8 +1,9 @@
 """Wiring: builds the parts of a typed Config (transformer/run/config.py) — data source, model
 family, optimizer, mesh — and checks the constraints between sections: the family learns
 what the source's batches hold, the batch splits over the mesh, the positional encoding
-covers the longest sequences, the attention kernel runs on this backend. The model is traced
-once abstractly, which runs its constructors' checks. Nothing is written.
+covers the longest sequences; each attention layer's kernel is chosen for this backend and
+mesh (transformer/model/kernel_choice.py). The model is traced once abstractly, which runs
+its constructors' checks. Nothing is written.
 """
 
 import dataclasses
@@ -21,10 +22,9 @@ from transformer.data import SourceArgs
 from transformer.data.base import DataSource
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, ModelFamily
-from transformer.model.kernel_choice import AUTO, kernel_choices
-from transformer.model.kernels import KERNELS
+from transformer.model.kernel_choice import Target, kernel_choices, kernel_warnings
 from transformer.run import optim, sharding, tracking
-from transformer.run.config import Config, EvalConfig, TrainConfig, replace
+from transformer.run.config import Config, EvalConfig, TrainConfig
 
 log = logging.getLogger("transformer")
 
@@ -57,12 +57,14 @@ class Experiment:
     return self.config.eval
 
 
-def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) -> Experiment:
+def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
+          announce: bool = True) -> Experiment:
   """Checks `cfg` (module docstring) and returns its parts; writes nothing. `evaluating`: the
   run is evaluated here, not trained, so the execution choices of its training need not
-  hold on this machine: a kernel this backend cannot run is replaced by its stand-in, and
-  the mesh is every device on `data`, and its trackers (W&B) need not be installed."""
-  cfg = runnable_kernel(cfg, substitute=evaluating)
+  hold on this machine: the mesh is every device on `data`, a kernel refused or emulated
+  here is replaced (kernel_choice.py), and its trackers (W&B) need not be installed.
+  `announce`: log the attention kernels chosen, once per distinct choice (off for a sweep
+  that only checks its runs)."""
   source = make_source(cfg, workdir)
   family = lookup(ARCHS, cfg.model.arch, "model arch")
   if source.targets not in family.learns:
@@ -83,32 +85,26 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False) 
                                   cfg.train.learning_rate)
   optimizer = optim.make_optimizer(schedule, weight_decay=cfg.train.weight_decay,
                                    grad_clip_norm=cfg.train.grad_clip_norm)
-  make = lambda: family(cfg.model, rngs=nnx.Rngs(params=cfg.seed))  # noqa: E731
-  try:
-    abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
-  except ConfigError as e:
-    if not evaluating or cfg.model.attention.kernel == AUTO:
-      raise
-    # A kernel is an execution choice: one refused here (a newer check, another dtype) need
-    # not keep a trained run from being evaluated.
-    log.info("model.attention.kernel %r cannot run this model here (%s); evaluating with "
-             "'auto'", cfg.model.attention.kernel, e)
-    cfg = replace(cfg, "model.attention.kernel", AUTO)  # `make` reads cfg when called
-    abstract_model = nnx.eval_shape(make)
-  for line in kernel_choices(abstract_model):  # what `auto` chose, once per layer
-    log.info("attention %s", line)
+  mesh = sharding.make_mesh(None if evaluating else dataclasses.asdict(cfg.mesh))
+  if not evaluating:
+    sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
+    tracking.check(cfg.train)  # wandb installed, if the run logs to it
+  sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
+  # Each attention layer's kernel is chosen for this backend, mesh and purpose.
+  target = Target(jax.default_backend(), mesh.abstract_mesh, evaluating)
+  make = lambda: family(cfg.model, rngs=nnx.Rngs(params=cfg.seed), target=target)  # noqa: E731
+  abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
+  if announce:
+    for line in kernel_choices(abstract_model):
+      log.info("attention %s", line)
+    for line in kernel_warnings(abstract_model):
+      log.warning("%s", line)
 
   def init():
     params = nnx.to_pure_dict(nnx.state(make()))
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": optimizer.init(params)}
 
-  mesh = sharding.make_mesh(None if evaluating else dataclasses.asdict(cfg.mesh))
-  if not evaluating:
-    sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
-    tracking.check(cfg.train)  # wandb installed, if the run logs to it
-  sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
-  check_kernels_on_mesh(abstract_model, mesh)
   for what, length in source.max_lengths().items():
     check_length(abstract_model, length, what)
   return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),
@@ -120,47 +116,6 @@ def make_source(cfg: Config, workdir: str | None = None) -> DataSource:
   return cfg.source(cfg.data, cfg.task, SourceArgs(
       seed=cfg.seed, batch_size=cfg.train.batch_size, eval_examples=cfg.eval.num_examples,
       workdir=workdir))
-
-
-def runnable_kernel(cfg: Config, substitute: bool) -> Config:
-  """`cfg` if its attention kernel runs on this backend. Otherwise a ConfigError, or with
-  `substitute` (evaluating a run trained elsewhere) a copy using the kernel's stand-in that
-  computes the same function here, with a log line."""
-  name = cfg.model.attention.kernel
-  if name == AUTO:  # chosen per layer for this backend
-    return cfg
-  kernel, backend = KERNELS[name], jax.default_backend()
-  if backend in kernel.slow_on:
-    if substitute:
-      log.info("model.attention.kernel %r runs emulated on %s; evaluating with %r, which "
-               "computes the same function", name, backend, kernel.stand_in)
-      return replace(cfg, "model.attention.kernel", kernel.stand_in)
-    log.warning("model.attention.kernel %r runs emulated on %s (Pallas' interpret mode): "
-                "slow, for tests; %r computes the same function here", name, backend,
-                kernel.stand_in)
-  if kernel.backends is None or backend in kernel.backends:
-    return cfg
-  if not substitute:
-    raise ConfigError(f"model.attention.kernel={name!r} runs on {' or '.join(kernel.backends)} "
-                      f"only; this machine's JAX backend is {backend}: use "
-                      f"{kernel.stand_in!r} (the same computation) or 'reference'")
-  log.info("model.attention.kernel %r does not run on %s; using %r, which computes the same "
-           "function", name, backend, kernel.stand_in)
-  return replace(cfg, "model.attention.kernel", kernel.stand_in)
-
-
-def check_kernels_on_mesh(model: ModelFamily, mesh: Mesh) -> None:
-  """A ConfigError if an attention layer's kernel cannot be partitioned over a mesh of
-  several devices (Kernel.multi_device) and the mesh has more than one."""
-  if mesh.size == 1:
-    return
-  for _, node in nnx.iter_modules(model):
-    choice = getattr(node, "kernel_choice", None)
-    if choice is not None and not KERNELS[choice.name].multi_device:
-      raise ConfigError(f"model.attention.kernel={choice.name!r} runs on one device (its "
-                        f"kernel is not partitioned over a mesh yet) and this run's mesh has "
-                        f"{mesh.size}; use kernel 'auto' or "
-                        f"{' or '.join(repr(k) for k, v in KERNELS.items() if v.multi_device)}")
 
 
 def check_length(model: ModelFamily, length: int, what: str) -> None:

@@ -224,7 +224,7 @@ def plan(config_path: str, sweep_dir: str, overrides: dict | None = None,
   planned = []
   for run in runs(config_path, sweep_dir, overrides, only):
     try:
-      experiment.build(run.config, run.workdir)
+      experiment.build(run.config, run.workdir, announce=False)  # each run says it when it runs
       workdir_lib.check_usable(run.workdir)
       workdir_lib.check_identity(run.config, run.workdir, checkpoint.has_checkpoints(run.workdir))
     except ConfigError as e:
