@@ -2,7 +2,7 @@
 
 Checks every run's config, then trains every run of the config's get_sweep() into
 DIR/<overrides>, skipping finished runs (and runs another process is training) and resuming
-interrupted ones, then writes DIR/report.md and DIR/report.csv (mean ± std over seeds).
+interrupted ones, then writes DIR/report.md and DIR/report.csv (statistics over seeds: below).
 `--config.FIELD=VALUE` applies to every run (e.g. a smoke sweep with fewer steps);
 `--only FIELD=V1,V2` trains and reports the runs with those values of a swept field only
 (repeatable: fields combine, e.g. --only model.position=rotary,alibi --only seed=0; `--only
@@ -27,9 +27,13 @@ Sharing a sweep:
     writes the report. A process that has not joined the others within --join_timeout
     seconds exits with one error line.
 --report_only rewrites the report. The report gives each variant's mean and 95% t interval
-of every metric over its seeds, the main metric's spread, and its paired differences
-against --baseline VARIANT (default: the first variant with results); --success
-'METRIC>=VALUE' (repeatable) adds each variant's rate of seeds that meet it.
+of every metric over its seeds (inside the metric's declared range; none for one seed or a
+value identical in every seed), the main metric's spread, and its paired differences
+against --baseline VARIANT (default: the first variant with results; t interval over seeds,
+and a paired bootstrap over seeds and examples where the runs recorded per-example results
+of the same examples); --success 'METRIC>=VALUE' (repeatable) adds each variant's rate of
+runs that meet it, failed runs counted as failures, with its Clopper–Pearson interval. The
+report's header states every statistical choice.
 
 Evaluation-time sweeps: --eval_sweep FIELD=V1,V2 (repeatable: every combination) evaluates
 the finished runs again from their final checkpoints under those values of execution fields
