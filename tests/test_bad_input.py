@@ -384,7 +384,7 @@ CASES = [
     ("eval output not writable", "eval.py", ["--workdir", "{run}", "--output", "/proc/sys/m.json"],
      [], ["cannot write the metrics to /proc/sys/m.json"]),
     ("eval bad sentence", "eval.py", ["--workdir", "{run}", "--sentence", "0 9", "--nometrics",
-                                      "--plot_dir", "{new}"], [], ["'0 9'", "0..5"]),
+                                      "--plot_dir", "{new}"], [], ["'0 9'", "0 1 2 3 4 5"]),
     ("eval unknown flag", "eval.py", ["--workdir", "{run}", "--beam", "4"], [], ["beam"]),
     ("eval generate negative", "eval.py",
      ["--workdir", "{lm}", "--sentence", "def f", "--generate", "-5"], [],
