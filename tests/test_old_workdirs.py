@@ -1,6 +1,6 @@
 """Workdirs written by an earlier version of the code (tests/fixtures/workdirs_043b6c9: each
-family, randomized positions, Multi30k) restore and evaluate to exactly the metrics that
-version's eval.py wrote: a refactor, a new field or a changed default may not change what a
+family, randomized positions, Multi30k) restore and evaluate to the metrics that version's
+eval.py wrote (counts exactly, floats to a relative 1e-6: the last bits follow the host CPU): a refactor, a new field or a changed default may not change what a
 finished run means."""
 
 import json
@@ -32,5 +32,20 @@ def test_old_workdir_evaluates_to_its_metrics(name, tmp_path, monkeypatch):
   expected = json.loads((workdir / "expected_eval.json").read_text())
   step, splits, _ = restore_and_evaluate(str(workdir), output=str(tmp_path / "eval.json"))
   assert step == expected["step"]
-  # as the JSON file holds them (by-length keys are strings there)
-  assert _numbers(json.loads(json.dumps(splits))) == _numbers(expected["splits"])
+  # as the JSON file holds them (by-length keys are strings there). Counts are exact; the float
+  # metrics are equal to the last few bits only on the CPU that wrote them: XLA:CPU compiles for
+  # the host's vector ISA, and 043b6c9's own eval.py on another Xeon gave a loss of
+  # 2.729009808826839 where the fixture (written by the same code) holds 2.7290099344135803.
+  _assert_close(_numbers(json.loads(json.dumps(splits))), _numbers(expected["splits"]), "splits")
+
+
+def _assert_close(got, want, where: str) -> None:
+  """Equal structure, equal counts and strings; floats equal to a relative 1e-6."""
+  if isinstance(want, dict):
+    assert isinstance(got, dict) and got.keys() == want.keys(), where
+    for key, value in want.items():
+      _assert_close(got[key], value, f"{where}.{key}")
+  elif isinstance(want, float):
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-9), where
+  else:
+    assert got == want, where
