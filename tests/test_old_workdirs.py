@@ -1,7 +1,7 @@
 """Workdirs written by an earlier version of the code (tests/fixtures/workdirs_043b6c9: each
 family, randomized positions, Multi30k) restore and evaluate to the metrics that version's
-eval.py wrote (counts exactly, floats to a relative 1e-6: the last bits follow the host CPU): a refactor, a new field or a changed default may not change what a
-finished run means."""
+eval.py wrote (counts exactly, floats to a relative 1e-6: their last bits follow the host
+CPU): a refactor, a new field or a changed default may not change what a finished run means."""
 
 import json
 import pathlib
