@@ -10,6 +10,7 @@ import logging
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -19,8 +20,12 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernel_choice import (AUTO, AUTO_ORDER, KernelChoice, Needs, Target,
-                                             check, choose, kernel_choices, kernel_warnings)
+                                             check, choose, kernel_choices, kernel_warnings,
+                                             offered)
 from transformer.model.kernels import KERNELS, Kernel
+from transformer.model.layers import Dropout
+from transformer.model.log_once import log_once
+from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.scores import SCORES, make_score
 from transformer.run import experiment
@@ -30,6 +35,7 @@ H, D = 2, 8
 DOT = {"scaled_dot", "dot", "gaussian", "cosine"}  # the scorers that are dot products
 LEARNED = {"t5", "kerple", "fire"}  # the encodings whose bias has parameters
 CONTENT = {"cope"}  # the encodings with a content bias
+BIASED = sorted(name for name, cls in POSITIONS.items() if cls.biases)  # a positional bias
 TWO_DEVICES = jax.sharding.AbstractMesh((2, 1, 1), ("data", "fsdp", "tensor"))
 
 
@@ -49,7 +55,8 @@ def test_a_layer_states_its_needs_from_its_parts():
   layer = lambda **kw: MultiHeadAttention(16, 4, cfg, num_kv_heads=2, rngs=nnx.Rngs(0), **kw)  # noqa: E731
   assert layer(encoding=fire, position="fire", dtype=jnp.bfloat16).needs == Needs(
       score="additive", dot_product=False, dropout=0.1, softcap=5.0, position="fire",
-      learned_bias=True, window=True, grouped=True, dtype="bfloat16", block_size=8)
+      bias=True, learned_bias=True, window=True, grouped=True, dtype="bfloat16",
+      block_size=8)
   assert layer(cross=True).needs == Needs(score="additive", dot_product=False, dropout=0.1,
                                           softcap=5.0, grouped=True, block_size=8)
   cope = make_positional_encoding("cope", 16, 4, 16, causal=True, rngs=nnx.Rngs(1))
@@ -96,48 +103,97 @@ def test_a_kernel_is_refused_exactly_what_it_does_not_declare(name, need):
     check(name, needs)
 
 
-def _expected(backend, score, position, dropout, dtype):
-  """The kernel auto should choose, from the kernels' documented capabilities (the README's
-  kernel table), without a Pallas kernel."""
-  fused_fits = score in DOT and not dropout and position not in CONTENT
+def _expected(backend, score, position, dropout, dtype, softcap):
+  """The kernel auto should choose, from the kernels' documented capabilities (the docs'
+  kernel table and orders): cuDNN where it applies (GPU, bf16, no learned bias), then
+  pallas for a layer with a positional bias, then xla, then the formula."""
+  fused_fits = score in DOT and not dropout and not softcap and position not in CONTENT
   if backend == "gpu" and fused_fits and position not in LEARNED and dtype == "bfloat16":
     return "cudnn"
+  if backend != "cpu" and fused_fits and position in BIASED:
+    return "pallas"
   if backend != "cpu" and fused_fits:
     return "xla"
   return "reference"
 
 
 CASES = list(itertools.product(["cpu", "gpu", "tpu"], sorted(SCORES),
-                               ["none", "alibi", "t5", "fire", "cope"], [0.0, 0.1],
-                               ["float32", "bfloat16"]))
+                               ["none", *BIASED, "cope"], [0.0, 0.1], ["float32", "bfloat16"]))
 
 
 @pytest.mark.parametrize("backend,score,position,dropout,dtype", CASES)
-def test_auto_takes_the_first_kernel_that_fits(monkeypatch, backend, score, position, dropout,
-                                               dtype):
-  monkeypatch.setitem(AUTO_ORDER, "gpu", ("cudnn", "xla", "reference"))  # no Pallas here
-  monkeypatch.setitem(AUTO_ORDER, "tpu", ("xla", "reference"))
+def test_auto_takes_the_first_kernel_that_fits(backend, score, position, dropout, dtype):
+  """Every kernel of the backend's order before the choice is passed over with its reason,
+  but pallas for a layer without a positional bias: auto does not offer it there (and the
+  log does not name it)."""
   choice, function = choose(AUTO, _needs(score, position, dropout=dropout, dtype=dtype),
                             Target(backend))
-  assert choice.name == _expected(backend, score, position, dropout, dtype)
+  assert choice.name == _expected(backend, score, position, dropout, dtype, softcap=0)
   preferred = AUTO_ORDER[backend][:AUTO_ORDER[backend].index(choice.name)]
-  assert [name for name, _ in choice.passed_over] == list(preferred)  # each with its reason
+  offered = [n for n in preferred if n != "pallas" or position in BIASED]
+  assert [name for name, _ in choice.passed_over] == offered
   assert callable(function)
 
 
-def test_pallas_in_an_accelerator_order_takes_what_cudnn_passes_over(monkeypatch):
-  """The GPU order of issue 29, once Pallas lowers there (until then AUTO_ORDER leaves it
-  out): a learned bias passes cuDNN over, with its reason, for pallas; a fixed bias stays
-  with cuDNN; a scorer that is no dot product passes both over for the reference."""
-  monkeypatch.setitem(AUTO_ORDER, "gpu", ("cudnn", "pallas", "xla", "reference"))
-  gpu = Target("gpu", TWO_DEVICES)  # on a mesh too
-  t5, _ = choose(AUTO, _needs("scaled_dot", "t5", dtype="bfloat16"), gpu)
-  assert t5.name == "pallas" and [n for n, _ in t5.passed_over] == ["cudnn"]
-  assert "learned logit bias of position 't5'" in t5.passed_over[0][1]
-  assert choose(AUTO, _needs("scaled_dot", "alibi", dtype="bfloat16"), gpu)[0].name == "cudnn"
-  additive, _ = choose(AUTO, _needs("additive", "t5", dtype="bfloat16"), gpu)
-  assert additive.name == "reference"
-  assert [n for n, _ in additive.passed_over] == ["cudnn", "pallas", "xla"]
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+@pytest.mark.parametrize("position", BIASED)
+def test_auto_offers_pallas_on_accelerators_for_each_bias_encoding(backend, position):
+  """On a GPU or a TPU (a Target: no such device needed), on one device or a mesh: a bias
+  encoding's layer takes pallas unless cuDNN applies (GPU, bf16, a bias without
+  parameters), each kernel passed over with its reason; the same model's layers without a
+  bias (none, rotary, cross-attention) take xla or cuDNN, as before pallas had a place."""
+  for mesh, dtype in itertools.product([None, TWO_DEVICES], ["float32", "bfloat16"]):
+    target = Target(backend, mesh)
+    choice, _ = choose(AUTO, _needs("scaled_dot", position, dtype=dtype), target)
+    cudnn = backend == "gpu" and dtype == "bfloat16" and position not in LEARNED
+    assert choice.name == ("cudnn" if cudnn else "pallas")
+    reasons = dict(choice.passed_over)
+    if backend == "gpu" and not cudnn:
+      assert list(reasons) == ["cudnn"]
+      assert (f"learned logit bias of position '{position}'" if position in LEARNED
+              else "computes in bfloat16 or float16 only") in reasons["cudnn"]
+    else:
+      assert reasons == {}
+    for plain in ("none", "rotary"):
+      bare, _ = choose(AUTO, _needs("scaled_dot", plain, dtype=dtype), target)
+      assert bare.name == ("cudnn" if backend == "gpu" and dtype == "bfloat16" else "xla")
+      assert "pallas" not in dict(bare.passed_over)
+
+
+# What passes pallas over on an accelerator for a layer with ALiBi's bias: the layer's
+# scorer and other Needs fields, and the words of pallas' reason.
+PALLAS_REFUSALS = {
+    "softcap": ("scaled_dot", dict(softcap=30.0), "cannot soft-cap the attention logits"),
+    "dropout": ("scaled_dot", dict(dropout=0.1), "has no attention dropout"),
+    "score": ("additive", {}, "computes dot-product scores only"),
+}
+
+
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+@pytest.mark.parametrize("need", sorted(PALLAS_REFUSALS))
+def test_auto_falls_back_from_pallas_with_its_reason(backend, need):
+  """A bias layer that pallas cannot run (the same check as by hand) passes it over, its
+  reason in the log line, for the next kernel of the order that can (xla declares no more
+  than pallas here: the reference). CoPE's content bias is no positional bias: pallas is
+  not offered, and xla refuses it."""
+  score, fields, words = PALLAS_REFUSALS[need]
+  choice, _ = choose(AUTO, _needs(score, "alibi", **fields), Target(backend))
+  assert choice.name == "reference" == _expected(
+      backend, score, "alibi", fields.get("dropout", 0.0), "float32", fields.get("softcap", 0))
+  assert words in dict(choice.passed_over)["pallas"]
+  assert f"pallas: attention.kernel 'pallas' {words}" in choice.describe()
+  cope, _ = choose(AUTO, _needs("scaled_dot", "cope"), Target(backend))
+  assert cope.name == "reference" and "pallas" not in dict(cope.passed_over)
+  assert "content-dependent" in dict(cope.passed_over)["xla"]
+
+
+def test_pallas_is_offered_by_its_declaration():
+  """auto_only_with_bias is what keeps pallas from layers without a bias: a kernel declaring
+  it is offered only to biased layers, one that does not to every layer."""
+  assert KERNELS["pallas"].auto_only_with_bias
+  assert not any(k.auto_only_with_bias for n, k in KERNELS.items() if n != "pallas")
+  assert offered("pallas", _needs("scaled_dot", "alibi")) and offered("xla", _needs())
+  assert not offered("pallas", _needs()) and not offered("pallas", _needs("scaled_dot", "cope"))
 
 
 def test_a_kernel_missing_from_the_registry_is_passed_over(monkeypatch):
@@ -205,9 +261,10 @@ def _model(monkeypatch, backend, **cfg):
 
 def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(monkeypatch):
   """On a (faked) GPU in bf16 with T5's learned bias: the self-attention layers pass cuDNN
-  over for that bias and take XLA; the decoder's cross-attention, which has no positional
-  bias, takes cuDNN. One line per distinct choice, with its layers and reasons."""
-  monkeypatch.setitem(AUTO_ORDER, "gpu", ("cudnn", "xla", "reference"))
+  over for that bias and take pallas; the decoder's cross-attention, which has no positional
+  bias, takes cuDNN. On a (faked) TPU: pallas and xla, pallas unnamed in xla's line (not
+  offered to a layer without a bias). One line per distinct choice, with its layers and
+  reasons."""
   model = _model(monkeypatch, "gpu", position="t5", dtype="bfloat16")
   able = kernels.able(lambda k: k.learned_bias)
   learned = ("(cudnn: attention.kernel 'cudnn' gives no reliable gradient for the learned logit "
@@ -215,8 +272,12 @@ def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(mon
              "or 'auto')")
   assert kernel_choices(model) == [
       "kernel auto -> cudnn for 2 layers: decoder.layers.*.cross_attention",
-      "kernel auto -> xla for 4 layers: decoder.layers.*.self_attention, "
+      "kernel auto -> pallas for 4 layers: decoder.layers.*.self_attention, "
       f"encoder.layers.*.self_attention {learned}"]
+  assert kernel_choices(_model(monkeypatch, "tpu", position="t5", dtype="bfloat16")) == [
+      "kernel auto -> xla for 2 layers: decoder.layers.*.cross_attention",
+      "kernel auto -> pallas for 4 layers: decoder.layers.*.self_attention, "
+      "encoder.layers.*.self_attention"]
   assert kernel_choices(_model(monkeypatch, "gpu", position="t5", dtype="bfloat16",
                                attention=AttentionConfig(kernel="xla"))) == []  # not chosen
   assert kernel_warnings(model) == []
@@ -233,6 +294,33 @@ def test_a_run_logs_its_choices_once_and_a_sweep_check_logs_none(tiny_config, ca
       "decoder.layers.*.self_attention, encoder.layers.*.self_attention",
       "model.attention.kernel 'pallas' runs emulated on cpu (Pallas' interpret mode): slow, "
       "for tests; 'xla' computes the same function here"]
+
+
+def test_a_decoding_step_says_its_kernel_fallback_once(caplog):
+  """A one-query row (a KV-cached decoding step) runs, for cudnn, XLA's attention (cuDNN
+  has no one-query step: traced on any backend, so checked here against the reference),
+  and for pallas the reference formula; each says so once per distinct line, not once
+  per layer or per trace."""
+  log_once.cache_clear()
+  keys = jax.random.split(jax.random.key(0), 3)
+  q = jax.random.normal(keys[0], (2, 1, H, D), jnp.bfloat16)
+  k, v = (jax.random.normal(key, (2, 5, 1, D), jnp.bfloat16) for key in keys[1:])
+  slots = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  mask = Mask(jnp.ones((2, 1), jnp.int32), (slots < jnp.array([[5], [3]])).astype(jnp.int32),
+              jnp.array([[4], [2]]), slots, causal=True)
+  alibi = make_positional_encoding("alibi", H * D, H, 16, causal=True, rngs=None)
+  score = make_score("scaled_dot", H, D, rngs=nnx.Rngs(0))
+  want = kernels.reference_kernel(q, k, v, mask, alibi, score, Dropout(0.0), None)
+  with caplog.at_level(logging.INFO, logger="transformer"):
+    for name in ("cudnn", "pallas") * 2:  # two layers
+      out = KERNELS[name].make(block_size=8)(q, k, v, mask, alibi, score, None, None)
+      np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32),
+                                 atol=2e-2)
+  assert [r.getMessage() for r in caplog.records] == [
+      "kernel cudnn: one query per row (a decoding step) runs XLA's attention over the row "
+      "[b, h, 1, 5], not cuDNN's",
+      "flash_attention: one query per row (a decoding step) runs the reference formula over "
+      "the row [b, h, 1, 5], not the Pallas kernels"]
 
 
 def _kernels_run(exp) -> set[str]:

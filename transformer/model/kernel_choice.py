@@ -11,8 +11,10 @@ the kernels' declared capabilities (KERNELS, transformer/model/kernels.py):
     that runs only emulated here (Pallas' interpret mode on the CPU) is kept, with a
     warning;
   * `auto` takes the first kernel of the backend's order of preference (AUTO_ORDER) that
-    passes the same check and is not emulated here; each kernel it passes over comes with
-    its reason, the error choosing it by hand would give;
+    it offers the layer, passes the same check and is not emulated here; each kernel it
+    passes over comes with its reason, the error choosing it by hand would give. A kernel
+    declaring `auto_only_with_bias` (pallas) is offered only to a layer whose encoding adds
+    a positional bias; to others it is not a candidate (nor in the log);
   * evaluating (a run trained elsewhere), the kernel of its training is an execution choice
     that need not hold here: one that is refused or emulated here is replaced by its
     stand-in, which computes the same function, or else by `auto`'s choice.
@@ -37,17 +39,18 @@ from transformer.model.scores import Scorer
 AUTO = "auto"
 
 # Fastest first. GPU: cuDNN's flash attention (bf16/fp16, no learned bias, no attention
-# dropout), then XLA's fused attention, then the formula. CPU: the reference kernel runs
-# everything, and the default config ran it before `auto` (at small sizes it is as fast as
-# `xla`; `blockwise` trades speed for memory, which auto does not judge: choose it by hand
-# for long sequences). A name missing from KERNELS is passed over, so an order may name a
-# kernel that is not registered everywhere.
+# dropout); then, offered only to a layer with a positional bias (ALiBi, T5, KERPLE, FIRE:
+# Kernel.auto_only_with_bias), Pallas' flash attention, which computes that bias in-kernel
+# instead of holding a [b, h, L, L] array (lowered for Triton and Mosaic by
+# tests/test_lowering.py, never run on a GPU or TPU); then XLA's fused attention, then the
+# formula. TPU: the same without cuDNN. CPU: the reference kernel runs everything, and the
+# default config ran it before `auto` (at small sizes it is as fast as `xla`; `blockwise`
+# trades speed for memory, which auto does not judge: choose it by hand for long
+# sequences). A name missing from KERNELS is passed over, so an order may name a kernel
+# that is not registered everywhere.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
-    # `pallas` joins the GPU and TPU orders (after cuDNN on the GPU, first on the TPU) once
-    # its kernels lower for Mosaic and Triton (issue 29); until then auto prefers the
-    # kernels known to run there.
-    "gpu": ("cudnn", "xla", "reference"),
-    "tpu": ("xla", "reference"),
+    "gpu": ("cudnn", "pallas", "xla", "reference"),
+    "tpu": ("pallas", "xla", "reference"),
     "cpu": ("reference",),  # runs every layer
 }
 OTHER_BACKENDS = ("xla", "reference")
@@ -65,6 +68,7 @@ class Needs:
   dropout: float = 0.0  # on the attention weights
   softcap: float = 0.0  # c > 0: logits capped to c·tanh(score / c)
   position: str = "none"  # the positional encoding's config name (for error lines)
+  bias: bool = False  # the encoding adds a positional logit bias (what auto offers pallas)
   learned_bias: bool = False  # the encoding's logit bias has parameters (their gradient)
   content_bias: bool = False  # the encoding adds a content bias (a whole row of logits)
   window: bool = False  # its masks carry a local window (self-attention, window=local)
@@ -76,8 +80,9 @@ class Needs:
   def of(cls, scorer: Scorer, encoding: PositionalEncoding, /, **fields) -> "Needs":
     """The needs of a layer with this scorer and positional encoding (what they declare),
     and the other `fields`."""
-    return cls(dot_product=scorer.dot_product is not None, learned_bias=encoding.learned_bias,
-               content_bias=encoding.content_biases, **fields)
+    return cls(dot_product=scorer.dot_product is not None, bias=encoding.biases,
+               learned_bias=encoding.learned_bias, content_bias=encoding.content_biases,
+               **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,11 +184,18 @@ def _emulated(name: str, target: Target) -> str:
   return ""
 
 
+def offered(name: str, needs: Needs) -> bool:
+  """Whether `auto` offers kernel `name` to a layer with these needs: one declaring
+  auto_only_with_bias only to a layer whose encoding adds a positional bias."""
+  return needs.bias or not KERNELS[name].auto_only_with_bias
+
+
 def _auto(needs: Needs, target: Target, passed_over=()) -> KernelChoice:
-  """The first kernel of the backend's AUTO_ORDER that runs the layer natively."""
+  """The first kernel of the backend's AUTO_ORDER offered to the layer that runs it
+  natively."""
   passed_over = list(passed_over)
   for candidate in AUTO_ORDER.get(target.backend, OTHER_BACKENDS):
-    if candidate not in KERNELS:  # not registered (yet)
+    if candidate not in KERNELS or not offered(candidate, needs):  # not registered (yet)
       continue
     why = _emulated(candidate, target)
     try:

@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from transformer.core.errors import ConfigError
 from transformer.model.layers import Dropout
+from transformer.model.log_once import log_once
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.pallas_attention import flash_attention
 
@@ -85,7 +86,11 @@ def fused_kernel(implementation: str):
     dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
     bias = encoding.bias(mask.q_positions, mask.k_positions)
     bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
-    impl = "xla" if q.shape[1] == 1 else implementation  # cuDNN has no 1-query decode step
+    impl = implementation
+    if q.shape[1] == 1 and implementation == "cudnn":  # cuDNN has no 1-query decode step
+      impl = "xla"
+      log_once("kernel cudnn: one query per row (a decoding step) runs XLA's attention "
+               f"over the row [b, h, 1, {k.shape[1]}], not cuDNN's")
     if product.keys_per_head:  # each query head's own key transform: one key head each
       k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
     qt, kt, vt = equal_head_dims(product.queries(q).astype(v.dtype),
@@ -268,6 +273,8 @@ class Kernel:
   slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
   # runs on a mesh of several devices: XLA partitions it, or its function does (per_device)
   multi_device: bool = True
+  # `auto` offers it only to a layer whose encoding adds a positional bias (kernel_choice)
+  auto_only_with_bias: bool = False
 
 
 def _reference(block_size, softcap=0.0, mesh=None):
@@ -303,8 +310,10 @@ KERNELS: dict[str, Kernel] = {
                     stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
     "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
-    # interpret mode on the CPU; on a mesh, per device (shard_map)
-    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",)),
+    # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where its
+    # in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
+    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
+                     auto_only_with_bias=True),
 }
 
 

@@ -37,18 +37,16 @@ numerics are tested in interpret mode (tests/test_pallas_attention.py).
 
 import dataclasses
 import functools
-import logging
 
 import jax
 import jax.numpy as jnp
 
 from transformer.model import pallas_layouts as layouts
+from transformer.model.log_once import log_once
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.pallas_kernels import Static, dkv_kernel, dq_kernel, forward_kernel
 from transformer.model.pallas_layouts import LAYOUTS, Operand
 from transformer.model.positions.base import BiasSpec, spec_bias
-
-log = logging.getLogger("transformer")
 
 # Each platform's layout, and whether Pallas interprets it there (None: every other one).
 PLATFORMS = {"cpu": ("generic", True), "cuda": ("triton", False), "rocm": ("triton", False),
@@ -228,8 +226,8 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
   """
   q = q * jnp.asarray(scale, q.dtype)
   if q.shape[1] == 1:  # a KV-cached decoding step
-    log.info("flash_attention: one query per row (a decoding step) runs the reference "
-             "formula over the row [b, h, 1, %d], not the Pallas kernels", k.shape[1])
+    log_once("flash_attention: one query per row (a decoding step) runs the reference "
+             f"formula over the row [b, h, 1, {k.shape[1]}], not the Pallas kernels")
     mask = Mask(q_segments, k_segments, q_positions, k_positions, causal=causal, window=window)
     return _one_query(q, k, v, mask, bias_spec)
   if layout is not None:
