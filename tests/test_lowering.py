@@ -3,17 +3,26 @@
 shapes, without the hardware.
 
 - The Pallas flash attention (transformer/model/pallas_attention.py), forward and gradient,
-  with no bias and every encoding's BiasSpec × {causal, bidirectional, local window}, lowers
-  to compiled Pallas calls (Triton's `__gpu$xla.gpu.triton` custom call on cuda, Mosaic's
-  `tpu_custom_call` on tpu), and serialises with jax.export (the Triton
-  call only with its safety check disabled: JAX gives it no compatibility guarantee, so such
-  an artifact is for the jaxlib that wrote it).
-- Each family's train step (run/step.make_train_step), evaluation step (the Evaluator's
-  teacher-forced scoring) and KV-cached decoding step (init_decoding, then one decode_step
-  of one token) lower for each platform with every kernel that declares it
-  (Kernel.backends), every bias encoding, full and local windows; and per family and
-  kernel a variant with the Gaussian-as-dot scorer, rotary positions, grouped-query
-  attention (one K/V head) in bfloat16 (the grid's cases compute in float32).
+  with no bias and every encoding's BiasSpec × {causal, bidirectional, local window}, and
+  head dims from 8 to 256, lowers to compiled Pallas calls (Triton's
+  `__gpu$xla.gpu.triton` custom call on cuda, Mosaic's `tpu_custom_call` on tpu), and
+  serialises with jax.export (the Triton call only with its safety check disabled: JAX
+  gives it no compatibility guarantee, so such an artifact is for the jaxlib that wrote it).
+- Each family's train step (run/step.make_train_step) lowers for each platform with every
+  kernel that declares it (Kernel.backends) × every encoding the kernels see (the
+  positional biases, and CoPE's content bias where the family and the kernel take it:
+  decoder, reference) × the family's masks with and without a local window; the full
+  window in float32 with as many K/V heads as query heads, the local one in bfloat16 with
+  grouped K/V heads (2 of 4). Its evaluation step (the Evaluator's teacher-forced scoring),
+  KV-cached decoding step (init_decoding, then one decode_step of one token) and prefill
+  (a prompt of 8 tokens into the cache) lower for every kernel, each with one (encoding,
+  window) rotating over the kernel and step, so that each kernel meets every bias encoding
+  and both windows in them (and CoPE in all of them); per family and kernel, a variant with
+  the Gaussian-as-dot scorer, rotary positions, one K/V head and dropout in bfloat16, every
+  step. Each family's train step (pallas, T5) also serialises with jax.export per platform.
+- `auto` on a GPU and a TPU (a kernel_choice.Target: no device needed) gives the
+  encoder-decoder's layers with a positional bias pallas, and its cross-attention xla: its
+  train step lowers to the compiled Pallas calls, and exports, for each platform.
 
 In every program, each Pallas kernel reachable for the platform (jax.lax.platform_dependent
 picks the branch) is compiled, never interpreted, and the lowered module holds one custom
@@ -26,10 +35,12 @@ tiling, the kernels' operations) and XLA's StableHLO for both platforms. What it
 device compilers (Triton to PTX, Mosaic's layout passes) run on the device only.
 
 Tiny dims (T5 with 8 buckets, FIRE 4 units wide: their in-kernel loops unroll per bucket and
-unit) keep the module to a few minutes; each trace is shared by the two platforms' tests.
+unit) keep the module to a few minutes; each program is traced once, for both platforms'
+tests, and exported from the same jitted function (JAX reuses the trace).
 """
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -37,11 +48,12 @@ import optax
 import pytest
 from flax import nnx
 
+from transformer.core.errors import ConfigError
 from transformer.core.metrics import token_metrics
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, make_model
-from transformer.model.kernel_choice import Target
+from transformer.model.kernel_choice import KernelChoice, Needs, Target, check
 from transformer.model.kernels import KERNELS
 from transformer.model.pallas_attention import flash_attention
 from transformer.model.positions import POSITIONS, PositionSettings
@@ -106,9 +118,11 @@ FLASH_CASES = [(bias, mask, dtype, kv_heads)
                for dtype, kv_heads in [("bfloat16", 4) if mask != "window" else ("float32", 2)]]
 
 
-def _flash(bias, mask, dtype, kv_heads, gradient):
-  """(function, abstract args): flash attention (or its gradient in q, k, v and the bias
-  parameters) at batch 2, length 256, 4 heads of 64."""
+@functools.cache
+def _flash(bias, mask, dtype, kv_heads, gradient, head_dim=64):
+  """(jitted function, abstract args, its trace): flash attention (or its gradient in q, k,
+  v and the bias parameters) at batch 2, length 256, 4 heads of head_dim; traced once for
+  both platforms, and jax.export reuses the trace of the same jitted function."""
   causal, window = MASKS[mask]
   spec = None if bias == "none" else POSITIONS[bias](
       256, 4, 512, causal=causal, settings=getattr(SETTINGS, bias),
@@ -124,10 +138,28 @@ def _flash(bias, mask, dtype, kv_heads, gradient):
     return jnp.sum(attend(*args).astype(jnp.float32))
 
   dtype = jnp.dtype(dtype)
-  args = (S((2, 256, 4, 64), dtype), S((2, 256, kv_heads, 64), dtype),
-          S((2, 256, kv_heads, 64), dtype), S((2, 256), jnp.int32), S((2, 256), jnp.int32),
+  args = (S((2, 256, 4, head_dim), dtype), S((2, 256, kv_heads, head_dim), dtype),
+          S((2, 256, kv_heads, head_dim), dtype), S((2, 256), jnp.int32),
+          S((2, 256), jnp.int32),
           {} if spec is None else jax.tree.map(lambda x: S(x.shape, x.dtype), spec.params))
-  return (jax.grad(loss, (0, 1, 2, 5)) if gradient else attend), args
+  jitted = jax.jit(jax.grad(loss, (0, 1, 2, 5)) if gradient else attend)
+  return jitted, args, jitted.trace(*args)
+
+
+def check_flash(platform, gradient, *case, head_dim=64):
+  """The flash attention case lowered and exported for `platform`: its compiled kernels."""
+  jitted, args, traced = _flash(*case, gradient, head_dim)
+  names = check_compiled(traced, traced.lower(lowering_platforms=(platform,)).as_text(),
+                         platform, at_least=3 if gradient else 1)
+  assert names == (["flash_forward", "flash_dq", "flash_dkv"] if gradient
+                   else ["flash_forward"])
+  exported = jax.export.export(jitted, platforms=[platform],
+                               disabled_checks=UNGUARANTEED[platform])(*args)
+  # The serialised StableHLO (the portable artifact) read back. Exported.serialize() would
+  # wrap it with its calling convention in a flatbuffer: the flatbuffers package is not
+  # installed here.
+  assert exported.platforms == (platform,) and exported.mlir_module_serialized
+  assert exported.mlir_module().count(CUSTOM_CALLS[platform]) == len(names)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
@@ -136,26 +168,22 @@ def _flash(bias, mask, dtype, kv_heads, gradient):
                          ids=[f"{b}-{m}-{d}-kv{k}" for b, m, d, k in FLASH_CASES])
 def test_flash_attention_lowers_to_compiled_pallas_calls(platform, gradient, bias, mask, dtype,
                                                          kv_heads):
-  fn, args = _flash(bias, mask, dtype, kv_heads, gradient)
-  traced = jax.jit(fn).trace(*args)
-  names = check_compiled(traced, traced.lower(lowering_platforms=(platform,)).as_text(),
-                         platform, at_least=3 if gradient else 1)
-  assert names == (["flash_forward", "flash_dq", "flash_dkv"] if gradient
-                   else ["flash_forward"])
-  exported = jax.export.export(jax.jit(fn), platforms=[platform],
-                              disabled_checks=UNGUARANTEED[platform])(*args)
-  # The serialised StableHLO (the portable artifact) read back. Exported.serialize() would
-  # wrap it with its calling convention in a flatbuffer: the flatbuffers package is not
-  # installed here.
-  assert exported.platforms == (platform,) and exported.mlir_module_serialized
-  assert exported.mlir_module().count(CUSTOM_CALLS[platform]) == len(names)
+  check_flash(platform, gradient, bias, mask, dtype, kv_heads)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("head_dim", [8, 96, 256])
+def test_flash_attention_lowers_for_any_head_dim(platform, head_dim):
+  """No head dim is refused by the lowerings (Triton pads it to a power of two ≥ 16,
+  Mosaic takes a block's whole last dimension): pallas declares no limit (whether a large
+  one fits a GPU's registers and shared memory is for the device to tell)."""
+  check_flash(platform, True, "t5", "causal", "bfloat16", 2, head_dim=head_dim)
 
 
 def test_the_cpu_interprets_the_same_function():
   """The function lowered above, lowered for the CPU: its kernels are interpreted there,
   so no Pallas custom call is left."""
-  fn, args = _flash("alibi", "causal", "bfloat16", 4, gradient=True)
-  traced = jax.jit(fn).trace(*args)
+  _, _, traced = _flash("alibi", "causal", "bfloat16", 4, True)
   kernels = pallas_kernels(traced.jaxpr.jaxpr, "cpu")
   assert len(kernels) == 3 and all(interpret for _, interpret in kernels)
   text = traced.lower(lowering_platforms=("cpu",)).as_text()
@@ -165,26 +193,24 @@ def test_the_cpu_interprets_the_same_function():
 # --------------------------------------------------------------------------- model steps
 
 FAMILIES = sorted(ARCHS)
+# The families with a bidirectional (encoder) stack, which refuse an encoding defined for
+# causal attention only (CoPE); test_the_grid_leaves_out_only_what_the_model_refuses.
+BIDIRECTIONAL = {"encoder", "encoder_decoder"}
+# Every encoding a kernel sees: a positional bias, or a content bias (CoPE).
+ENCODINGS = BIAS_ENCODINGS + sorted(n for n, cls in POSITIONS.items() if cls.content_biases)
+HEADS = 4
+# Per window, (dtype, K/V heads): each (family, kernel, encoding) lowers in float32 with as
+# many K/V heads as query heads and in bfloat16 with grouped K/V heads.
+WINDOWS = {"full": ("float32", HEADS), "local": ("bfloat16", 2)}
+# And per family and kernel, with a full window: rotary positions with the Gaussian-as-dot
+# scorer (its augmented head dim) and one K/V head, in bfloat16.
+VARIANT = ("rotary", "gaussian", "bfloat16", 1)
 
 
 def kernels_declaring(platform: str) -> list[str]:
   return [name for name, kernel in KERNELS.items()
           if (kernel.backends is None or BACKENDS[platform] in kernel.backends)
           and name not in NEEDS_DEVICE]
-
-
-# (position, score, window, dtype, kv_heads) per case: every bias encoding in float32, the
-# window alternating so that each (family, kernel) and each (kernel, encoding) meets both;
-# and a variant of the Gaussian-as-dot scorer with rotary positions and one K/V head, bf16.
-VARIANTS = {**{position: (position, "scaled_dot", None, "float32", 0)
-               for position in BIAS_ENCODINGS},
-            "variant": ("rotary", "gaussian", None, "bfloat16", 1)}
-
-
-def _window(family, name):
-  if name == "variant":
-    return "full"
-  return "local" if (FAMILIES.index(family) + BIAS_ENCODINGS.index(name)) % 2 else "full"
 
 
 # A family's steps: "decode" is one token against the KV cache; "prefill" (the families that
@@ -199,30 +225,74 @@ def _steps(family):
           or (s == "prefill" and cls.generates)]
 
 
-MODEL_CASES = [(platform, family, kernel, name, step) for platform in PLATFORMS
-               for family in FAMILIES for kernel in kernels_declaring(platform)
-               for name in VARIANTS for step in _steps(family)]
+def _accepts(family, kernel, position, window) -> bool:
+  """Whether the family takes the encoding, and the kernel its layers (kernel_choice.check
+  on what the encoding declares)."""
+  cls = POSITIONS[position]
+  if cls.causal_only and family in BIDIRECTIONAL:
+    return False
+  dtype, kv_heads = WINDOWS[window]
+  try:
+    check(kernel, Needs(position=position, bias=cls.biases, learned_bias=cls.learned_bias,
+                        content_bias=cls.content_biases, window=window == "local",
+                        grouped=kv_heads < HEADS, dtype=dtype))
+  except ConfigError:
+    return False
+  return True
 
 
-def _config(family, kernel, name):
-  position, score, _, dtype, kv_heads = VARIANTS[name]
+OTHER_STEPS = [(family, step) for family in FAMILIES for step in _steps(family) if step != "train"]
+
+
+def _rotation(kernel, family, step):
+  """The (bias encoding, window) a step other than train is lowered with for `kernel`: the
+  encoding turns with the kernel and the step, the window with the step, so that each
+  kernel meets every bias encoding and both windows in those steps, and each (encoding,
+  window) meets some kernel in each."""
+  j = OTHER_STEPS.index((family, step))
+  i = list(KERNELS).index(kernel) + j
+  return BIAS_ENCODINGS[i % len(BIAS_ENCODINGS)], list(WINDOWS)[j % len(WINDOWS)]
+
+
+def _model_cases(platform):
+  """(platform, family, kernel, position, window, step): the train step for every
+  combination the model takes, the others for the rotation (and every content-bias case,
+  few: decoder and reference only); the variant for every step."""
+  for family in FAMILIES:
+    for kernel in kernels_declaring(platform):
+      for step in _steps(family):
+        for position in ENCODINGS:
+          for window in WINDOWS:
+            if _accepts(family, kernel, position, window) and (
+                step == "train" or position not in BIAS_ENCODINGS
+                or _rotation(kernel, family, step) == (position, window)):
+              yield platform, family, kernel, position, window, step
+        yield platform, family, kernel, "variant", "full", step
+
+
+MODEL_CASES = [case for platform in PLATFORMS for case in _model_cases(platform)]
+
+
+def _config(family, kernel, position, window):
+  if position == "variant":
+    position, score, dtype, kv_heads = VARIANT
+  else:
+    score, (dtype, kv_heads) = "scaled_dot", WINDOWS[window]
   return ModelConfig(
-      vocab_size=19, d_model=32, num_heads=2, num_kv_heads=kv_heads, d_ff=32,
-      num_encoder_layers=1, num_decoder_layers=1, dropout=0.1, max_len=64, arch=family,
+      vocab_size=19, d_model=32, num_heads=HEADS, num_kv_heads=kv_heads, d_ff=32,
+      num_encoder_layers=1, num_decoder_layers=1, max_len=64, arch=family,
+      # dropout (its random bits lower to many ops) in the variant only: the grid's concern
+      # is attention, which takes no dropout but the reference's
+      dropout=0.1 if score == "gaussian" else 0.0,
       position=position, num_classes=5 if family == "encoder" else 0, dtype=dtype,
       position_settings=SETTINGS,
-      attention=AttentionConfig(score=score, kernel=kernel, block_size=16,
-                                window=_window(family, name), window_size=4))
+      attention=AttentionConfig(score=score, kernel=kernel, block_size=16, window=window,
+                                window_size=4))
 
 
-@functools.cache
-def _traced(family, kernel, name, step):
-  """The step jitted and traced from abstract shapes (shared by both platforms' tests)."""
-  cfg = _config(family, kernel, name)
-  # Built for a backend the kernel runs on (a kernel named by hand is chosen alike on each).
-  target = Target((KERNELS[kernel].backends or (jax.default_backend(),))[0])
-  graphdef, params = nnx.split(nnx.eval_shape(
-      lambda: make_model(cfg, rngs=nnx.Rngs(0), target=target)))
+def _trace(model, step):
+  """(jitted function, abstract args, its trace) of one step of an abstract `model`."""
+  graphdef, params = nnx.split(model)
   params = nnx.to_pure_dict(params)
   tokens = S((2, 32), jnp.int32)
   batch = {key: tokens for key in ("inputs", "targets", "inputs_segmentation",
@@ -232,27 +302,43 @@ def _traced(family, kernel, name, step):
     optimizer = optax.adam(1e-3)
     fn = step_lib.make_train_step(graphdef, optimizer, lambda s: 1e-3, label_smoothing=0.1,
                                   seed=0)
-    state = {"step": S((), jnp.int32), "params": params,
-             "opt_state": jax.eval_shape(optimizer.init, params)}
-    return jax.jit(fn).trace(state, batch)
-  if step == "eval":
-    def score(params, batch):
+    args = ({"step": S((), jnp.int32), "params": params,
+             "opt_state": jax.eval_shape(optimizer.init, params)}, batch)
+  elif step == "eval":
+    def fn(params, batch):
       logits = nnx.merge(graphdef, params)(batch)
       return token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
-    return jax.jit(score).trace(params, batch)
+    args = (params, batch)
+  else:
+    def fn(params, prompts, tokens, index):
+      model = nnx.merge(graphdef, params)
+      model.init_decoding(prompts, 48)
+      return model.decode_step(tokens, index)
+    new = S((2, 8 if step == "prefill" else 1), jnp.int32)
+    args = (params, {"inputs": tokens}, new, S((), jnp.int32))
+  jitted = jax.jit(fn)
+  return jitted, args, jitted.trace(*args)
 
-  def decode(params, prompts, tokens, index):
-    model = nnx.merge(graphdef, params)
-    model.init_decoding(prompts, 48)
-    return model.decode_step(tokens, index)
-  new = S((2, 8 if step == "prefill" else 1), jnp.int32)
-  return jax.jit(decode).trace(params, {"inputs": tokens}, new, S((), jnp.int32))
+
+@functools.cache
+def _traced(family, kernel, position, window, step):
+  """(jitted function, abstract args, its trace) of the step, from abstract shapes (shared
+  by both platforms' tests)."""
+  cfg = _config(family, kernel, position, window)
+  # Built for a backend the kernel runs on (a kernel named by hand is chosen alike on each).
+  target = Target((KERNELS[kernel].backends or (jax.default_backend(),))[0])
+  return _trace(nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0), target=target)),
+                step)
 
 
-@pytest.mark.parametrize("platform,family,kernel,name,step", MODEL_CASES, ids=[
-    f"{p}-{f}-{k}-{n}-{_window(f, n)}-{s}" for p, f, k, n, s in MODEL_CASES])
-def test_family_step_lowers(platform, family, kernel, name, step):
-  traced = _traced(family, kernel, name, step)
+def _case_id(case):
+  return "-".join(case)
+
+
+@pytest.mark.parametrize("platform,family,kernel,position,window,step", MODEL_CASES,
+                         ids=[_case_id(case) for case in MODEL_CASES])
+def test_family_step_lowers(platform, family, kernel, position, window, step):
+  _, _, traced = _traced(family, kernel, position, window, step)
   text = traced.lower(lowering_platforms=(platform,)).as_text()
   # Pallas kernels in every attention layer, but in a one-query decoding step (the
   # reference formula, logged): there only the encoder-decoder's encoder has them.
@@ -262,12 +348,99 @@ def test_family_step_lowers(platform, family, kernel, name, step):
     assert CUSTOM_CALLS[platform] not in text
 
 
+def test_the_grid_covers_every_train_step_and_each_kernel_every_encoding_in_the_others():
+  """The train step: every family × kernel × encoding × window the model takes; the other
+  steps: each kernel meets every bias encoding and both windows."""
+  for platform in PLATFORMS:
+    cases = [case[1:] for case in MODEL_CASES if case[0] == platform]
+    kernels = kernels_declaring(platform)
+    trains = {case[:4] for case in cases if case[4] == "train"}
+    assert trains == {(f, k, p, w) for f, k, p, w in itertools.product(
+        FAMILIES, kernels, ENCODINGS, WINDOWS) if _accepts(f, k, p, w)} | {
+            (f, k, "variant", "full") for f, k in itertools.product(FAMILIES, kernels)}
+    for kernel in kernels:
+      others = {(p, w) for f, k, p, w, s in cases if k == kernel and s != "train"}
+      assert {p for p, _ in others} >= set(BIAS_ENCODINGS)
+      assert {w for _, w in others} == set(WINDOWS)
+    assert {s for _, k, p, _, s in cases if p == "cope"} == set(STEPS)  # decoder, reference
+
+
+def test_the_grid_leaves_out_only_what_the_model_refuses():
+  """A (family, kernel, encoding, window) the grid leaves out is refused when its model is
+  built (a causal-only encoding with an encoder stack; a kernel without CoPE's content
+  bias): the grid's rule (_accepts) is the model's."""
+  left_out = [case for case in itertools.product(FAMILIES, kernels_declaring("cuda"), ENCODINGS,
+                                                 WINDOWS) if not _accepts(*case)]
+  assert {p for _, _, p, _ in left_out} == {"cope"}
+  for family, kernel, position, window in left_out:
+    cfg = _config(family, kernel, position, window)
+    with pytest.raises(ConfigError, match="cope"):
+      nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0), target=Target("cpu")))  # noqa: B023
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_train_step_exports(platform, family):
+  """Each family's train step with pallas and T5's learned bias serialises with jax.export
+  for the platform, its Pallas calls compiled (the trace and lowering of the grid's case,
+  reused: JAX caches them on the jitted function)."""
+  jitted, args, traced = _traced(family, "pallas", "t5", "full", "train")
+  check_exported(jitted, args, traced, platform, at_least=3)
+
+
+def check_exported(jitted, args, traced, platform, at_least):
+  """`jitted` lowered and exported for `platform`: every Pallas kernel it reaches there is
+  a compiled call, at least `at_least`, in the lowering and in the exported module."""
+  names = check_compiled(traced, traced.lower(lowering_platforms=(platform,)).as_text(),
+                         platform, at_least=at_least)
+  exported = jax.export.export(jitted, platforms=[platform],
+                               disabled_checks=UNGUARANTEED[platform])(*args)
+  assert exported.platforms == (platform,) and exported.mlir_module_serialized
+  assert exported.mlir_module().count(CUSTOM_CALLS[platform]) == len(names)
+
+
+# --------------------------------------------------------------------------- auto
+
+def _kernel_names(model) -> dict[str, str]:
+  """{layer path: the kernel it runs} of the model's attention layers."""
+  return {".".join(map(str, path)): node.kernel_choice.name
+          for path, node in nnx.iter_modules(model)
+          if isinstance(getattr(node, "kernel_choice", None), KernelChoice)}
+
+
+@functools.cache
+def _auto_traced():
+  """(jitted train step, args, trace, {layer: kernel}) of the encoder-decoder with
+  kernel=auto and T5's bias in float32 (cuDNN passes a GPU's layers over), the model built
+  for a GPU and for a TPU: both choose alike, so one program serves both platforms."""
+  cfg = _config("encoder_decoder", "auto", "t5", "full")
+  models = {backend: nnx.eval_shape(lambda b=backend: make_model(cfg, rngs=nnx.Rngs(0),
+                                                                 target=Target(b)))
+            for backend in ("gpu", "tpu")}
+  choices = _kernel_names(models["gpu"])
+  assert _kernel_names(models["tpu"]) == choices
+  return (*_trace(models["gpu"], "train"), choices)
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_auto_lowers_to_compiled_pallas_calls_and_exports(platform):
+  """The encoder-decoder's train step with kernel=auto, built for the platform's backend:
+  its self-attention layers, with T5's bias, take pallas, and its cross-attention (no
+  bias) xla; lowered, each pallas layer's forward and two backward kernels are compiled
+  calls, and the step serialises with jax.export for the platform."""
+  jitted, args, traced, choices = _auto_traced()
+  assert choices == {"decoder.layers.0.cross_attention": "xla",
+                     "decoder.layers.0.self_attention": "pallas",
+                     "encoder.layers.0.self_attention": "pallas"}
+  check_exported(jitted, args, traced, platform, at_least=6)
+
+
 def test_cudnn_needs_the_library():
   """cuDNN's kernel declares the GPU; without one (this machine) lowering it fails while
   tracing, as JAX asks the cuDNN library for its version; with one, it lowers for cuda."""
   if any(device.platform == "gpu" for device in jax.devices()):
-    assert "cudnn" in _traced("decoder", "cudnn", "variant", "eval").lower(
+    assert "cudnn" in _traced("decoder", "cudnn", "variant", "full", "eval")[2].lower(
         lowering_platforms=("cuda",)).as_text()
     return
   with pytest.raises(Exception, match="cuDNN"):
-    _traced("decoder", "cudnn", "variant", "eval")
+    _traced("decoder", "cudnn", "variant", "full", "eval")
