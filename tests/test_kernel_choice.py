@@ -4,6 +4,7 @@ backend's order that fits; a kernel that does not run here or over the mesh refu
 training and replaced in evaluation; the log, one line per distinct choice. The kernels'
 values and gradients: tests/test_kernel_conformance.py."""
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -140,8 +141,9 @@ def test_auto_takes_the_first_kernel_that_fits(backend, score, position, dropout
 def test_auto_offers_pallas_on_accelerators_for_each_bias_encoding(backend, position):
   """On a GPU or a TPU (a Target: no such device needed), on one device or a mesh: a bias
   encoding's layer takes pallas unless cuDNN applies (GPU, bf16, a bias without
-  parameters), each kernel passed over with its reason; the same model's layers without a
-  bias (none, rotary, cross-attention) take xla or cuDNN, as before pallas had a place."""
+  parameters), each kernel passed over with its reason; a layer without a bias (no
+  encoding, as a cross-attention; rotary) takes xla or cuDNN, as before pallas had a place,
+  and pallas is not named in its log line."""
   for mesh, dtype in itertools.product([None, TWO_DEVICES], ["float32", "bfloat16"]):
     target = Target(backend, mesh)
     choice, _ = choose(AUTO, _needs("scaled_dot", position, dtype=dtype), target)
@@ -187,13 +189,18 @@ def test_auto_falls_back_from_pallas_with_its_reason(backend, need):
   assert "content-dependent" in dict(cope.passed_over)["xla"]
 
 
-def test_pallas_is_offered_by_its_declaration():
-  """auto_only_with_bias is what keeps pallas from layers without a bias: a kernel declaring
-  it is offered only to biased layers, one that does not to every layer."""
-  assert KERNELS["pallas"].auto_only_with_bias
-  assert not any(k.auto_only_with_bias for n, k in KERNELS.items() if n != "pallas")
-  assert offered("pallas", _needs("scaled_dot", "alibi")) and offered("xla", _needs())
-  assert not offered("pallas", _needs()) and not offered("pallas", _needs("scaled_dot", "cope"))
+def test_the_declaration_decides_what_auto_offers(monkeypatch):
+  """A kernel declaring auto_only_with_bias (here xla's function, first in the CPU's order)
+  is auto's choice for a layer with a positional bias and no candidate for one without
+  (nor named in its log line): the declaration decides, not the kernel's name."""
+  monkeypatch.setitem(KERNELS, "biased",
+                      dataclasses.replace(KERNELS["xla"], auto_only_with_bias=True))
+  monkeypatch.setitem(AUTO_ORDER, "cpu", ("biased", "reference"))
+  assert choose(AUTO, _needs("scaled_dot", "alibi"), Target("cpu"))[0].name == "biased"
+  assert choose(AUTO, _needs(), Target("cpu"))[0] == KernelChoice(AUTO, "reference")
+  assert offered("biased", _needs("scaled_dot", "t5")) and offered("xla", _needs())
+  assert not offered("biased", _needs("scaled_dot", "cope"))  # a content bias is no position's
+  assert [name for name, k in KERNELS.items() if k.auto_only_with_bias] == ["pallas", "biased"]
 
 
 def test_a_kernel_missing_from_the_registry_is_passed_over(monkeypatch):
