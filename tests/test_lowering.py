@@ -5,9 +5,8 @@ shapes, without the hardware.
 - The Pallas flash attention (transformer/model/pallas_attention.py), its gradient (the
   forward kernel and both backward ones) with no bias and every encoding's BiasSpec ×
   {causal, bidirectional, local window}, the forward alone with each causal, and head dims
-  from 8 to 256, lowers to compiled Pallas calls (Triton's
-  `__gpu$xla.gpu.triton` custom call on cuda, Mosaic's `tpu_custom_call` on tpu), and
-  serialises with jax.export (the Triton call only with its safety check disabled: JAX
+  from 8 to 256, lowers to compiled Pallas calls (Triton's `__gpu$xla.gpu.triton` custom
+  call on cuda, Mosaic's `tpu_custom_call` on tpu), and serialises with jax.export (the Triton call only with its safety check disabled: JAX
   gives it no compatibility guarantee, so such an artifact is for the jaxlib that wrote it).
 - Each family's train step (run/step.make_train_step) lowers for each platform with every
   kernel that declares it (Kernel.backends) × every encoding the kernels see (the
@@ -20,7 +19,8 @@ shapes, without the hardware.
   window) rotating over the kernel and step, so that each kernel meets every bias encoding
   and both windows in them (and CoPE in all of them); per family and kernel, a variant with
   the Gaussian-as-dot scorer, rotary positions, one K/V head and dropout in bfloat16, every
-  step but evaluation (whose forward the train step holds). Each family's train step (pallas, T5) also serialises with jax.export per platform.
+  step but evaluation (whose forward the train step holds). Each family's train step
+  (pallas, T5) also serialises with jax.export per platform.
 - `auto` on a GPU and a TPU (a kernel_choice.Target: no device needed) gives the
   encoder-decoder's layers with a positional bias pallas, and its cross-attention xla: its
   train step lowers to the compiled Pallas calls, and exports, for each platform.
@@ -36,8 +36,9 @@ tiling, the kernels' operations) and XLA's StableHLO for both platforms. What it
 device compilers (Triton to PTX, Mosaic's layout passes) run on the device only.
 
 Kept to about two minutes on 2 shared cores (90 s of CPU): tiny dims (T5 with 8 buckets,
-FIRE 4 units wide: their in-kernel loops unroll per bucket and unit); no dropout (its random
-bits lower to many ops) and plain SGD in the grid's train steps, whose concern is attention;
+FIRE 4 units wide: their in-kernel loops unroll per bucket and unit); no dropout but the
+variant's (its random bits lower to many ops) and plain SGD in the train steps, whose
+concern is attention;
 each program traced once, for both platforms' tests, and exported from the same jitted
 function (JAX reuses the trace and the lowering).
 """
