@@ -38,9 +38,8 @@ device compilers (Triton to PTX, Mosaic's layout passes) run on the device only.
 Kept to about two minutes on 2 shared cores (90 s of CPU): tiny dims (T5 with 8 buckets,
 FIRE 4 units wide: their in-kernel loops unroll per bucket and unit); no dropout but the
 variant's (its random bits lower to many ops) and plain SGD in the train steps, whose
-concern is attention;
-each program traced once, for both platforms' tests, and exported from the same jitted
-function (JAX reuses the trace and the lowering).
+concern is attention; each program traced once, for both platforms' tests, and exported
+from the same jitted function (JAX reuses the trace and the lowering).
 """
 
 import functools
