@@ -142,8 +142,9 @@ def is_config_field(field: dataclasses.Field) -> bool:
 
 def identity(obj, prefix: str = "") -> dict[str, Any]:
   """{dotted path: value} of the identity fields of a typed config (or section), recursing
-  into sections; in a settings section declared `chosen_by` a sibling field, only the
-  chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  into sections; in a settings section declared `chosen_by` a sibling field (or a property
+  giving several entries' names), only the chosen entries' settings count (the knobs of
+  entries a run does not use do not change it)."""
   return _values(obj, prefix, skipped=(EXECUTION, DERIVED))
 
 
@@ -160,10 +161,11 @@ def _values(obj, prefix: str, skipped: tuple[str, ...]) -> dict[str, Any]:
       continue
     value, path = getattr(obj, field.name), f"{prefix}{field.name}"
     chosen = field.metadata.get("chosen_by")
-    if chosen is not None:
-      key = getattr(obj, chosen)
-      entry = getattr(value, key, None)
-      out.update(_values(entry, f"{path}.{key}.", skipped) if entry is not None else {})
+    if chosen is not None:  # a field naming the entry, or a property naming several
+      keys = getattr(obj, chosen)
+      for key in (keys,) if isinstance(keys, str) else keys:
+        entry = getattr(value, key, None)
+        out.update(_values(entry, f"{path}.{key}.", skipped) if entry is not None else {})
     elif dataclasses.is_dataclass(value):
       out.update(_values(value, f"{path}.", skipped))
     else:
