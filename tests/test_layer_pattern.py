@@ -106,9 +106,10 @@ def test_a_pattern_stack_equals_its_layers_taken_from_uniform_models(position, w
   cfg = ModelConfig(**TINY, position=position,
                     attention=AttentionConfig(window=window, window_size=2))
   model = _randomised(make_model(cfg, rngs=nnx.Rngs(0)))
+  kinds = [(layer_pattern.of_layer(position, i), layer_pattern.of_layer(window, i))
+           for i in range(cfg.num_decoder_layers)]
   uniform = {}
-  for i in range(cfg.num_decoder_layers):
-    kind = (layer_pattern.of_layer(position, i), layer_pattern.of_layer(window, i))
+  for kind in kinds:
     if kind not in uniform:
       one = make_model(dataclasses.replace(cfg, position=kind[0], attention=dataclasses.replace(
           cfg.attention, window=kind[1])), rngs=nnx.Rngs(1))
@@ -118,8 +119,8 @@ def test_a_pattern_stack_equals_its_layers_taken_from_uniform_models(position, w
   batch = {"inputs": jnp.asarray(np.random.default_rng(0).integers(3, 19, (2, 9)), jnp.int32)}
   inputs, mask = inputs_mask(batch, causal=True)
   x = model.embeddings.target(inputs)
-  for i in range(cfg.num_decoder_layers):
-    stack = uniform[(layer_pattern.of_layer(position, i), layer_pattern.of_layer(window, i))].decoder
+  for i, kind in enumerate(kinds):
+    stack = uniform[kind].decoder
     x = stack.layers[i](x, dataclasses.replace(mask, window=stack.windows[0]), stack.position,
                         None)
   by_hand = model.embeddings.logits(model.decoder.final_norm(x))
