@@ -73,6 +73,8 @@ def test_a_run_starts_from_the_source_parameters_and_a_fresh_optimizer(source, t
   cfg = parse(config)
   assert cfg.train.init_from == os.path.abspath(given)
   assert fields.identity(cfg)["train.init_from"] == os.path.abspath(given)
+  seeded = parse(tiny_config(**{"seed": 2, "train.init_from": "runs/rotary,seed={seed}"}))
+  assert seeded.train.init_from == os.path.abspath("runs/rotary,seed=2")  # a sweep's seeds
   exp = experiment.build(cfg)
   src = init_from.check(exp, workdir)
   assert (src.workdir, src.step) == (source, 10)

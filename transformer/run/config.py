@@ -31,6 +31,7 @@ from transformer.model.sampling import Sampling
 from transformer.run import optim
 
 WANDB_RESERVED = "/\\#?%:"  # not in a W&B project name (wandb refuses them)
+SEED_PLACE = "{seed}"  # in train.init_from: the run's seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,8 @@ class TrainConfig:
   wandb_group: str = ""
   # A workdir (or WORKDIR/checkpoints/STEP) whose parameters the run starts from, with a
   # fresh optimizer state at step 0 (run/init_from.py); "": random ones. The run's identity,
-  # kept as an absolute path.
+  # kept as an absolute path; `{seed}` in it stands for config.seed (a sweep's seeds each
+  # from the source run of their seed: sweeps/lm/model.position=rotary,seed={seed}).
   init_from: str = identity_field("")
 
   def __post_init__(self):
@@ -190,8 +192,10 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = F
   model = dataclass_from(ModelConfig, _section(raw, "model"), "model", vocab_size=vocab_size,
                          num_classes=num_classes)
   lookup(ARCHS, model.arch, "model arch")  # families import blocks: checked here, not there
-  return Config(data=data, task=task, model=model, seed=seed,
-                train=dataclass_from(TrainConfig, _section(raw, "train"), "train"),
+  train = dataclass_from(TrainConfig, _section(raw, "train"), "train")
+  if SEED_PLACE in train.init_from:  # each seed of a sweep from its own source run
+    train = dataclasses.replace(train, init_from=train.init_from.replace(SEED_PLACE, str(seed)))
+  return Config(data=data, task=task, model=model, seed=seed, train=train,
                 eval=dataclass_from(EvalConfig, _section(raw, "eval"), "eval"),
                 mesh=dataclass_from(MeshConfig, _section(raw, "mesh"), "mesh"))
 
