@@ -12,7 +12,7 @@ differs is named). Fields that change no parameter may differ (a RoPE scaling, t
 lengths, the positional encoding of a layer without parameters); that they make sense
 together is the researcher's call. A source whose tokenizer differs from the new run's gives
 its token ids other meanings: train both on the same corpus with the same tokenizer
-settings, or give data.tokenizer=SOURCE/tokenizer.model.
+settings, or give data.tokenizer=SOURCE/spm.model.
 """
 
 import dataclasses
