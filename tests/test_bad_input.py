@@ -2,6 +2,7 @@
 non-zero with one `error:` line naming the bad value (and what is allowed), prints no
 traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
 
+import functools
 import json
 import os
 import shutil
@@ -180,6 +181,26 @@ CASES = [
      ["position 'cope' is defined for causal self-attention only", "model.arch=decoder"]),
     ("unknown window", *TRAIN, ["--config.model.attention.window=sliding"],
      ["unknown attention window 'sliding'", choices(WINDOWS)]),
+    # layer-wise patterns (transformer/model/layer_pattern.py)
+    ("position pattern with an embedding encoding", *TRAIN,
+     ["--config.model.position=sinusoidal+rotary"],
+     ["config.model.position='sinusoidal+rotary' is not allowed",
+      "a pattern of alibi, cope, fire, kerple, none, rotary, t5, xpos joined by '+'",
+      "'sinusoidal' adds to the embeddings, once per stack, and cannot vary per layer"]),
+    ("position pattern with an unknown entry", *TRAIN, ["--config.model.position=rotary+rotry"],
+     ["config.model.position='rotary+rotry' is not allowed", "'rotry' is not among them"]),
+    ("position pattern with an empty entry", *TRAIN, ["--config.model.position=rotary++none"],
+     ["config.model.position='rotary++none'", "an entry is empty"]),
+    ("causal-only position in an encoder's pattern", *TRAIN,
+     ["--config.model.position=rotary+cope"],
+     ["position 'cope' is defined for causal self-attention only"]),
+    ("window pattern with an unknown entry", *TRAIN,
+     ["--config.model.attention.window=local+global"],
+     ["config.model.attention.window='local+global' is not allowed", f"({choices(WINDOWS)})",
+      "'global' is not among them"]),
+    ("random positions, a local layer", *TRAIN,
+     ["--config.model.random_positions=true", "--config.model.attention.window=full+local"],
+     ["random_positions=True", "window='full+local'"]),
     ("unknown kernel", *TRAIN, ["--config.model.attention.kernel=flash"],
      ["unknown attention kernel 'flash'", choices({"auto": None, **KERNELS})]),
     # RoPE's scalings and partial rotation (transformer/model/positions/rotary.py)
@@ -214,6 +235,19 @@ CASES = [
      ["scaling 'ntk'", "more than one rotated pair", "D = 2"]),
     ("unknown partial rotation", *TRAIN, [f"--config.{ROTARY}partial=half"],
      [f"config.{ROTARY}partial='half'", "one of neox, p_rope"]),
+    # train.init_from (transformer/run/init_from.py)
+    ("init_from of another shape", *TRAIN,
+     ["--config.train.init_from={run}", "--config.model.d_ff=48"],
+     ["config.train.init_from='{run}': its parameters do not fit this model",
+      "decoder.layers.0.ffn.wi.bias is [64] there and [48] here"]),
+    ("init_from not a run", *TRAIN, ["--config.train.init_from={files}/corpus"],
+     ["config.train.init_from='{files}/corpus': not a training workdir (no config.json)"]),
+    ("init_from without a checkpoint", *TRAIN, ["--config.train.init_from={files}/untrained"],
+     ["init_from='{files}/untrained': the run there has no checkpoint"]),
+    ("init_from missing", *TRAIN, ["--config.train.init_from={files}/nope"],
+     ["init_from='{files}/nope': no such directory"]),
+    ("init_from no such step", *TRAIN, ["--config.train.init_from={run}/checkpoints/7"],
+     ["no checkpoint at step 7; its steps: [5, 10]"]),
     # train
     ("batch_size 0", *TRAIN, ["--config.train.batch_size=0"], ["train.batch_size=0"]),
     ("batch vs accumulation", *TRAIN, ["--config.train.accumulation_steps=3"],
@@ -362,6 +396,9 @@ CASES = [
     ("another task in a run's workdir", "train.py",
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse"],
      ["different config.task", "name"]),
+    ("another init_from in a run's workdir", "train.py",
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.init_from={files}/x"],
+     ["holds a run with a different config.train (differs in: init_from)"]),
     ("bad value resuming a run", "train.py",
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.num_steps=-5"],
      ["train.num_steps=-5"]),
@@ -830,6 +867,9 @@ def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra,
   del name
   new = tmp_path / "new"
   args = [a.format(new=new, run=run, files=files, **others) for a in base + extra]
+  places = {"{run}": run, "{files}": str(files)}  # in a fragment: the paths of the arguments
+  fragments = [functools.reduce(lambda f, p: f.replace(*p), places.items(), fragment)
+               for fragment in fragments]
   _refused(cli, script, args, (tmp_path, run, files, os.path.dirname(others["lm"])), new,
            fragments)
 

@@ -198,8 +198,8 @@ def test_an_emulated_kernel_trains_with_a_warning_and_is_evaluated_as_its_stand_
 
 def _model(monkeypatch, backend, **cfg):
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
-  cfg = ModelConfig(vocab_size=8, d_model=16, num_heads=H, d_ff=16, num_encoder_layers=2,
-                    num_decoder_layers=2, **cfg)
+  cfg = ModelConfig(**{"vocab_size": 8, "d_model": 16, "num_heads": H, "d_ff": 16,
+                       "num_encoder_layers": 2, "num_decoder_layers": 2, **cfg})
   return nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))
 
 
@@ -220,6 +220,22 @@ def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(mon
   assert kernel_choices(_model(monkeypatch, "gpu", position="t5", dtype="bfloat16",
                                attention=AttentionConfig(kernel="xla"))) == []  # not chosen
   assert kernel_warnings(model) == []
+
+
+def test_a_layer_wise_pattern_chooses_each_layers_kernel_and_the_log_lists_its_layers(
+    monkeypatch):
+  """Under model.position=rotary+t5 (faked GPU, bf16) the rotary layers take cuDNN and the
+  T5 layers, whose bias is learned, XLA: the log lists the layers of each choice by index
+  where the choice is not every layer's at that place."""
+  monkeypatch.setitem(AUTO_ORDER, "gpu", ("cudnn", "xla", "reference"))
+  model = _model(monkeypatch, "gpu", position="rotary+t5", dtype="bfloat16",
+                 num_decoder_layers=3)
+  lines = kernel_choices(model)
+  assert lines[0] == ("kernel auto -> cudnn for 6 layers: decoder.layers.*.cross_attention, "
+                      "decoder.layers.{0,2}.self_attention, encoder.layers.0.self_attention")
+  assert lines[1].startswith("kernel auto -> xla for 2 layers: decoder.layers.1.self_attention, "
+                             "encoder.layers.1.self_attention (cudnn: ")
+  assert "position 't5'" in lines[1] and len(lines) == 2
 
 
 def test_a_run_logs_its_choices_once_and_a_sweep_check_logs_none(tiny_config, caplog):

@@ -4,6 +4,8 @@ field's declared role:
   * identity (the default): what the run's parameters mean; a workdir's run keeps them;
   * execution: how the run computes or where its files are (kernel, dtype, paths, the
     training schedule); may differ when a run is resumed or evaluated elsewhere;
+    a field without a declared role has its section's, so a section of the execution role
+    may hold an identity field (identity_field: train.init_from);
   * derived: not a config field; set from other parts (a model's vocabulary size from its
     data source).
 A field may also declare where it lived in an older config layout (`moved_from`), and a
@@ -120,7 +122,7 @@ def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra)
 
 # --------------------------------------------------------------------------- roles
 
-ROLE, EXECUTION, DERIVED = "role", "execution", "derived"
+ROLE, IDENTITY, EXECUTION, DERIVED = "role", "identity", "execution", "derived"
 
 
 def execution(default: Any = dataclasses.MISSING, **kwargs) -> Any:
@@ -129,6 +131,12 @@ def execution(default: Any = dataclasses.MISSING, **kwargs) -> Any:
   if dataclasses.is_dataclass(default):
     kwargs["default_factory"], default = (lambda d=default: d), dataclasses.MISSING
   return dataclasses.field(default=default, metadata={ROLE: EXECUTION}, **kwargs)
+
+
+def identity_field(default: Any = dataclasses.MISSING) -> Any:
+  """A field with the identity role in a section of the execution role (a field without a
+  role has its section's): train.init_from, the parameters a run starts from."""
+  return dataclasses.field(default=default, metadata={ROLE: IDENTITY})
 
 
 def derived(default: Any = dataclasses.MISSING) -> Any:
@@ -142,8 +150,9 @@ def is_config_field(field: dataclasses.Field) -> bool:
 
 def identity(obj, prefix: str = "") -> dict[str, Any]:
   """{dotted path: value} of the identity fields of a typed config (or section), recursing
-  into sections; in a settings section declared `chosen_by` a sibling field, only the
-  chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  into sections; in a settings section declared `chosen_by` a sibling field (or a property
+  giving several entries' names), only the chosen entries' settings count (the knobs of
+  entries a run does not use do not change it)."""
   return _values(obj, prefix, skipped=(EXECUTION, DERIVED))
 
 
@@ -153,20 +162,26 @@ def in_use(obj, prefix: str = "") -> dict[str, Any]:
   return _values(obj, prefix, skipped=(DERIVED,))
 
 
-def _values(obj, prefix: str, skipped: tuple[str, ...]) -> dict[str, Any]:
+def _values(obj, prefix: str, skipped: tuple[str, ...], role: str = IDENTITY
+            ) -> dict[str, Any]:
+  """The fields of `obj` (a section of `role`) whose role is not `skipped`; a field
+  without a role has its section's, and a section's fields declaring another role count
+  by theirs."""
   out = {}
   for field in dataclasses.fields(obj):
-    if field.metadata.get(ROLE) in skipped:
-      continue
+    own = field.metadata.get(ROLE, role)
     value, path = getattr(obj, field.name), f"{prefix}{field.name}"
+    if own in skipped and not (dataclasses.is_dataclass(value) and own == EXECUTION):
+      continue
     chosen = field.metadata.get("chosen_by")
-    if chosen is not None:
-      key = getattr(obj, chosen)
-      entry = getattr(value, key, None)
-      out.update(_values(entry, f"{path}.{key}.", skipped) if entry is not None else {})
+    if chosen is not None:  # a field naming the entry, or a property naming several
+      keys = getattr(obj, chosen)
+      for key in (keys,) if isinstance(keys, str) else keys:
+        entry = getattr(value, key, None)
+        out.update(_values(entry, f"{path}.{key}.", skipped, own) if entry is not None else {})
     elif dataclasses.is_dataclass(value):
-      out.update(_values(value, f"{path}.", skipped))
-    else:
+      out.update(_values(value, f"{path}.", skipped, own))
+    elif own not in skipped:
       out[path] = value
   return out
 

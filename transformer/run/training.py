@@ -1,8 +1,9 @@
 """Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
 
 What a run guarantees, whatever fails:
-  * the config is validated whole (experiment.build), and the data read and checked
-    (DataSource.load), before anything is written;
+  * the config is validated whole (experiment.build), the run it starts from checked
+    (train.init_from: init_from.py), and the data read and checked (DataSource.load),
+    before anything is written;
   * the workdir is locked (lock.py), so two runs never write into one;
   * a step whose loss, gradient or update is not finite is not applied; more than
     `train.skip_nonfinite` of them in a row stop the run (RunError) before anything
@@ -25,7 +26,7 @@ import jax
 
 from transformer.core import storage
 from transformer.core.errors import Interrupted, RunError
-from transformer.run import checkpoint, experiment, lock, logs, sharding, tracking
+from transformer.run import checkpoint, experiment, init_from, lock, logs, sharding, tracking
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import Config
 from transformer.run.evaluator import Evaluator, check_split_lengths
@@ -49,6 +50,8 @@ def train_and_evaluate(cfg: Config, workdir: str,
   workdir_lib.check_usable(workdir)
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
+  # the parameters to start from, checked (once the run has a checkpoint: its own)
+  source = None if has_checkpoints else init_from.check(exp, workdir)
   # The data is read and checked before anything is written (the workdir and its lock
   # included): a tokenizer is trained in memory, from a pass over the corpus that checks it.
   exp.source.load(has_checkpoints)
@@ -58,15 +61,15 @@ def train_and_evaluate(cfg: Config, workdir: str,
     exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
     workdir_lib.write_config(cfg, workdir)
     with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
-      return _run(exp, workdir, splits, should_stop)
+      return _run(exp, workdir, splits, should_stop, source)
 
 
 def _run(exp: experiment.Experiment, workdir: str, splits: dict,
-         should_stop: Callable[[], bool]) -> int:
+         should_stop: Callable[[], bool], source: init_from.Source | None) -> int:
   mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
   loop, finished = None, False
   try:
-    loop = _Loop(exp, workdir, mngr, splits, should_stop)
+    loop = _Loop(exp, workdir, mngr, splits, should_stop, source)
     step = loop.run()
     finished = True
     return step
@@ -79,7 +82,8 @@ def _run(exp: experiment.Experiment, workdir: str, splits: dict,
 class _Loop:
   """The training loop of one run, with its bookkeeping between steps."""
 
-  def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop):
+  def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop,
+               source: init_from.Source | None = None):
     self.exp, self.cfg, self.workdir, self.mngr = exp, exp.train, workdir, mngr
     self.splits, self.should_stop = splits, should_stop
     compiled = compile_step(exp)
@@ -90,7 +94,9 @@ class _Loop:
         make_iterator=lambda: iter(exp.source.train_batches()))
     logged = workdir_lib.whole(workdir_lib.read_metrics(workdir))  # given to the trackers
     if self.step is None:  # also a run killed before its first checkpoint: from scratch
-      self.state, self.step = compiled.init(), 0
+      self.state = (compiled.init() if source is None
+                    else init_from.initial_state(exp, compiled, source))
+      self.step = 0
     else:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
     # the records of the steps to be trained (and of an evaluation cut short) go: each once

@@ -221,10 +221,13 @@ def _cosine(x: np.ndarray) -> np.ndarray:
 
 
 def draw_positions(model, length: int, path: str) -> str | None:
-  """positions.png: each stack's position panels (encoder, decoder); None for `none`."""
+  """positions.png: each stack's position panels (encoder, decoder; under a layer-wise
+  pattern a row per entry); None for `none`."""
   cfg = model.cfg
-  rows = [(name, position_panels(stack.position, length, cfg.d_model, cfg.num_heads))
-          for name, stack in model.stacks().items()]
+  rows = [(name if len(stack.encodings()) == 1 else f"{name} {entry}",
+           position_panels(encoding, length, cfg.d_model, cfg.num_heads))
+          for name, stack in model.stacks().items()
+          for entry, encoding in stack.encodings().items()]
   rows = [(name, panels) for name, panels in rows if panels]
   if not rows:
     return None

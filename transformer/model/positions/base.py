@@ -61,6 +61,15 @@ class PositionalEncoding(nnx.Module):
   content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
   causal_only = False  # defined only for causal self-attention: no encoder stack may use it
   takes_positions = True  # its seams read the positions (model.random_positions may sample them)
+  # embed() is not the identity: it adds to the embeddings, once per stack, before the
+  # layers, so it cannot vary per layer (no layer-wise pattern may name it)
+  embeds = False
+
+  def for_layer(self, layer: int) -> "PositionalEncoding":
+    """The encoding whose seams layer `layer` of the stack calls: this one, in every layer
+    (a layer-wise pattern, positions.PositionPattern, gives each layer its entry's)."""
+    del layer
+    return self
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""
