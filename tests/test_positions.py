@@ -266,7 +266,9 @@ def test_an_encoder_with_alibi_alone_tells_a_sequence_from_its_reverse():
   strings = np.unique(strings[strings[:, 0] != strings[:, -1]], axis=0)[:48]
   inputs = np.concatenate([strings, strings[:, ::-1]]).astype(np.int32)
   labels = jnp.asarray(np.arange(96) >= 48, jnp.int32)  # which of the two orders
-  forward = lambda m, x: np.asarray(m.encoder(m.embeddings.source(x), _self_mask(x), None))  # noqa: E731
+  def forward(model, x):  # the encoder stack's outputs, before pooling
+    return np.asarray(model.encoder(model.embeddings.source(x), _self_mask(x), None))
+
   for offset, reverses in [(0.0, True), (0.5, False)]:
     model = _alibi_encoder(offset)
     out, out_reversed = forward(model, inputs[:48]), forward(model, inputs[48:])

@@ -26,11 +26,12 @@ from flax import nnx
 from scipy import stats
 
 from transformer.core.errors import ConfigError
-from transformer.model.blocks import CausalLayer, EncoderLayer
+from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig
 from transformer.model.kernel_choice import Needs, check
 from transformer.model.masks import Mask
-from transformer.model.positions import ALiBi, Kerple, T5Bias, alibi_slopes, relative_position_bucket
+from transformer.model.positions import (ALiBi, Kerple, T5Bias, alibi_slopes,
+                                         relative_position_bucket)
 from transformer.model.positions.randomized import (AtSampledOffsets, PerBatch, batch_offsets,
                                                     batch_positions, sample_positions)
 from transformer.model.scores import make_score

@@ -38,10 +38,12 @@ class Evaluator:
   def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6,
                sampling: Sampling = GREEDY, seed: int = 0):
     self.exp, self.batch_size, graphdef = exp, exp.eval.batch_size, exp.graphdef
+    random_positions = exp.model.random_positions
 
-    def model_for(params, number):  # at the random positions of batch `number`
+    def model_for(params, number):  # at the random positions of batch `number`, if any
       model = nnx.merge(graphdef, params)
-      model.draw_positions_from(draw_key(number))
+      if random_positions:
+        model.draw_positions_from(draw_key(number))
       return model
 
     @jax.jit

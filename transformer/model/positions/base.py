@@ -32,8 +32,8 @@ class BiasSpec:
   [b, tq, tk]), if given, is the same bias over whole arrays with the gathers and matmuls
   that fn avoids (a table lookup, an MLP), where fn's select-sums and unrolled loops would
   compile and run many times slower; both are built on the same formula functions, and
-  tests check that they agree. None: fn mapped over the heads and rows. `learned`: the params carry gradients a
-  kernel must compute (False for constants)."""
+  tests check that they agree. None: fn mapped over the heads and rows. `learned`: the
+  params carry gradients a kernel must compute (False for constants)."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
