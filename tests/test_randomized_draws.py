@@ -11,11 +11,13 @@ and models/transformer.py, written here from reading it):
   * one key per batch (all rows), a fresh one per attention layer (rotary, ALiBi, relative)
     and one for the embedding (sinusoidal, learned).
 
-Also: the stack's draws per layer and per batch (and per_row's, once per row), evaluation
+Also: the stack's draws per layer and per batch (and per_row's, once per row; the same
+inside scan_layers and remat), evaluation
 draws from a key the caller sets (afresh per batch, the same every time), per_batch in the
 kernels (the Pallas kernel refuses a gathered bias), and runs saved before the settings
 keeping their meaning."""
 
+import dataclasses
 import json
 
 import jax
@@ -352,3 +354,21 @@ def test_a_run_saved_before_the_settings_keeps_its_meaning(tmp_path):
   workdir_lib.check_identity(parse(old), str(tmp_path), has_checkpoints=True)
   raw, _ = _saved(tmp_path, {"position": "rotary"})
   workdir_lib.check_identity(parse(raw), str(tmp_path), has_checkpoints=True)
+
+
+@pytest.mark.parametrize("position", ["rotary", "alibi"])
+def test_scanned_and_rematerialised_layers_draw_as_the_loop_does(position):
+  """Each layer's key reaches it inside lax.scan (scan_layers) and through nnx.remat."""
+  cfg = ModelConfig(**TINY, position=position, random_positions=True, max_position=50)
+  x = jax.random.normal(jax.random.key(2), (3, 6, 16))
+  mask = Mask(SEG, SEG, POS, POS)
+
+  def out(**options):
+    stack = Stack(dataclasses.replace(cfg, **options), EncoderLayer, 3, rngs=nnx.Rngs(0))
+    return np.asarray(stack(x, mask, nnx.Rngs(dropout=7)))
+
+  loop = out()
+  np.testing.assert_allclose(out(scan_layers=True), loop, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out(remat=True), loop, rtol=1e-5, atol=1e-5)
+  assert not np.allclose(np.asarray(Stack(cfg, EncoderLayer, 3, rngs=nnx.Rngs(0))(
+      x, mask, nnx.Rngs(dropout=8))), loop, atol=1e-4)  # the draws matter
