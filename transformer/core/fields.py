@@ -8,9 +8,11 @@ field's declared role:
     may hold an identity field (identity_field: train.init_from);
   * derived: not a config field; set from other parts (a model's vocabulary size from its
     data source).
-A field may also declare where it lived in an older config layout (`moved_from`), and a
-section of per-entry settings which entry counts (`chosen_by`): checks and migrations derive
-from these declarations (identity, migrate), never from hand-kept lists of paths.
+A field may also declare where it lived in an older config layout (`moved_from`), the value a
+run saved before the field existed meant (`changed`), the sibling switch it is read under
+(`used_if`), and a section of per-entry settings which entry counts (`chosen_by`): checks and
+migrations derive from these declarations (identity, migrate, as_saved), never from
+hand-kept lists of paths.
 
 The dataclasses are the config's schema: `schema` gives a section's every field with its
 default, the ConfigDict a config file starts from (run/config.py) and changes by deltas."""
@@ -144,6 +146,41 @@ def derived(default: Any = dataclasses.MISSING) -> Any:
   return dataclasses.field(default=default, metadata={ROLE: DERIVED})
 
 
+# Field metadata: the value a config saved before the field existed meant (changed); the
+# sibling boolean under which alone the field is read (its knob counts for nothing while the
+# switch is off: neither identity nor in_use lists it).
+OLD, USED_IF = "value_before", "used_if"
+
+
+def changed(new: Any, *, old: Any, metadata: Mapping[str, Any] | None = None) -> Any:
+  """A field added when what the code computes changed: configs get `new` by default; a run
+  saved before the field existed (its config.json lacks it) meant `old` and keeps it
+  (as_saved)."""
+  return dataclasses.field(default=new, metadata={OLD: old, **(metadata or {})})
+
+
+def as_saved(cls: type, section: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved config's section of dataclass `cls` (nested dicts), every `changed` field it
+  lacks set to the value it meant when saved, in its nested sections too."""
+  hints = typing.get_type_hints(cls)
+  out = dict(section)
+  for field in dataclasses.fields(cls):
+    if OLD in field.metadata and field.name not in out:
+      out[field.name] = field.metadata[OLD]
+    elif dataclasses.is_dataclass(hints[field.name]) and _has_changed(hints[field.name]):
+      sub = out.get(field.name, {})
+      if isinstance(sub, Mapping):
+        out[field.name] = as_saved(hints[field.name], sub)
+  return out
+
+
+def _has_changed(cls: type) -> bool:
+  hints = typing.get_type_hints(cls)
+  return any(OLD in f.metadata or (dataclasses.is_dataclass(hints[f.name])
+                                   and _has_changed(hints[f.name]))
+             for f in dataclasses.fields(cls))
+
+
 def is_config_field(field: dataclasses.Field) -> bool:
   return field.metadata.get(ROLE) != DERIVED
 
@@ -170,6 +207,8 @@ def _values(obj, prefix: str, skipped: tuple[str, ...], role: str = IDENTITY
   out = {}
   for field in dataclasses.fields(obj):
     own = field.metadata.get(ROLE, role)
+    if USED_IF in field.metadata and not getattr(obj, field.metadata[USED_IF]):
+      continue
     value, path = getattr(obj, field.name), f"{prefix}{field.name}"
     if own in skipped and not (dataclasses.is_dataclass(value) and own == EXECUTION):
       continue

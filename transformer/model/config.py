@@ -6,7 +6,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from transformer.core.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
+from transformer.core.fields import (AT_LEAST_1, FRACTION, USED_IF, changed, check, check_ranges,
+                                     derived, execution)
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
 from transformer.model.attention import AttentionConfig
@@ -15,6 +16,7 @@ from transformer.model.layers import NORMS
 from transformer.model.masks import WINDOWS
 from transformer.model.pooling import POOLINGS
 from transformer.model.positions import PositionSettings, check_position
+from transformer.model.positions.randomized import DRAWS
 from transformer.model.residual import RESIDUALS
 
 
@@ -40,6 +42,11 @@ class ModelConfig:
   # positions a sorted random sample of [0, max_position), in training and evaluation alike.
   random_positions: bool = False
   max_position: int = 2048  # random_positions: the range drawn from (and the learned table's rows)
+  # random_positions: a key of DRAWS, how they are drawn: per_batch (Ruoss et al.'s code:
+  # per batch, per layer, relative encodings at sampled offsets) or per_row (the draw of
+  # runs saved before this field)
+  random_positions_draw: str = changed("per_batch", old="per_row",
+                                       metadata={USED_IF: "random_positions"})
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
   norm_type: str = "layernorm"  # a key of layers.NORMS: every norm of the model
   ffn: str = "relu"  # a key of feedforward.FFNS; d_ff is every variant's hidden width
@@ -69,6 +76,7 @@ class ModelConfig:
     if self.num_kv_heads == 0:  # one spelling of multi-head attention: the run's identity
       object.__setattr__(self, "num_kv_heads", self.num_heads)
     encodings = check_position(self.position)
+    lookup(DRAWS, self.random_positions_draw, "model random_positions_draw")
     if self.random_positions:
       check(any(e.takes_positions for e in encodings), "random_positions", True,
             f"false for position {self.position!r}, which takes no positions")

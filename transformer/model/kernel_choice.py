@@ -67,6 +67,8 @@ class Needs:
   position: str = "none"  # the positional encoding's config name (for error lines)
   learned_bias: bool = False  # the encoding's logit bias has parameters (their gradient)
   content_bias: bool = False  # the encoding adds a content bias (a whole row of logits)
+  # the encoding's bias reads a table at each pair (randomized offsets drawn per batch)
+  gathered_bias: bool = False
   window: bool = False  # its masks carry a local window (self-attention, window=local)
   grouped: bool = False  # fewer key/value heads than query heads
   dtype: str = "float32"  # the compute dtype's name
@@ -77,7 +79,8 @@ class Needs:
     """The needs of a layer with this scorer and positional encoding (what they declare),
     and the other `fields`."""
     return cls(dot_product=scorer.dot_product is not None, learned_bias=encoding.learned_bias,
-               content_bias=encoding.content_biases, **fields)
+               content_bias=encoding.content_biases, gathered_bias=encoding.gathered_bias,
+               **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +160,10 @@ def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, s
       (lambda k: k.content_bias or not n.content_bias, lambda k, able: (
           f"cannot add the content-dependent logit bias of position '{n.position}' (it needs "
           f"each query's whole row of logits); use kernel {able} or another position")),
+      (lambda k: k.gathered_bias or not n.gathered_bias, lambda k, able: (
+          f"evaluates positional biases in-kernel from positions, and position "
+          f"'{n.position}' with model.random_positions_draw=per_batch reads its bias at "
+          f"sampled offsets from a table; use kernel {able}")),
       (lambda k: k.learned_bias or not n.learned_bias, lambda k, able: (
           f"gives no reliable gradient for the learned logit bias of position '{n.position}' "
           f"(cuDNN's bias gradient, JAX issue #23701); use kernel {able} or 'auto'")),

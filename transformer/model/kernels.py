@@ -258,6 +258,9 @@ class Kernel:
   # gives the gradient of a positional bias with parameters (an encoding declaring
   # learned_bias: T5, KERPLE, FIRE)
   learned_bias: bool = True
+  # adds a bias read from a table at each pair (an encoding declaring gathered_bias:
+  # relative encodings at randomized offsets drawn per batch)
+  gathered_bias: bool = True
   local_window: bool = True  # masks with a local window (|query − key position| ≤ w)
   grouped_query: bool = True  # fewer key/value heads than query heads
   dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
@@ -304,7 +307,8 @@ KERNELS: dict[str, Kernel] = {
     "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (pallas_attention.py);
     # interpret mode on the CPU; on a mesh, per device (shard_map)
-    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",)),
+    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
+                     gathered_bias=False),
 }
 
 

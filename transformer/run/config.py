@@ -203,8 +203,10 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = F
 def migrate(raw: dict[str, Any], saved: bool = False) -> dict[str, Any]:
   """A whole config (nested dicts) of any older layout in today's (fields.migrate); a run's
   `saved` config also with the values that keep its meaning for fields added since
-  (DataSource.saved)."""
+  (fields.as_saved for the model's, DataSource.saved for the source's)."""
   raw = fields.migrate(raw, ModelConfig, ("model",))
+  if saved and isinstance(raw.get("model"), Mapping):
+    raw = {**raw, "model": fields.as_saved(ModelConfig, raw["model"])}
   data = raw.get("data")
   name = data.get("source") if saved and isinstance(data, Mapping) else None
   return SOURCES[name].saved(raw) if isinstance(name, str) and name in SOURCES else raw
