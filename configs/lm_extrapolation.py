@@ -22,10 +22,10 @@ training files into each workdir.
 """
 
 from configs import default
+from transformer.model.positions import POSITIONS
 from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
 
-POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
 ARGS = ("", "t5_distance")  # get_config's arguments
 
 
@@ -50,4 +50,4 @@ def get_sweep(arg: str = ""):
     return product(axis("model.position", ["t5"]),
                    axis("model.position_settings.t5.max_distance", [128, 64, 32]),
                    axis("seed", [0, 1]))
-  return product(axis("model.position", POSITIONS), axis("seed", [0, 1]))
+  return product(axis("model.position", sorted(POSITIONS)), axis("seed", [0, 1]))
