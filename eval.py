@@ -87,6 +87,7 @@ flags.DEFINE_float("min_p", 0.0, "Sampling: only tokens at least M times as like
                    "most likely one; 0: off.")
 flags.DEFINE_integer("sample_seed", 0, "Sampling: the seed of the draws.")
 flags.DEFINE_bool("metrics", True, "Evaluate the held-out splits; --nometrics only draws.")
+cli.define_cache_flag()
 flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
 flags.register_validator("beam_size", lambda n: n >= 1, "--beam_size must be at least 1")
@@ -145,6 +146,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def main(argv):
   cli.no_arguments(argv)
+  cli.use_compilation_cache()
   cli.setup_logging()
   f = flags.FLAGS
   files = (f.source_file, f.reference_file) if f.source_file else None

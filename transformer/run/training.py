@@ -25,7 +25,8 @@ import jax
 
 from transformer.core import storage
 from transformer.core.errors import Interrupted, RunError
-from transformer.run import checkpoint, experiment, lock, logs, sharding, tracking
+from transformer.run import (checkpoint, compile_cache, experiment, lock, logs, sharding,
+                             tracking)
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import Config
 from transformer.run.evaluator import Evaluator, check_split_lengths
@@ -64,7 +65,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
 def _run(exp: experiment.Experiment, workdir: str, splits: dict,
          should_stop: Callable[[], bool]) -> int:
   mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
-  loop, finished = None, False
+  loop, finished, before = None, False, compile_cache.counts()
   try:
     loop = _Loop(exp, workdir, mngr, splits, should_stop)
     step = loop.run()
@@ -74,6 +75,9 @@ def _run(exp: experiment.Experiment, workdir: str, splits: dict,
     checkpoint.finish(mngr)
     if loop is not None:
       loop.writers.close(failed=not finished)
+    after = compile_cache.counts()  # in the run's log: whether the cache served this run
+    log.debug("compilation: %d program(s) compiled, %d loaded from the persistent cache",
+              after["compiled"] - before["compiled"], after["loaded"] - before["loaded"])
 
 
 class _Loop:
@@ -85,12 +89,16 @@ class _Loop:
     compiled = compile_step(exp)
     self.batch_sharding = compiled.batch_sharding
     self.train_step = timing_first_call(compiled.step, "the train step")
+    abstract = jax.eval_shape(exp.init)
+    # said before the initialisation's compilation, which was a silent wait (issue 31)
+    n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
+    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
     self.step, self.state, self.batches = checkpoint.restore(
-        mngr, jax.eval_shape(exp.init), compiled.state_sharding,
+        mngr, abstract, compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
     logged = workdir_lib.whole(workdir_lib.read_metrics(workdir))  # given to the trackers
     if self.step is None:  # also a run killed before its first checkpoint: from scratch
-      self.state, self.step = compiled.init(), 0
+      self.state, self.step = timing_first_call(compiled.init, "the initialisation")(), 0
     else:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
     # the records of the steps to be trained (and of an evaluation cut short) go: each once
@@ -104,8 +112,6 @@ class _Loop:
     self.in_a_row = 0  # non-finite steps in a row
     self.last_loss = float("inf")
     self.evaluator = Evaluator(exp, sampling=exp.eval.sampling, seed=exp.eval.sample_seed)
-    n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
-    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
 
   def run(self) -> int:
     cfg = self.cfg
