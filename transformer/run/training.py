@@ -50,6 +50,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
   workdir_lib.check_usable(workdir)
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
+  workdir_lib.read_metrics(workdir)  # a damaged metrics log: its error before any writing
   # The data is read and checked before anything is written (the workdir and its lock
   # included): a tokenizer is trained in memory, from a pass over the corpus that checks it.
   exp.source.load(has_checkpoints)
