@@ -1,7 +1,8 @@
 """The persistent compilation cache of the CLIs (transformer/run/compile_cache.py): where it
 is, that a second identical run compiles nothing (it loads every program from the cache,
-which the counters of compilations prove, not a timing) and gets bit-identical results, and
-that --nocompilation_cache compiles everything and writes nothing."""
+which the counters of compilations prove, not a timing) and gets bit-identical results, that
+a run of another seed compiles nothing either, and that --nocompilation_cache compiles
+everything and writes nothing."""
 
 import json
 import os
@@ -58,6 +59,13 @@ def test_a_second_identical_run_loads_every_program_and_gets_the_same_results(cl
   assert "loaded the train step from the compilation cache in" in second.stdout
   assert {p.name for p in cache.iterdir()} == entries  # nothing new to keep
   assert _records(tmp_path / "b") == _records(tmp_path / "a")  # the same executables
+
+  # another seed (a sweep's next run) runs the same programs: the seed is their argument
+  seeded = cli.run("train.py", *args, "--workdir", str(tmp_path / "s"), "--config.seed=1",
+                   env=env)
+  assert seeded.returncode == 0, seeded.stderr
+  assert _compilations(tmp_path / "s") == (0, compiled)
+  assert _records(tmp_path / "s") != _records(tmp_path / "a")  # another initialisation
 
   off = cli.run("train.py", *args, "--workdir", str(tmp_path / "c"), "--nocompilation_cache",
                 env=env)

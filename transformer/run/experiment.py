@@ -93,7 +93,10 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
   sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
   # Each attention layer's kernel is chosen for this backend, mesh and purpose.
   target = Target(jax.default_backend(), mesh.abstract_mesh, evaluating)
-  make = lambda: family(cfg.model, rngs=nnx.Rngs(params=cfg.seed), target=target)  # noqa: E731
+
+  def make(seed=cfg.seed):  # seed: an int, or a traced one (run/step.py's one program)
+    return family(cfg.model, rngs=nnx.Rngs(params=jax.random.key(seed)), target=target)
+
   try:
     abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
   except CausalOnly as e:  # say which configs take it: model.arch=decoder alone may not fit
@@ -105,8 +108,8 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
     for line in kernel_warnings(abstract_model):
       log.warning("%s", line)
 
-  def init():
-    params = nnx.to_pure_dict(nnx.state(make()))
+  def init(seed=cfg.seed):
+    params = nnx.to_pure_dict(nnx.state(make(seed)))
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": optimizer.init(params)}
 
