@@ -15,8 +15,10 @@ its log lines arrives:
   training       to the final evaluation's "evaluating step N" line
   final eval     to its last "eval SPLIT step N" line
   total          launch to exit (a sweep: the whole sweep, its report included)
-`cold` runs with an empty compilation cache (an XDG_CACHE_HOME of its own, where the CLIs
-keep it by default); `warm` runs the same again on the cache that the cold pass filled. Code
+`cold` runs with an empty compilation cache (an XDG_CACHE_HOME of its own for each of
+quickstart and sweep, where the CLIs keep it by default; in a cold sweep, the runs after the
+first find the first's programs); `warm` runs the same again on the cache that its cold run
+filled. Code
 without the persistent cache compiles every time: its warm pass is another cold one. Each
 row gives the 1-minute load average when the run started: figures are only comparable at a
 low load. Prints figures; asserts nothing.
@@ -128,7 +130,6 @@ def report() -> None:
   print(f"{'run':<22}{'cache':<7}{'start → step':>14}{'training':>10}{'final eval':>12}"
         f"{'total':>9}{'load':>7}")
   with tempfile.TemporaryDirectory() as tmp:
-    cache = os.path.join(tmp, "cache")
     with open(os.path.join(tmp, "seeds.py"), "w") as file:
       file.write(SWEEP.format(seeds=f.sweep_seeds))
     for number, cache_pass in enumerate(f.passes):
@@ -141,6 +142,7 @@ def report() -> None:
           command = [sys.executable, "sweep.py", "--config", os.path.join(tmp, "seeds.py"),
                      "--sweep_dir", workdir, f"--config.train.num_steps={f.sweep_steps}"]
         load = os.getloadavg()[0]
+        cache = os.path.join(tmp, f"cache-{what}")
         start, lines, status = timed_lines(command + f.flag, environment(cache))
         if status:
           tail = "\n".join(line for _, line in lines[-15:])
