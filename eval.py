@@ -40,9 +40,9 @@ plain evaluation's.
 Pictures: --sentence S (repeatable) prints S's greedy (or sampled) translation and draws
 the attention maps (per layer and head; encoder self, decoder self, cross) of S and it, or
 for a run that does not decode prints the predicted label(s) (a language model: the next
-token) and draws its self-attention; and positions.png the positional encoding, into --plot_dir (default
-DIR/plots; the pictures of an earlier draw there are replaced), from the same parameters
-as the metrics (--step, --average); --nometrics skips the evaluation.
+token) and draws its self-attention; and positions.png the positional encoding, into
+--plot_dir (default DIR/plots; the pictures of an earlier draw there are replaced), from the
+same parameters as the metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
   python eval.py --workdir DIR --sentence "[MAX 2 9 [MIN 4 7 ] 0 ]" --nometrics  # ListOps
@@ -57,8 +57,8 @@ import sys
 from absl import app, flags
 
 from transformer.core.errors import ConfigError, Interrupted
-from transformer.core.vocab import EOS_ID
 from transformer.core.fields import FieldError
+from transformer.core.vocab import EOS_ID
 from transformer.model.sampling import Sampling
 from transformer.run import cli
 from transformer.run import overrides as overrides_lib

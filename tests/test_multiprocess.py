@@ -76,9 +76,10 @@ def _start(args, num_processes=2, core=None, polls=None):
   preemption sync point into `polls`.PROCESS_ID."""
   port = _free_port()
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
-  # no shared compilation cache (conftest): JAX writes its entries from process 0 only, and
-  # without a file lock another process could read one half written
+  # no compilation cache (conftest's, or the CLIs' default one under ~/.cache): these tests
+  # time the processes' start and their signals, which loaded programs would change
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
   pin = [] if core is None else ["-c", PINNED, str(core), polls]
   return [subprocess.Popen(
       [sys.executable, *pin, *args, f"--coordinator_address=127.0.0.1:{port}",
