@@ -93,17 +93,24 @@ class CompiledStep(NamedTuple):
 
 
 class _Seeded:
-  """A jitted (state, batch, seed) called as (state, batch) with a given seed; .lower too
-  (benchmarks/train_step.py reads the compiled program)."""
+  """A jitted (or compiled) fn(state, batch, seed) called as fn(state, batch) with a given
+  seed; .lower(state, batch).compile() gives the same (benchmarks/train_step.py reads the
+  compiled program: its other attributes are the wrapped one's)."""
 
-  def __init__(self, jitted, seed):
-    self.jitted, self.seed = jitted, seed
+  def __init__(self, fn, seed):
+    self.fn, self.seed = fn, seed
 
   def __call__(self, state, batch):
-    return self.jitted(state, batch, self.seed)
+    return self.fn(state, batch, self.seed)
 
   def lower(self, state, batch):
-    return self.jitted.lower(state, batch, self.seed)
+    return _Seeded(self.fn.lower(state, batch, self.seed), self.seed)
+
+  def compile(self):
+    return _Seeded(self.fn.compile(), self.seed)
+
+  def __getattr__(self, name):
+    return getattr(self.fn, name)
 
 
 def compile_step(exp: experiment.Experiment) -> CompiledStep:
