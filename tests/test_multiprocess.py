@@ -148,7 +148,7 @@ def test_sigterm_to_one_host_stops_both_at_one_step_and_the_rerun_is_exact(sweep
           "--config.seed=0"]  # the sweep's first run
   procs = _start(args)
   for line in procs[0].stdout:
-    if "parameters;" in line:  # just before the first step (and its compilation)
+    if "compiling the train step" in line:  # just before the first step's compilation
       break
   procs[1].send_signal(signal.SIGTERM)  # one host is preempted: JAX's notifier needs ~1 s to
   # agree on a stop step with the other host, which the first step's compilation covers
