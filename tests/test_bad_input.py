@@ -189,7 +189,8 @@ CASES = [
     ("unknown position", *TRAIN, ["--config.model.position=absolute"],
      ["unknown position 'absolute'", choices(POSITIONS)]),
     ("causal-only position in an encoder", *TRAIN, ["--config.model.position=cope"],
-     ["position 'cope' is defined for causal self-attention only", "model.arch=decoder"]),
+     ["position 'cope' is defined for causal self-attention only",
+      "decoder-only configs take it, e.g. python train.py --config configs/lm_extrapolation.py"]),
     ("unknown window", *TRAIN, ["--config.model.attention.window=sliding"],
      ["unknown attention window 'sliding'", choices(WINDOWS)]),
     # layer-wise patterns (transformer/model/layer_pattern.py)
@@ -361,6 +362,21 @@ CASES = [
      ["a passkey training row takes at least", "more than a window of 16",
       "data.passkey.train_fraction=0"]),
     # Hugging Face datasets (data.source=hf, data.corpus=hf): local JSON Lines files
+    # issue 31: files cut short or not UTF-8, read by datasets (and streamed: as rows arrive)
+    *((f"hf JSON Lines cut mid-record{streamed}", *HF,
+       ["--config.data.train_files=cut.jsonl", f"--config.data.hf_streaming={streaming}"],
+       ["cannot read the json files data.train_files='cut.jsonl'", "hf/cut.jsonl",
+        "JSON parse error"])
+      for streamed, streaming in (("", False), (", streamed", True))),
+    *((f"hf CSV not UTF-8{streamed}", *HF,
+       ["--config.data.hf_path=csv", "--config.data.train_files=bad.csv",
+        "--config.data.valid_files=valid.csv", "--config.data.source_column=en",
+        "--config.data.target_column=de", f"--config.data.hf_streaming={streaming}"],
+       ["cannot read the csv files data.train_files='bad.csv'", "hf/bad.csv",
+        "not UTF-8 text"])
+      for streamed, streaming in (("", False), (", streamed", True))),
+    ("lm corpus file not UTF-8", *LM, ["--config.data.train_files=latin1.py"],
+     ["lm/latin1.py:2: not valid UTF-8"]),
     ("hf unknown column", *HF, ["--config.data.source_column=translation.fr"],
      ["config.data.source_column='translation.fr': no such column",
       "its columns: translation.en, translation.de, id"]),
@@ -723,6 +739,25 @@ CASES = [
      ["--paired_bootstrap", "{run}", "{run}"], [], ["is a directory; give the metrics JSON"]),
     ("paired bootstrap of one evaluation", "compare.py",
      ["--paired_bootstrap", "{files}/eval_a.json"], [], ["two or more evaluations"]),
+    # issue 31: damaged files of a run, as a report, compare.py or a resumed run read them
+    *((f"{script} of a run whose metrics hold {what}", script, [*args, "{files}/" + name], [],
+       [f"{name}/metrics.jsonl, line 7: ", problem, "remove that line"])
+      for script, args in (("compare.py", ["{run}"]),
+                           ("train.py", ["--config", CONFIG, *TINY, "--workdir"]))
+      for name, what, problem in (
+          ("garbage", "bytes that are not UTF-8", "is not UTF-8 text (byte 0)"),
+          ("notrecord", "a JSON line without a split", "is not a metrics record"),
+          ("emptyobject", "an empty object", "'{}' is not a metrics record"),
+          ("nullline", "a null line", "'null' is not a metrics record"),
+          ("notjson", "a line of text", "'step 40 loss 0.5' is not JSON"))),
+    ("sweep report of a run whose metrics hold garbage", "sweep.py",
+     ["--sweep_dir", "{files}/damagedsweep", "--report_only"], [],
+     ["model.position=rotary/metrics.jsonl, line 7: is not UTF-8 text"]),
+    ("compare a run whose failure record is damaged", "compare.py", ["{run}", "{files}/failing"],
+     [], ["failing/failed.json is not a record of a failure", "remove it"]),
+    ("paired bootstrap of hypotheses that are not UTF-8", "compare.py",
+     ["--paired_bootstrap", "{files}/eval_a.json", "{files}/eval_latin1.json"], [],
+     ["eval_latin1.valid.txt is not UTF-8 text"]),
     ("paired bootstrap with a baseline", "compare.py",
      ["--paired_bootstrap", "--baseline", "x", "{files}/eval_a.json", "{files}/eval_b.json"],
      [], ["--baseline is for the report over run directories"]),
@@ -794,7 +829,37 @@ def files(tmp_path_factory):
                            ("eval_old", ["a b", "c d"])):
     write_evaluation(files / f"{name}.json", ["a b", "c"], references)
   os.remove(text_paths(str(files / "eval_old.json"), "valid")[1])
+  damaged_files(files)
   return files
+
+
+def damaged_files(files) -> None:
+  """Issue 31's damaged files: finished runs whose metrics.jsonl ends in a damaged line
+  (line 7), a sweep directory holding one, a run's damaged failure record, an evaluation's
+  hypotheses not in UTF-8, corpora cut mid-record or not in UTF-8."""
+  for name, line in (("garbage", b"\xff\xfe\x00junk"), ("notrecord", b'{"step": 40}'),
+                     ("emptyobject", b"{}"), ("nullline", b"null"),
+                     ("notjson", b"step 40 loss 0.5")):
+    fake_run(files / name, 0.5)
+    with open(files / name / "metrics.jsonl", "ab") as f:
+      f.write(line + b"\n")
+  sweep = files / "damagedsweep"
+  (sweep / "model.position=rotary").mkdir(parents=True)
+  (sweep / "sweep.json").write_text(json.dumps({"config": str(files / "sweep_ok.py"),
+                                                "overrides": {}, "only": []}))
+  shutil.copy(files / "garbage" / "metrics.jsonl", sweep / "model.position=rotary")
+  fake_run(files / "failing", 0.5, final=False)
+  (files / "failing" / "failed.json").write_text("[]")
+  write_evaluation(files / "eval_latin1.json", ["a b", "c"], ["a b", "c d"])
+  with open(text_paths(str(files / "eval_latin1.json"), "valid")[0], "wb") as f:
+    f.write(b"a b\nc\xe9\n")
+  rows = "".join(json.dumps({"translation": {"en": f"a b {i}", "de": f"c d {i}"}, "id": i})
+                 + "\n" for i in range(40))
+  (files / "hf" / "cut.jsonl").write_text(rows[:len(rows) // 2 + 7])
+  csv = "en,de\n" + "".join(f"a b {i},c d {i}\n" for i in range(40))
+  (files / "hf" / "valid.csv").write_text(csv)
+  (files / "hf" / "bad.csv").write_bytes(csv.encode() + b"caf\xe9,x\n" + csv.encode()[6:])
+  (files / "lm" / "latin1.py").write_bytes(b"x = 1\ny = 'caf\xe9'\n" * 40)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ import jax
 
 from transformer.core import storage
 from transformer.core.errors import Interrupted, RunError
-from transformer.run import checkpoint, experiment, init_from, lock, logs, sharding, tracking
+from transformer.run import (checkpoint, compile_cache, experiment, init_from, lock, logs,
+                             sharding, tracking)
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import Config
 from transformer.run.evaluator import Evaluator, check_split_lengths
@@ -50,6 +51,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
   workdir_lib.check_usable(workdir)
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
+  workdir_lib.read_metrics(workdir)  # a damaged metrics log: its error before any writing
   # the parameters to start from, checked (once the run has a checkpoint: its own)
   source = None if has_checkpoints else init_from.check(exp, workdir)
   # The data is read and checked before anything is written (the workdir and its lock
@@ -67,7 +69,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
 def _run(exp: experiment.Experiment, workdir: str, splits: dict,
          should_stop: Callable[[], bool], source: init_from.Source | None) -> int:
   mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
-  loop, finished = None, False
+  loop, finished, before = None, False, compile_cache.counts()
   try:
     loop = _Loop(exp, workdir, mngr, splits, should_stop, source)
     step = loop.run()
@@ -77,6 +79,9 @@ def _run(exp: experiment.Experiment, workdir: str, splits: dict,
     checkpoint.finish(mngr)
     if loop is not None:
       loop.writers.close(failed=not finished)
+    after = compile_cache.counts()  # in the run's log: whether the cache served this run
+    log.debug("compilation: %d program(s) compiled, %d loaded from the persistent cache",
+              after["compiled"] - before["compiled"], after["loaded"] - before["loaded"])
 
 
 class _Loop:
@@ -89,12 +94,16 @@ class _Loop:
     compiled = compile_step(exp)
     self.batch_sharding = compiled.batch_sharding
     self.train_step = timing_first_call(compiled.step, "the train step")
+    abstract = jax.eval_shape(exp.init)
+    # said before the initialisation's compilation, which was a silent wait (issue 31)
+    n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
+    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
     self.step, self.state, self.batches = checkpoint.restore(
-        mngr, jax.eval_shape(exp.init), compiled.state_sharding,
+        mngr, abstract, compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
     logged = workdir_lib.whole(workdir_lib.read_metrics(workdir))  # given to the trackers
     if self.step is None:  # also a run killed before its first checkpoint: from scratch
-      self.state = (compiled.init() if source is None
+      self.state = (timing_first_call(compiled.init, "the initialisation")() if source is None
                     else init_from.initial_state(exp, compiled, source))
       self.step = 0
     else:
@@ -110,8 +119,6 @@ class _Loop:
     self.in_a_row = 0  # non-finite steps in a row
     self.last_loss = float("inf")
     self.evaluator = Evaluator(exp, sampling=exp.eval.sampling, seed=exp.eval.sample_seed)
-    n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
-    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
 
   def run(self) -> int:
     cfg = self.cfg

@@ -45,10 +45,11 @@ from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, a
                                                   relative_position_bucket)
 from transformer.model.positions.rotary import Rotary, XPos, rotate_half_pairs, xpos_scale
 
-__all__ = ["ALiBi", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "PER_LAYER", "POSITIONS",
-           "PositionPattern", "PositionSettings", "PositionalEncoding", "Rotary", "Sinusoidal",
-           "T5Bias", "XPos", "alibi_slopes", "check_position", "make_positional_encoding",
-           "relative_position_bucket", "rotate_half_pairs", "sinusoid", "xpos_scale"]
+__all__ = ["ALiBi", "CausalOnly", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "PER_LAYER",
+           "POSITIONS", "PositionPattern", "PositionSettings", "PositionalEncoding", "Rotary",
+           "Sinusoidal", "T5Bias", "XPos", "alibi_slopes", "check_position",
+           "make_positional_encoding", "relative_position_bucket", "rotate_half_pairs",
+           "sinusoid", "xpos_scale"]
 
 # Every encoding, by its config name: the entries each module declares (a new encoding is
 # one class and one line in its module's ENCODINGS).
@@ -72,6 +73,11 @@ def check_position(value: str) -> tuple[type[PositionalEncoding], ...]:
   return tuple(POSITIONS[name] for name in layer_pattern.entries(value))
 
 
+class CausalOnly(ConfigError):
+  """An encoding defined for causal self-attention only, asked of a bidirectional stack
+  (the wiring adds which configs take it)."""
+
+
 def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
                              causal: bool = False, settings=None,
                              rngs: nnx.Rngs | None) -> "PositionalEncoding | PositionPattern":
@@ -85,10 +91,10 @@ def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: i
                            settings=settings, rngs=rngs)
   cls = lookup(POSITIONS, name, "position")
   if cls.causal_only and not causal:
-    raise ConfigError(
+    raise CausalOnly(
         f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
         "never after the query), and this model has a bidirectional (encoder) stack: use "
-        "model.arch=decoder or another position")
+        "another position, or a decoder-only model (model.arch=decoder) on data it learns")
   return cls(d_model, num_heads, max_len, causal=causal,
              settings=settings_of(settings, POSITIONS, name), rngs=rngs)
 
