@@ -10,6 +10,12 @@ does (a run that decodes: model.arch=encoder_decoder), and --average 5
 averages the last 5 checkpoints' parameters as it does. --source_file/--reference_file
 evaluate any parallel text (e.g. a new test set) with the run's vocabulary.
 
+Files: DIR/eval_step_N.json holds the run's own evaluation (one checkpoint, the decoding its
+config asks for, as training evaluates); any other is named after what differs, e.g.
+DIR/eval_step_N,average=5,beam=4,alpha=0.6.json or eval_step_N,temperature=0.8,seed=1.json
+(transformer/run/eval_files.py), and eval.py prints how it decoded. A file that holds
+another evaluation is never replaced.
+
 Sampling: --temperature T > 0 samples what is otherwise decoded greedily (the metrics and
 the pictures of a run that decodes, --generate): each token is drawn from softmax(logits / T)
 restricted in turn to the --top_k most likely tokens, the nucleus of probability --top_p and
@@ -31,12 +37,12 @@ to DIR/eval_step_N,FIELD=VALUE,....json (each field by its last two names; the J
 them whole, under "overrides"), the pictures to DIR/plots,FIELD=VALUE,...: never over the
 plain evaluation's.
 
-Pictures: --sentence S (repeatable) draws the attention maps (per layer and head; encoder
-self, decoder self, cross) of S and its greedy (or sampled) translation, or for a run that
-does not decode prints the predicted label(s) (a language model: the next token) and draws
-its self-attention; and positions.png the positional encoding, into --plot_dir (default
-DIR/plots; the pictures of an earlier draw there are replaced), from the same parameters
-as the metrics (--step, --average); --nometrics skips the evaluation.
+Pictures: --sentence S (repeatable) prints S's greedy (or sampled) translation and draws
+the attention maps (per layer and head; encoder self, decoder self, cross) of S and it, or
+for a run that does not decode prints the predicted label(s) (a language model: the next
+token) and draws its self-attention; and positions.png the positional encoding, into
+--plot_dir (default DIR/plots; the pictures of an earlier draw there are replaced), from the
+same parameters as the metrics (--step, --average); --nometrics skips the evaluation.
   python eval.py --workdir DIR --sentence "3 1 4 1 5" --nometrics      # synthetic symbols
   python eval.py --workdir DIR --sentence "A dog runs on the beach."   # text
   python eval.py --workdir DIR --sentence "[MAX 2 9 [MIN 4 7 ] 0 ]" --nometrics  # ListOps
@@ -52,14 +58,17 @@ from absl import app, flags
 
 from transformer.core.errors import ConfigError, Interrupted
 from transformer.core.fields import FieldError
+from transformer.core.vocab import EOS_ID
 from transformer.model.sampling import Sampling
 from transformer.run import cli
 from transformer.run import overrides as overrides_lib
 from transformer.run.config import EvalConfig
+from transformer.run.eval_files import Decoding
 from transformer.run.evaluation import (check_decoding, check_prompts, check_sampling,
                                         chosen_sampling, continue_prompts, evaluate_run,
-                                        format_table, output_path, restore_run,
+                                        format_table, output_path, own_decoding, restore_run,
                                         sentence_predictions)
+from transformer.run.evaluator import generates_answers
 from transformer.study import pictures
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.")
@@ -87,6 +96,7 @@ flags.DEFINE_float("min_p", 0.0, "Sampling: only tokens at least M times as like
                    "most likely one; 0: off.")
 flags.DEFINE_integer("sample_seed", 0, "Sampling: the seed of the draws.")
 flags.DEFINE_bool("metrics", True, "Evaluate the held-out splits; --nometrics only draws.")
+cli.define_cache_flag()
 flags.mark_flags_as_required(["workdir"])
 flags.register_validator("average", lambda n: n >= 1, "--average must be at least 1")
 flags.register_validator("beam_size", lambda n: n >= 1, "--beam_size must be at least 1")
@@ -145,6 +155,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def main(argv):
   cli.no_arguments(argv)
+  cli.use_compilation_cache()
   cli.setup_logging()
   f = flags.FLAGS
   files = (f.source_file, f.reference_file) if f.source_file else None
@@ -158,9 +169,10 @@ def main(argv):
     # Everything the flags ask is checked before the work: nothing fails after it.
     if sampling_given:  # the config's default applies where it can, silently elsewhere
       check_sampling(exp, sampling, f.metrics, bool(f.sentence), bool(f.generate))
+    decoding = Decoding(f.beam_size, f.alpha, sampling, seed)
     if f.metrics:
       check_decoding(exp, f.beam_size, sampling)
-      output_path(run, f.output)  # a path that cannot be written fails before the work
+      output_path(run, f.output, decoding)  # a path that cannot be written, or taken
     if f.generate:
       check_prompts(exp, f.sentence, f.generate)
     if f.sentence or f.plot_dir:
@@ -169,21 +181,30 @@ def main(argv):
       if f.metrics:
         step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop,
                                            sampling, seed)
-        print(f"step {step}")
+        print(f"step {step}" + (f" (the parameters averaged over steps "
+                                 f"{', '.join(map(str, run.steps))})" if len(run.steps) > 1
+                                 else ""))
         if run.overrides:
           print(f"overrides: {overrides_lib.describe(run.overrides)}")
+        if exp.family.decodes or generates_answers(exp):
+          own = " (the run's own)" if decoding.key() == own_decoding(exp).key() else ""
+          print(f"decoding: {decoding}{own}")
         print(format_table(results))
         print(f"metrics written to {path}")
-      captions = None
-      if f.sentence and not exp.family.decodes:
+      captions = outputs = None
+      if f.sentence and exp.family.decodes:  # printed, not only in the pictures' titles
+        outputs = pictures.decode_sentences(run, f.sentence, sampling, seed)
+        captions = [f"decoded ({decoding.sampling}) "
+                    f"{exp.source.detokenize(ids[ids != EOS_ID])!r}" for ids in outputs]
+      elif f.sentence:
         captions = sentence_predictions(run, f.sentence)
-        for sentence, caption in zip(f.sentence, captions):
-          print(f"--- {sentence!r}: {caption}")
+      for sentence, caption in zip(f.sentence, captions or []):
+        print(f"--- {sentence!r}: {caption}")
       for text in (continue_prompts(run, f.sentence, f.generate, sampling, seed)
                    if f.generate else []):
         print(f"--- generated:\n{text}")
       if f.sentence or f.plot_dir:
-        paths = pictures.draw(run, f.sentence, plot_dir, captions, sampling, seed)
+        paths = pictures.draw(run, f.sentence, plot_dir, captions, sampling, seed, outputs)
         print("\n".join(["pictures written:"] + paths) if paths else "nothing to draw")
     except Interrupted:
       print("stopped by a signal; the metrics were not written", file=sys.stderr)

@@ -87,6 +87,7 @@ flags.DEFINE_multi_string("eval_sweep", [], "FIELD=VALUE[,VALUE...]: evaluate th
                           "combination) and report the paired differences; nothing trains.")
 cli.define_report_flags()
 cli.define_distributed_flags()
+cli.define_cache_flag()
 flags.mark_flags_as_required(["sweep_dir"])
 
 
@@ -156,6 +157,7 @@ def main(argv):
   if f.print_commands:
     print_commands(run, num_workers)
     return
+  cli.use_compilation_cache()
   cli.start_distributed()
   cli.setup_logging()
   if recorded:

@@ -26,6 +26,7 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, config and metr
 flags.DEFINE_bool("show_config", False, "Print every field of --config (overrides applied): "
                   "its value and what it allows; then exit.")
 cli.define_distributed_flags()
+cli.define_cache_flag()
 flags.mark_flags_as_required(["config"])
 flags.register_multi_flags_validator(
     ["workdir", "show_config"], lambda f: f["workdir"] is not None or f["show_config"],
@@ -45,6 +46,7 @@ def main(argv):
     with cli.one_line_errors():
       show_config()
     return
+  cli.use_compilation_cache()
   cli.start_distributed()
   cli.setup_logging()
   with cli.StopSignals() as stop, cli.one_line_errors():

@@ -10,8 +10,10 @@ depths 0, 1/4, ..., 1 of filler text, Mohtashami & Jaggi 2023) at each of those 
   python sweep.py --config configs/lm_extrapolation.py:t5_distance --sweep_dir sweeps/t5
 
 `:t5_distance` is the controlled experiment on T5's bias: max_distance 128 (T5's), 64 and
-32, all else equal. With L = 64 the causal buckets of distances 64..max_distance and the
-shared last bucket are never trained under 128; under 32 every bucket is trained at L.
+32, all else equal. With L = 64, under 128 the causal buckets of distances 67 and more are
+never trained (64–66 share a bucket with 59–63; the last bucket, shared from distance 113
+on, is among them); under 64 and 32 every bucket is trained at L (the last begins at
+distance 59 and 31).
 
 The corpus is pinned: the top-level .py modules of Python 3.11's standard library
 (data.python_version; another version is another corpus: override it knowingly), 1 in 10
@@ -20,10 +22,10 @@ training files into each workdir.
 """
 
 from configs import default
+from transformer.model.positions import POSITIONS
 from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
 
-POSITIONS = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
 ARGS = ("", "t5_distance")  # get_config's arguments
 
 
@@ -48,4 +50,4 @@ def get_sweep(arg: str = ""):
     return product(axis("model.position", ["t5"]),
                    axis("model.position_settings.t5.max_distance", [128, 64, 32]),
                    axis("seed", [0, 1]))
-  return product(axis("model.position", POSITIONS), axis("seed", [0, 1]))
+  return product(axis("model.position", sorted(POSITIONS)), axis("seed", [0, 1]))

@@ -10,6 +10,7 @@ are swept the same way, e.g. axis("model.position_settings.xpos.scale_base", [64
 """
 
 from configs import default
+from transformer.model.positions import POSITIONS
 from transformer.study.sweep import axis, product
 
 
@@ -23,5 +24,6 @@ def get_config():
 
 
 def get_sweep():
-  positions = ["none", "sinusoidal", "learned", "rotary", "alibi", "t5", "xpos", "kerple", "fire"]
+  # every encoding an encoder-decoder may use (not those defined only for causal attention)
+  positions = sorted(name for name, cls in POSITIONS.items() if not cls.causal_only)
   return product(axis("model.position", positions), axis("seed", [0, 1, 2]))

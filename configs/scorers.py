@@ -4,6 +4,7 @@
 """
 
 from configs import default
+from transformer.model.scores import SCORES
 from transformer.study.sweep import axis, product
 
 
@@ -12,5 +13,4 @@ def get_config():
 
 
 def get_sweep():
-  scores = ["scaled_dot", "dot", "additive", "gaussian", "cosine"]
-  return product(axis("model.attention.score", scores), axis("seed", [0, 1, 2]))
+  return product(axis("model.attention.score", sorted(SCORES)), axis("seed", [0, 1, 2]))

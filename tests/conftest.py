@@ -64,6 +64,30 @@ def make_tiny_config(**overrides):
   return config
 
 
+def passkey_lm_config(directory, **passkey_fields) -> dict:
+  """A tiny language model (a raw config dict: config.parse makes it typed) trained 2 steps
+  at L = 64, evaluated at 64 and 128, on a corpus written into `directory` whose vocabulary
+  writes the passkey prompt's words whole; data.passkey is `passkey_fields`."""
+  from transformer.data import passkey  # noqa: PLC0415 - conftest stays light to import
+
+  corpus = [passkey.FILLER, passkey.HEAD + " 12345", passkey.REMEMBER, passkey.TAIL,
+            passkey.QUESTION + " 4096"]
+  for split, n in (("train", 200), ("valid", 40)):
+    (directory / f"{split}.py").write_text("\n".join(
+        f"# {corpus[i % len(corpus)]}\ndef f{i}(x):\n  return x * {i % 7} + {i % 5}"
+        for i in range(n)))
+  raw = make_tiny_config(**{"train.num_steps": 2, "train.log_every": 1,
+                            "train.checkpoint_every": 2, "eval.num_examples": 2,
+                            "eval.batch_size": 8, "train.batch_size": 4,
+                            "model.max_len": 128}).to_dict()
+  raw["data"] = dict(source="lm", corpus="files", dir=str(directory), train_files="train.py",
+                     valid_files="valid.py", vocab_size=160, max_len=64, max_factor=2,
+                     passkey=passkey_fields)
+  raw["model"].update(arch="decoder")
+  raw.pop("task", None)
+  return raw
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs():
   """Drops the compiled programs of each test module when it ends. XLA:CPU maps every

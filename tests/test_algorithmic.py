@@ -203,6 +203,26 @@ def test_training_lengths_are_uniform():
   assert np.abs(counts[1:] - 320).max() < 5 * 15.5, counts
 
 
+def test_training_lengths_per_batch_are_shared_by_a_batch_and_uniform():
+  """task.train_lengths=per_batch (the papers' curriculum: a length per step): every row of a
+  batch has the batch's length, and the batches' lengths are uniform over min..max; the
+  rows' contents are still their own (per_row's, at that length)."""
+  source = _source(name="reverse_string", batch_size=8, min_len=1, max_len=4,
+                   train_lengths="per_batch")
+  slot, counts = SLOTS.slot(source.task), np.zeros(5)
+  for _, batch in zip(range(400), source.train_batches()):
+    lengths = ((batch["inputs"] != 0) & (batch["inputs"] != slot)).sum(1)
+    assert len(set(lengths.tolist())) == 1, lengths
+    counts[lengths[0]] += 1
+    if lengths[0] == 4:
+      assert len({tuple(r) for r in batch["inputs"].tolist()}) > 1  # not one row repeated
+  # 400 batches over 4 lengths: each count is 100 ± 8.7 (binomial sd); 5 sd is a failure.
+  assert counts[0] == 0 and np.abs(counts[1:] - 100).max() < 5 * 8.7, counts
+  per_row = next(iter(_source(name="reverse_string", batch_size=8, min_len=1, max_len=4
+                              ).train_batches()))
+  assert len(set(((per_row["inputs"] != 0) & (per_row["inputs"] != slot)).sum(1))) > 1
+
+
 def test_splits_spread_examples_over_their_lengths():
   source = _source(min_len=2, max_len=5, test_max_len=8, eval_examples=10)
   splits = source.eval_splits()

@@ -2,6 +2,7 @@
 non-zero with one `error:` line naming the bad value (and what is allowed), prints no
 traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
 
+import functools
 import json
 import os
 import shutil
@@ -149,6 +150,17 @@ CASES = [
     ("random positions, local window", *TRAIN,
      ["--config.model.random_positions=true", "--config.model.attention.window=local"],
      ["random_positions=True", "window='local'"]),
+    ("unknown random positions draw", *TRAIN,
+     ["--config.model.random_positions=true", "--config.model.random_positions_draw=per_step"],
+     ["unknown model random_positions_draw 'per_step'", "per_batch, per_row"]),
+    ("random offsets in the pallas kernel", *TRAIN,
+     ["--config.model.random_positions=true", "--config.model.position=alibi",
+      "--config.model.attention.kernel=pallas"],
+     ["attention.kernel 'pallas' evaluates positional biases in-kernel", "position 'alibi'",
+      "random_positions_draw=per_batch", "'reference' or 'xla'"]),
+    ("alibi offset negative", *TRAIN,
+     ["--config.model.position_settings.alibi.bidirectional_offset=-0.5"],
+     ["config.model.position_settings.alibi.bidirectional_offset=-0.5", "≥ 0"]),
     ("dtype float16", *TRAIN, ["--config.model.dtype=float16"],
      ["unknown model dtype 'float16'", "bfloat16, float32"]),
     ("norm mid", *TRAIN, ["--config.model.norm=mid"], ["unknown norm 'mid'", "post, pre"]),
@@ -177,9 +189,30 @@ CASES = [
     ("unknown position", *TRAIN, ["--config.model.position=absolute"],
      ["unknown position 'absolute'", choices(POSITIONS)]),
     ("causal-only position in an encoder", *TRAIN, ["--config.model.position=cope"],
-     ["position 'cope' is defined for causal self-attention only", "model.arch=decoder"]),
+     ["position 'cope' is defined for causal self-attention only",
+      "decoder-only configs take it, e.g. python train.py --config configs/lm_extrapolation.py"]),
     ("unknown window", *TRAIN, ["--config.model.attention.window=sliding"],
      ["unknown attention window 'sliding'", choices(WINDOWS)]),
+    # layer-wise patterns (transformer/model/layer_pattern.py)
+    ("position pattern with an embedding encoding", *TRAIN,
+     ["--config.model.position=sinusoidal+rotary"],
+     ["config.model.position='sinusoidal+rotary' is not allowed",
+      "a pattern of alibi, cope, fire, kerple, none, rotary, t5, xpos joined by '+'",
+      "'sinusoidal' adds to the embeddings, once per stack, and cannot vary per layer"]),
+    ("position pattern with an unknown entry", *TRAIN, ["--config.model.position=rotary+rotry"],
+     ["config.model.position='rotary+rotry' is not allowed", "'rotry' is not among them"]),
+    ("position pattern with an empty entry", *TRAIN, ["--config.model.position=rotary++none"],
+     ["config.model.position='rotary++none'", "an entry is empty"]),
+    ("causal-only position in an encoder's pattern", *TRAIN,
+     ["--config.model.position=rotary+cope"],
+     ["position 'cope' is defined for causal self-attention only"]),
+    ("window pattern with an unknown entry", *TRAIN,
+     ["--config.model.attention.window=local+global"],
+     ["config.model.attention.window='local+global' is not allowed", f"({choices(WINDOWS)})",
+      "'global' is not among them"]),
+    ("random positions, a local layer", *TRAIN,
+     ["--config.model.random_positions=true", "--config.model.attention.window=full+local"],
+     ["random_positions=True", "window='full+local'"]),
     ("unknown kernel", *TRAIN, ["--config.model.attention.kernel=flash"],
      ["unknown attention kernel 'flash'", choices({"auto": None, **KERNELS})]),
     # RoPE's scalings and partial rotation (transformer/model/positions/rotary.py)
@@ -214,6 +247,19 @@ CASES = [
      ["scaling 'ntk'", "more than one rotated pair", "D = 2"]),
     ("unknown partial rotation", *TRAIN, [f"--config.{ROTARY}partial=half"],
      [f"config.{ROTARY}partial='half'", "one of neox, p_rope"]),
+    # train.init_from (transformer/run/init_from.py)
+    ("init_from of another shape", *TRAIN,
+     ["--config.train.init_from={run}", "--config.model.d_ff=48"],
+     ["config.train.init_from='{run}': its parameters do not fit this model",
+      "decoder.layers.0.ffn.wi.bias is [64] there and [48] here"]),
+    ("init_from not a run", *TRAIN, ["--config.train.init_from={files}/corpus"],
+     ["config.train.init_from='{files}/corpus': not a training workdir (no config.json)"]),
+    ("init_from without a checkpoint", *TRAIN, ["--config.train.init_from={files}/untrained"],
+     ["init_from='{files}/untrained': the run there has no checkpoint"]),
+    ("init_from missing", *TRAIN, ["--config.train.init_from={files}/nope"],
+     ["init_from='{files}/nope': no such directory"]),
+    ("init_from no such step", *TRAIN, ["--config.train.init_from={run}/checkpoints/7"],
+     ["no checkpoint at step 7; its steps: [5, 10]"]),
     # train
     ("batch_size 0", *TRAIN, ["--config.train.batch_size=0"], ["train.batch_size=0"]),
     ("batch vs accumulation", *TRAIN, ["--config.train.accumulation_steps=3"],
@@ -262,6 +308,8 @@ CASES = [
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
     ("unknown data source", *TRAIN, ["--config.data.source=csv"],
      ["unknown data source 'csv'", choices(SOURCES)]),
+    ("unknown training lengths", *CHOMSKY, ["--config.task.train_lengths=per_step"],
+     ["config.task.train_lengths='per_step'", "one of per_row, per_batch"]),
     ("cast the arch cannot learn", *CHOMSKY, ["--config.data.cast=decoder"],
      ["config.model.arch='encoder' cannot learn data.source 'algorithmic'",
       "it needs one of: decoder", "with data.cast slots or token_labels (not 'decoder')"]),
@@ -307,7 +355,28 @@ CASES = [
      ["config.data.train_files='nope*.py': no file matches"]),
     ("lm training text too short", *LM, ["--config.data.train_files=short.py"],
      ["sentencepiece training failed"]),
+    ("lm passkey training fraction 1", *LM, ["--config.data.passkey.train_fraction=1"],
+     ["config.data.passkey.train_fraction=1.0 is not allowed", "in [0, 1)"]),
+    ("lm passkey training row longer than L", *LM,
+     ["--config.data.passkey.examples=0", "--config.data.passkey.train_fraction=0.5"],
+     ["a passkey training row takes at least", "more than a window of 16",
+      "data.passkey.train_fraction=0"]),
     # Hugging Face datasets (data.source=hf, data.corpus=hf): local JSON Lines files
+    # issue 31: files cut short or not UTF-8, read by datasets (and streamed: as rows arrive)
+    *((f"hf JSON Lines cut mid-record{streamed}", *HF,
+       ["--config.data.train_files=cut.jsonl", f"--config.data.hf_streaming={streaming}"],
+       ["cannot read the json files data.train_files='cut.jsonl'", "hf/cut.jsonl",
+        "JSON parse error"])
+      for streamed, streaming in (("", False), (", streamed", True))),
+    *((f"hf CSV not UTF-8{streamed}", *HF,
+       ["--config.data.hf_path=csv", "--config.data.train_files=bad.csv",
+        "--config.data.valid_files=valid.csv", "--config.data.source_column=en",
+        "--config.data.target_column=de", f"--config.data.hf_streaming={streaming}"],
+       ["cannot read the csv files data.train_files='bad.csv'", "hf/bad.csv",
+        "not UTF-8 text"])
+      for streamed, streaming in (("", False), (", streamed", True))),
+    ("lm corpus file not UTF-8", *LM, ["--config.data.train_files=latin1.py"],
+     ["lm/latin1.py:2: not valid UTF-8"]),
     ("hf unknown column", *HF, ["--config.data.source_column=translation.fr"],
      ["config.data.source_column='translation.fr': no such column",
       "its columns: translation.en, translation.de, id"]),
@@ -362,6 +431,9 @@ CASES = [
     ("another task in a run's workdir", "train.py",
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse"],
      ["different config.task", "name"]),
+    ("another init_from in a run's workdir", "train.py",
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.init_from={files}/x"],
+     ["holds a run with a different config.train (differs in: init_from)"]),
     ("bad value resuming a run", "train.py",
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.num_steps=-5"],
      ["train.num_steps=-5"]),
@@ -404,6 +476,9 @@ CASES = [
      ["--workdir", "{run}", "--config.model.d_ff=48"], [],
      ["--config.model.d_ff=48: model.d_ff is part of the run's identity", "trained with 64",
       "execution fields only", "model.attention.kernel"]),
+    ("eval override of the passkey training fraction", "eval.py",
+     ["--workdir", "{lm}", "--config.data.passkey.train_fraction=0.5"], [],
+     ["data.passkey.train_fraction is part of the run's identity"]),
     ("eval override of a section the run does not read", "eval.py",
      ["--workdir", "{run}", f"--config.{ROTARY}scaling=linear"], [],
      [f"--config.{ROTARY}scaling=linear changes nothing",
@@ -664,6 +739,25 @@ CASES = [
      ["--paired_bootstrap", "{run}", "{run}"], [], ["is a directory; give the metrics JSON"]),
     ("paired bootstrap of one evaluation", "compare.py",
      ["--paired_bootstrap", "{files}/eval_a.json"], [], ["two or more evaluations"]),
+    # issue 31: damaged files of a run, as a report, compare.py or a resumed run read them
+    *((f"{script} of a run whose metrics hold {what}", script, [*args, "{files}/" + name], [],
+       [f"{name}/metrics.jsonl, line 7: ", problem, "remove that line"])
+      for script, args in (("compare.py", ["{run}"]),
+                           ("train.py", ["--config", CONFIG, *TINY, "--workdir"]))
+      for name, what, problem in (
+          ("garbage", "bytes that are not UTF-8", "is not UTF-8 text (byte 0)"),
+          ("notrecord", "a JSON line without a split", "is not a metrics record"),
+          ("emptyobject", "an empty object", "'{}' is not a metrics record"),
+          ("nullline", "a null line", "'null' is not a metrics record"),
+          ("notjson", "a line of text", "'step 40 loss 0.5' is not JSON"))),
+    ("sweep report of a run whose metrics hold garbage", "sweep.py",
+     ["--sweep_dir", "{files}/damagedsweep", "--report_only"], [],
+     ["model.position=rotary/metrics.jsonl, line 7: is not UTF-8 text"]),
+    ("compare a run whose failure record is damaged", "compare.py", ["{run}", "{files}/failing"],
+     [], ["failing/failed.json is not a record of a failure", "remove it"]),
+    ("paired bootstrap of hypotheses that are not UTF-8", "compare.py",
+     ["--paired_bootstrap", "{files}/eval_a.json", "{files}/eval_latin1.json"], [],
+     ["eval_latin1.valid.txt is not UTF-8 text"]),
     ("paired bootstrap with a baseline", "compare.py",
      ["--paired_bootstrap", "--baseline", "x", "{files}/eval_a.json", "{files}/eval_b.json"],
      [], ["--baseline is for the report over run directories"]),
@@ -735,7 +829,37 @@ def files(tmp_path_factory):
                            ("eval_old", ["a b", "c d"])):
     write_evaluation(files / f"{name}.json", ["a b", "c"], references)
   os.remove(text_paths(str(files / "eval_old.json"), "valid")[1])
+  damaged_files(files)
   return files
+
+
+def damaged_files(files) -> None:
+  """Issue 31's damaged files: finished runs whose metrics.jsonl ends in a damaged line
+  (line 7), a sweep directory holding one, a run's damaged failure record, an evaluation's
+  hypotheses not in UTF-8, corpora cut mid-record or not in UTF-8."""
+  for name, line in (("garbage", b"\xff\xfe\x00junk"), ("notrecord", b'{"step": 40}'),
+                     ("emptyobject", b"{}"), ("nullline", b"null"),
+                     ("notjson", b"step 40 loss 0.5")):
+    fake_run(files / name, 0.5)
+    with open(files / name / "metrics.jsonl", "ab") as f:
+      f.write(line + b"\n")
+  sweep = files / "damagedsweep"
+  (sweep / "model.position=rotary").mkdir(parents=True)
+  (sweep / "sweep.json").write_text(json.dumps({"config": str(files / "sweep_ok.py"),
+                                                "overrides": {}, "only": []}))
+  shutil.copy(files / "garbage" / "metrics.jsonl", sweep / "model.position=rotary")
+  fake_run(files / "failing", 0.5, final=False)
+  (files / "failing" / "failed.json").write_text("[]")
+  write_evaluation(files / "eval_latin1.json", ["a b", "c"], ["a b", "c d"])
+  with open(text_paths(str(files / "eval_latin1.json"), "valid")[0], "wb") as f:
+    f.write(b"a b\nc\xe9\n")
+  rows = "".join(json.dumps({"translation": {"en": f"a b {i}", "de": f"c d {i}"}, "id": i})
+                 + "\n" for i in range(40))
+  (files / "hf" / "cut.jsonl").write_text(rows[:len(rows) // 2 + 7])
+  csv = "en,de\n" + "".join(f"a b {i},c d {i}\n" for i in range(40))
+  (files / "hf" / "valid.csv").write_text(csv)
+  (files / "hf" / "bad.csv").write_bytes(csv.encode() + b"caf\xe9,x\n" + csv.encode()[6:])
+  (files / "lm" / "latin1.py").write_bytes(b"x = 1\ny = 'caf\xe9'\n" * 40)
 
 
 @pytest.fixture(scope="module")
@@ -830,6 +954,9 @@ def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra,
   del name
   new = tmp_path / "new"
   args = [a.format(new=new, run=run, files=files, **others) for a in base + extra]
+  places = {"{run}": run, "{files}": str(files)}  # in a fragment: the paths of the arguments
+  fragments = [functools.reduce(lambda f, p: f.replace(*p), places.items(), fragment)
+               for fragment in fragments]
   _refused(cli, script, args, (tmp_path, run, files, os.path.dirname(others["lm"])), new,
            fragments)
 

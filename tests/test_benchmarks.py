@@ -73,6 +73,7 @@ def test_smoke_mode_runs(name, cli, quickstart_run, multi30k_like, tmp_path):
     ("packing.py", ["--config.data.dir={tmp}/none", "--workdir", "{tmp}/work"],
      "corpus file not found"),
     ("data_scale.py", ["--multi30k", "{tmp}/none", "--work", "{tmp}/work"], "Multi30k not found"),
+    ("fixed_costs.py", ["--repo", "{tmp}/work"], "has no train.py: give a checkout"),
 ])
 def test_without_what_it_needs_one_error_line(name, args, fragment, cli, quickstart_run,
                                               tmp_path):

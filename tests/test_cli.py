@@ -3,6 +3,7 @@ parse_flags' one-line errors. (Bad input: tests/test_bad_input.py; faults: tests
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +71,22 @@ def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
     metrics = json.load(f)
   assert set(metrics["splits"]) == {"valid", "longer"}
   assert 0.0 <= metrics["splits"]["valid"]["exact_match"] <= 1.0
+  assert "decoding: greedy (the run's own)" in result.stdout
+
+  # Issue 31: another decoding (or averaging) wrote over eval_step_N.json without a word.
+  plain = open(path).read()
+  sampled = _run("eval.py", "--workdir", workdir, "--temperature", "0.5", "--sample_seed", "3",
+                 "--average", "2")
+  assert sampled.returncode == 0, sampled.stderr
+  assert "decoding: sampled (temperature=0.5, seed 3)" in sampled.stdout
+  assert f"averaged over steps {stopped_at}, {stopped_at + 5}" in sampled.stdout
+  named = os.path.join(workdir, f"eval_step_{stopped_at + 5},average=2,temperature=0.5,"
+                                "seed=3.json")
+  assert named in sampled.stdout and json.load(open(named))["sampling"]["temperature"] == 0.5
+  refused = _run("eval.py", "--workdir", workdir, "--beam_size", "2", "--output", path)
+  _assert_one_line_error(refused, f"{path} holds another evaluation (its decoding: greedy "
+                         "(this one: beam search, 2 beams")
+  assert open(path).read() == plain
 
   plot_dir = tmp_path / "plots"
   bad = _run("eval.py", "--workdir", workdir, "--sentence", "0 9", "--nometrics",
@@ -79,6 +96,9 @@ def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
   drawn = _run("eval.py", "--workdir", workdir, "--sentence", "0 1 2", "--sentence", "5 4",
                "--nometrics", "--plot_dir", str(plot_dir))
   assert drawn.returncode == 0, drawn.stderr
+  # the decoded output is printed, not only drawn in the pictures' titles (issue 31)
+  printed = re.findall(r"--- '(0 1 2|5 4)': decoded \(greedy\) '([^']*)'", drawn.stdout)
+  assert [sentence for sentence, _ in printed] == ["0 1 2", "5 4"], drawn.stdout
   expected = {f"attention_{i}_{kind}.png" for i in (0, 1)
               for kind in ("encoder", "decoder", "cross")}
   assert set(os.listdir(plot_dir)) == expected | {"positions.png"}

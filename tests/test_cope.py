@@ -4,6 +4,7 @@ every causal-only or content-biasing encoding owes (refused in an encoder, refus
 kernels that cannot add it, cached generation = the full pass) is tested over the registry
 in test_positions.py, test_attention.py and test_families.py."""
 
+import importlib
 import itertools
 import math
 
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.conftest import make_tiny_config
+from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernels import reference_kernel
@@ -20,6 +23,7 @@ from transformer.model.masks import Mask
 from transformer.model.positions import CoPE, PositionSettings, make_positional_encoding
 from transformer.model.scores import ScaledDot
 from transformer.run import experiment
+from transformer.run.config import parse
 from transformer.study import pictures
 
 B, T, H, D = 2, 7, 2, 4
@@ -169,3 +173,19 @@ def test_pictures_record_the_content_bias_and_draw_no_position_panel(tmp_path):
   assert np.all(np.triu(counted[0, 0], 1) == 0.0)
   np.testing.assert_allclose(counted.sum(-1), 1.0, rtol=1e-5)
   assert not np.allclose(counted, flat, atol=1e-3)
+
+
+def test_the_configs_named_for_an_encoder_that_refuses_cope_take_it():
+  """Issue 31: the refusal of CoPE in an encoder advised model.arch=decoder, which the
+  default task refuses in turn; it now names decoder-only configs, and each builds with it."""
+  with pytest.raises(ConfigError) as refused:
+    experiment.build(parse(make_tiny_config(**{"model.position": "cope"})))
+  for (path, overrides), command in zip(experiment.DECODER_ONLY,
+                                        experiment.decoder_only_commands("cope")):
+    assert command in str(refused.value)
+    config = importlib.import_module(path.removesuffix(".py").replace("/", ".")).get_config()
+    for override in (*overrides, "model.position=cope"):
+      (section, field), value = override.split("=")[0].split("."), override.split("=")[1]
+      config[section][field] = value
+    exp = experiment.build(parse(config), announce=False)
+    assert exp.model.arch == "decoder" and exp.model.position == "cope"

@@ -65,7 +65,8 @@ def _reference_greedy(model, batch, max_len):
 @pytest.mark.parametrize("position,score,window", [
     *[(p, "scaled_dot", "full") for p in ENCODER_POSITIONS],
     *[("rotary", s, "full") for s in sorted(SCORES) if s != "scaled_dot"],
-    ("rotary", "scaled_dot", "local"), ("learned", "additive", "local")])
+    ("rotary", "scaled_dot", "local"), ("learned", "additive", "local"),
+    ("rotary+none", "scaled_dot", "local+full"), ("t5+alibi", "scaled_dot", "full")])
 def test_cached_step_logits_equal_full_decoding(position, score, window):
   model = _model(position, score, window)
   targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, MAX_LEN)), jnp.int32)

@@ -39,6 +39,8 @@ forward = nnx.jit(lambda model, batch: model(batch))
 FAMILY_POSITIONS = {
     "encoder": sorted(name for name, cls in POSITIONS.items() if not cls.causal_only),
     "decoder": sorted(POSITIONS)}
+# Layer-wise patterns (model/layer_pattern.py): a RoPE/NoPE hybrid; CoPE's and FIRE's layers.
+DECODER_PATTERNS = ["rotary+none", "cope+fire"]
 
 
 def _model(arch, position="sinusoidal", pooling="none", score="scaled_dot", **kw):
@@ -195,7 +197,7 @@ def test_macro_f1_against_hand_computed_values():
 # --------------------------------------------------------------------------- decoder
 
 
-@pytest.mark.parametrize("position", FAMILY_POSITIONS["decoder"])
+@pytest.mark.parametrize("position", FAMILY_POSITIONS["decoder"] + DECODER_PATTERNS)
 def test_cached_generation_equals_full_recomputation_and_prefixes_ignore_the_future(position):
   model = _without_zeros(_model("decoder", position))
   prompts = jnp.asarray(np.random.default_rng(0).integers(3, 19, (3, 5)), jnp.int32)

@@ -28,6 +28,7 @@ from transformer.model.layers import Dropout
 from transformer.model.log_once import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
+from transformer.model.positions.randomized import AtSampledOffsets
 from transformer.model.scores import SCORES, make_score
 from transformer.run import experiment
 from transformer.run.config import parse
@@ -189,6 +190,20 @@ def test_auto_falls_back_from_pallas_with_its_reason(backend, need):
   assert "content-dependent" in dict(cope.passed_over)["xla"]
 
 
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_auto_passes_pallas_over_for_a_bias_at_sampled_offsets(backend):
+  """ALiBi at randomized offsets drawn per batch (random_positions_draw=per_batch) reads its
+  bias from a table, which pallas cannot do in-kernel: passed over with that reason, for
+  xla (float32: cuDNN passes the GPU's layer over too)."""
+  alibi = make_positional_encoding("alibi", 16, H, 16, causal=True, rngs=None)
+  needs = Needs.of(make_score("scaled_dot", H, D, rngs=nnx.Rngs(0)),
+                   AtSampledOffsets(alibi, None), position="alibi")
+  assert needs.bias and needs.gathered_bias
+  choice, _ = choose(AUTO, needs, Target(backend))
+  assert choice.name == "xla"
+  assert "reads its bias at sampled offsets" in dict(choice.passed_over)["pallas"]
+
+
 def test_the_declaration_decides_what_auto_offers(monkeypatch):
   """A kernel declaring auto_only_with_bias (here xla's function, first in the CPU's order)
   is auto's choice for a layer with a positional bias and no candidate for one without
@@ -261,8 +276,8 @@ def test_an_emulated_kernel_trains_with_a_warning_and_is_evaluated_as_its_stand_
 
 def _model(monkeypatch, backend, **cfg):
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
-  cfg = ModelConfig(vocab_size=8, d_model=16, num_heads=H, d_ff=16, num_encoder_layers=2,
-                    num_decoder_layers=2, **cfg)
+  cfg = ModelConfig(**{"vocab_size": 8, "d_model": 16, "num_heads": H, "d_ff": 16,
+                       "num_encoder_layers": 2, "num_decoder_layers": 2, **cfg})
   return nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))
 
 
@@ -288,6 +303,22 @@ def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(mon
   assert kernel_choices(_model(monkeypatch, "gpu", position="t5", dtype="bfloat16",
                                attention=AttentionConfig(kernel="xla"))) == []  # not chosen
   assert kernel_warnings(model) == []
+
+
+def test_a_layer_wise_pattern_chooses_each_layers_kernel_and_the_log_lists_its_layers(
+    monkeypatch):
+  """Under model.position=rotary+t5 (faked GPU, bf16) the rotary layers take cuDNN and the
+  T5 layers, whose bias is learned, pallas: the log lists the layers of each choice by
+  index where the choice is not every layer's at that place."""
+  model = _model(monkeypatch, "gpu", position="rotary+t5", dtype="bfloat16",
+                 num_decoder_layers=3)
+  lines = kernel_choices(model)
+  assert lines[0] == ("kernel auto -> cudnn for 6 layers: decoder.layers.*.cross_attention, "
+                      "decoder.layers.{0,2}.self_attention, encoder.layers.0.self_attention")
+  assert lines[1].startswith("kernel auto -> pallas for 2 layers: "
+                             "decoder.layers.1.self_attention, encoder.layers.1.self_attention "
+                             "(cudnn: ")
+  assert "position 't5'" in lines[1] and len(lines) == 2
 
 
 def test_a_run_logs_its_choices_once_and_a_sweep_check_logs_none(tiny_config, caplog):

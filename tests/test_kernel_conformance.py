@@ -1,9 +1,10 @@
 """Every kernel of KERNELS against the reference kernel (the formula: its own tests check it
 against NumPy), over everything the kernel declares it supports: each axis varied from a
-base case — every scorer, every encoding that biases the logits (and none), the masks
-(causal, bidirectional, a local window, causal within a window, cross-attention of other
-lengths, a one-query decoding step; every batch holds a packed row and a padded row of
-gapped positions), grouped- and multi-query heads, each dtype, a logit soft-cap — kept where
+base case — every scorer, every encoding that biases the logits (and none; the relative
+ones also at sampled offsets, a table's), the masks (causal, bidirectional, a local window,
+causal within a window, cross-attention of other lengths, a one-query decoding step; every
+batch holds a packed row and a padded row of gapped positions), grouped- and multi-query
+heads, each dtype, a logit soft-cap — kept where
 kernel_choice.check accepts the case's Needs. Values and gradients (of q, k, v and of the
 scorer's and the encoding's parameters) on the queries that see a key (the fused kernels
 let a padding query attend to every key instead of none; no loss reads it). Attention
@@ -38,6 +39,7 @@ from transformer.model.kernels import KERNELS, reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionSettings, make_positional_encoding
+from transformer.model.positions.randomized import AtSampledOffsets, batch_offsets
 from transformer.model.positions.relative import Fire, T5Bias
 from transformer.model.scores import SCORES, make_score
 
@@ -48,8 +50,11 @@ DTYPES = ("float32", "bfloat16")
 SETTINGS = PositionSettings(t5=T5Bias.Settings(num_buckets=8, max_distance=12),
                             fire=Fire.Settings(width=4))
 # Every encoding that biases the logits (the kernels' concern; rotations and embeddings act
-# before them), and none.
+# before them), and none; each relative one also at sampled offsets ("NAME@sampled": its
+# bias read from a table, as randomized positions drawn per batch give it).
 POSITIONS_SEEN = sorted(n for n, cls in POSITIONS.items() if cls.biases or cls.content_biases)
+SAMPLED = "@sampled"
+POSITIONS_SEEN += [n + SAMPLED for n in POSITIONS_SEEN if POSITIONS[n].relative]
 
 
 def _rows(length=T):
@@ -87,15 +92,23 @@ class Case:
   softcap: float = 0.0
 
   def parts(self):
-    """(scorer, encoding, mask, its Needs)."""
+    """(scorer, encoding, mask, its Needs); view(encoding) is what the kernel is handed."""
     scorer = make_score(self.score, H, D, rngs=nnx.Rngs(2))
     mask = _mask(self.mask)
-    encoding = make_positional_encoding(self.position, H * D, H, 64, causal=mask.causal,
+    name = self.position.removesuffix(SAMPLED)
+    encoding = make_positional_encoding(name, H * D, H, 64, causal=mask.causal,
                                         settings=SETTINGS, rngs=nnx.Rngs(1))
-    needs = Needs.of(scorer, encoding, score=self.score, position=self.position,
+    needs = Needs.of(scorer, self.view(encoding), score=self.score, position=name,
                      softcap=self.softcap, window=mask.window is not None,
                      grouped=self.kv_heads < H, dtype=self.dtype, block_size=BLOCK)
     return scorer, encoding, mask, needs
+
+  def view(self, encoding):
+    """The encoding at sampled offsets (a fixed draw of 2 rows' distances) for NAME@sampled."""
+    if not self.position.endswith(SAMPLED):
+      return encoding
+    table = batch_offsets(jax.random.key(4), jnp.array([T, 5]), T, 16)  # distances < 16
+    return AtSampledOffsets(encoding, table)
 
   def __str__(self):
     base = Case(dtype=self.dtype)
@@ -188,8 +201,8 @@ def _outputs_and_grads(name: str, case: Case):
   qkv, qkv_f32, weights = _inputs(case)
 
   def loss(q, k, v, score_state, enc_state, run):
-    out = run(q, k, v, mask, nnx.merge(enc_def, enc_state), nnx.merge(score_def, score_state),
-              Dropout(0.0), None)
+    out = run(q, k, v, mask, case.view(nnx.merge(enc_def, enc_state)),
+              nnx.merge(score_def, score_state), Dropout(0.0), None)
     return jnp.sum(jnp.where(seen, out.astype(jnp.float32) * weights, 0.0)), out
 
   def both(qkv, qkv_f32):
@@ -310,6 +323,7 @@ def test_every_kernel_but_the_reference_has_cases_on_every_axis_it_declares():
     mine = cases(name)
     assert any(c.softcap for c in mine) == kernel.softcap, name
     assert any(c.position == "cope" for c in mine) == kernel.content_bias, name
+    assert any(c.position.endswith(SAMPLED) for c in mine) == kernel.gathered_bias, name
     assert {c.dtype for c in mine} == set(kernel.dtypes or DTYPES), name
     assert ({c.score for c in mine} == set(SCORES)) == kernel.any_score, name
     assert {c.mask for c in mine} == set(MASKS) and {c.kv_heads for c in mine} == {1, 2, H}

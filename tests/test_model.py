@@ -174,11 +174,17 @@ def test_remat_gives_the_same_loss_and_gradients_with_dropout():
     np.testing.assert_allclose(r, g, rtol=1e-4, atol=1e-5)  # recomputation reorders sums
 
 
-def test_scanned_layers_equal_the_layer_loop():
+@pytest.mark.parametrize("position,window,layers", [
+    ("t5", "full", (2, 3)),  # a bias table every layer reads, inside the scan
+    ("t5+rotary", "full+local", (4, 5))])  # a layer-wise pattern: two layers a scan step
+def test_scanned_layers_equal_the_layer_loop(position, window, layers):
   """scan_layers: the same parameter layout (checkpoints interchangeable), logits, gradients
-  and cached greedy decoding as the per-layer loop, with the layer traced once per stack."""
-  cfg = ModelConfig(**{**TINY, "dropout": 0.0, "num_encoder_layers": 2, "num_decoder_layers": 3},
-                    position="t5")  # a bias table every layer reads, inside the scan
+  and cached greedy decoding as the per-layer loop, with the layer traced once per stack
+  (under a pattern of period 2: the two layers of a period once, and a last layer of an
+  unfinished period by itself)."""
+  cfg = ModelConfig(**{**TINY, "dropout": 0.0, "num_encoder_layers": layers[0],
+                       "num_decoder_layers": layers[1]}, position=position,
+                    attention=AttentionConfig(window=window, window_size=2))
   batch = _batch()
 
   def run(scan):

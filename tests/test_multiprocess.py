@@ -76,9 +76,10 @@ def _start(args, num_processes=2, core=None, polls=None):
   preemption sync point into `polls`.PROCESS_ID."""
   port = _free_port()
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "PYTHONPATH": ROOT}
-  # no shared compilation cache (conftest): JAX writes its entries from process 0 only, and
-  # without a file lock another process could read one half written
+  # no compilation cache (conftest's, or the CLIs' default one under ~/.cache): these tests
+  # time the processes' start and their signals, which loaded programs would change
   env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
   pin = [] if core is None else ["-c", PINNED, str(core), polls]
   return [subprocess.Popen(
       [sys.executable, *pin, *args, f"--coordinator_address=127.0.0.1:{port}",
@@ -147,7 +148,7 @@ def test_sigterm_to_one_host_stops_both_at_one_step_and_the_rerun_is_exact(sweep
           "--config.seed=0"]  # the sweep's first run
   procs = _start(args)
   for line in procs[0].stdout:
-    if "parameters;" in line:  # just before the first step (and its compilation)
+    if "compiling the train step" in line:  # just before the first step's compilation
       break
   procs[1].send_signal(signal.SIGTERM)  # one host is preempted: JAX's notifier needs ~1 s to
   # agree on a stop step with the other host, which the first step's compilation covers

@@ -93,8 +93,9 @@ def test_position_panels_are_the_formulas():
   panels = pictures.position_panels(alibi, length, d, heads)
   assert len(panels) == heads
   distance = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :])
+  before = np.tri(length, k=-1)  # keys before the query: an encoder's offset 0.5
   for (_, bias), slope in zip(panels, alibi_slopes(heads)):
-    np.testing.assert_allclose(bias, -slope * distance, rtol=1e-6)
+    np.testing.assert_allclose(bias, -slope * (distance - 0.5 * before), rtol=1e-6)
 
   xpos = make_positional_encoding("xpos", d, heads, length, rngs=nnx.Rngs(0))
   (_, scaled), (_, dots) = pictures.position_panels(xpos, length, d, heads)

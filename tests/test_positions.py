@@ -6,11 +6,15 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
+from transformer.model.config import ModelConfig
+from transformer.model.families import make_model
+from transformer.model.masks import Mask
 from transformer.model.positions import (POSITIONS, ALiBi, CoPE, Fire, Kerple, PositionSettings,
                                          Rotary, T5Bias, XPos, alibi_slopes,
                                          make_positional_encoding, relative_position_bucket,
@@ -175,12 +179,107 @@ def test_alibi_slopes():
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
-  enc = make_positional_encoding("alibi", 8, 2, 0, rngs=nnx.Rngs(0))
+  """Causal: −m·|i − j|; bidirectional with bidirectional_offset 0 (runs saved before it) the
+  same, symmetric."""
   pos = jnp.arange(5)[None]
-  bias = np.asarray(enc.bias(pos, pos))[0]  # [h, q, k]
   i, j = np.meshgrid(np.arange(5), np.arange(5), indexing="ij")
-  for h, m in enumerate([2.0 ** -4, 2.0 ** -8]):
-    np.testing.assert_allclose(bias[h], -m * np.abs(i - j))
+  symmetric = ALiBi.Settings(bidirectional_offset=0.0)
+  for causal, settings in [(True, None), (False, symmetric)]:
+    enc = make_positional_encoding("alibi", 8, 2, 0, causal=causal, settings=PositionSettings(
+        alibi=settings or ALiBi.Settings()), rngs=nnx.Rngs(0))
+    bias = np.asarray(enc.bias(pos, pos))[0]  # [h, q, k]
+    for h, m in enumerate([2.0 ** -4, 2.0 ** -8]):
+      np.testing.assert_allclose(bias[h], -m * np.abs(i - j))
+
+
+def deepmind_alibi(num_heads: int, q_len: int, k_len: int) -> np.ndarray:
+  """The bidirectional ALiBi bias [h, q, k] as DeepMind's compute_alibi_encodings_biases
+  (models/positional_encodings.py of randomized_positional_encodings and of
+  neural_networks_chomsky_hierarchy) builds it: minus one for every strict lower triangle
+  below (k = −1, −2, ...) and every strict upper one, so −|i − j|; plus 0.5 on the strict
+  lower triangle (keys before the query); times the head's slope, the geometric sequence
+  from 2^(−8/n) with ratio 2^(−8/n) for n a power of two."""
+  alibi = np.zeros((q_len, k_len))
+  for d in range(1, q_len):
+    alibi -= np.tri(q_len, k_len, k=-d)
+  for d in range(1, k_len):
+    alibi -= np.tri(k_len, q_len, k=-d).T
+  alibi += 0.5 * np.tri(q_len, k_len, k=-1)
+  start = 2.0 ** (-8.0 / num_heads)
+  slopes = np.array([start * start ** h for h in range(num_heads)])
+  return alibi * slopes[:, None, None]
+
+
+@pytest.mark.parametrize("heads", [2, 8])
+def test_bidirectional_alibi_is_deepminds(heads):
+  """An encoder's ALiBi by default is DeepMind's: keys before the query get m·0.5 more, so
+  its two sides differ; as a function of positions it moves with them."""
+  enc = make_positional_encoding("alibi", 16, heads, 0, causal=False, rngs=nnx.Rngs(0))
+  pos = jnp.arange(7)[None]
+  np.testing.assert_allclose(np.asarray(enc.bias(pos, pos))[0], deepmind_alibi(heads, 7, 7),
+                             rtol=1e-6, atol=1e-7)
+  gapped = jnp.array([[0, 2, 3, 7]])
+  expected = np.abs(np.asarray(gapped).T - np.asarray(gapped)) - 0.5 * np.tri(4, k=-1)
+  np.testing.assert_allclose(np.asarray(enc.bias(gapped, gapped))[0, 0],
+                             -alibi_slopes(heads)[0] * expected, rtol=1e-6)
+
+
+def _alibi_encoder(offset: float, seed: int = 0):
+  """An encoder whose only positions are ALiBi's, mean-pooled into 2 classes. max_bias 2
+  (slopes 1/2, 1/4): the offset's logit shift, m·offset, is large enough to learn from in a
+  few hundred steps."""
+  alibi = ALiBi.Settings(max_bias=2.0, bidirectional_offset=offset)
+  cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+                    dropout=0.0, max_len=8, position="alibi", arch="encoder", pooling="mean",
+                    num_classes=2, position_settings=PositionSettings(alibi=alibi))
+  return make_model(cfg, rngs=nnx.Rngs(seed))
+
+
+def _trained_accuracy(model, inputs, labels, steps=300):
+  """Accuracy on (inputs, labels) after `steps` of full-batch Adam (learning rate 0.01)."""
+  graphdef, params = nnx.split(model, nnx.Param)
+  batch, optimizer = {"inputs": jnp.asarray(inputs)}, optax.adam(1e-2)
+
+  def loss(params):
+    logits = nnx.merge(graphdef, params)(batch)[:, 0]  # the pooled logits
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(), logits
+
+  @jax.jit
+  def step(params, state):
+    (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    updates, state = optimizer.update(grads, state, params)
+    return optax.apply_updates(params, updates), state, jnp.mean(jnp.argmax(logits, -1) == labels)
+
+  state = optimizer.init(params)
+  for _ in range(steps):
+    params, state, accuracy = step(params, state)
+  return float(accuracy)
+
+
+def test_an_encoder_with_alibi_alone_tells_a_sequence_from_its_reverse():
+  """Symmetric (bidirectional_offset 0), the bias depends on |i − j| alone: the encoder's
+  outputs reverse with its input, so its mean-pooled outputs of x and of x reversed are the
+  same and it cannot learn which of the two it reads (exactly half right). With DeepMind's
+  0.5 (the default) the outputs differ, and it learns to tell them apart."""
+  rng = np.random.default_rng(0)
+  strings = rng.integers(3, 12, (200, 3))
+  strings = np.unique(strings[strings[:, 0] != strings[:, -1]], axis=0)[:48]
+  inputs = np.concatenate([strings, strings[:, ::-1]]).astype(np.int32)
+  labels = jnp.asarray(np.arange(96) >= 48, jnp.int32)  # which of the two orders
+  def forward(model, x):  # the encoder stack's outputs, before pooling
+    return np.asarray(model.encoder(model.embeddings.source(x), _self_mask(x), None))
+
+  for offset, reverses in [(0.0, True), (0.5, False)]:
+    model = _alibi_encoder(offset)
+    out, out_reversed = forward(model, inputs[:48]), forward(model, inputs[48:])
+    assert np.allclose(out_reversed, out[:, ::-1], atol=1e-5) == reverses
+  assert _trained_accuracy(_alibi_encoder(0.0), inputs, labels) == 0.5
+  assert _trained_accuracy(_alibi_encoder(0.5), inputs, labels) > 0.8
+
+
+def _self_mask(inputs) -> Mask:
+  positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+  return Mask(jnp.ones_like(positions), jnp.ones_like(positions), positions, positions)
 
 
 BIDIRECTIONAL = {0: 0, -1: 1, 1: 17, -7: 7, 7: 23, -8: 8, -16: 10, -127: 15, -128: 15, -1000: 15,
@@ -238,7 +337,8 @@ def test_settings_change_what_the_encodings_compute():
 
 
 @pytest.mark.parametrize("cls,field,value,allowed", [
-    (ALiBi, "max_bias", 0.0, "> 0"), (T5Bias, "num_buckets", 2, "≥ 4"),
+    (ALiBi, "max_bias", 0.0, "> 0"), (ALiBi, "bidirectional_offset", -0.5, "≥ 0"),
+    (T5Bias, "num_buckets", 2, "≥ 4"),
     (T5Bias, "max_distance", 16, "> num_buckets // 2 (16)"), (Rotary, "base", 1.0, "> 1"),
     (XPos, "scale_base", -1.0, "> 0"), (Kerple, "max_init_r2", 0.0, "> 0.01"),
     (Fire, "width", 0, "≥ 1"), (CoPE, "max_positions", 1, "≥ 2")])

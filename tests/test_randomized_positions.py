@@ -1,6 +1,7 @@
-"""Randomized positions (model.random_positions, Ruoss et al. 2023): the sampler's
-distribution, the stacks that draw them, cached decoding at the drawn positions, relative
-encodings still relative, and a run that trains, evaluates and resumes exactly."""
+"""Randomized positions (model.random_positions, Ruoss et al. 2023): per_row's sampler's
+distribution, the stacks that draw them, cached decoding at the drawn positions (per_row and
+per_batch), relative encodings still relative, and a run that trains, evaluates and resumes
+exactly. per_batch against Ruoss et al.'s code: tests/test_randomized_draws.py."""
 
 import itertools
 import math
@@ -102,15 +103,22 @@ def _config(position="learned", **kw):
                      max_position=40, **kw)
 
 
-def test_a_stack_draws_from_its_rngs_or_a_fixed_key_when_deterministic():
-  stack = Stack(_config("rotary"), CausalLayer, 1, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("draw", ["per_batch", "per_row"])
+def test_a_stack_draws_from_its_rngs_or_a_fixed_key_when_deterministic(draw):
+  """Training draws from the rngs' key (the step's), a deterministic call from a fixed one;
+  a row longer than the range drawn from is refused."""
+  stack = Stack(_config("rotary", random_positions_draw=draw), CausalLayer, 1,
+                rngs=nnx.Rngs(0))
   positions = jnp.broadcast_to(jnp.arange(5), (2, 5))
   mask = Mask(jnp.ones((2, 5)), jnp.ones((2, 5)), positions, positions, causal=True)
-  drawn = lambda rngs: np.asarray(stack.draw_positions(mask, rngs).q_positions)  # noqa: E731
-  np.testing.assert_array_equal(drawn(None), drawn(None))
-  np.testing.assert_array_equal(drawn(nnx.Rngs(dropout=5)), drawn(nnx.Rngs(dropout=5)))
-  assert not np.array_equal(drawn(nnx.Rngs(dropout=5)), drawn(nnx.Rngs(dropout=6)))
-  assert not np.array_equal(drawn(None), np.asarray(positions))
+  x = jax.random.normal(jax.random.key(0), (2, 5, TINY["d_model"]))
+  out = lambda rngs: np.asarray(stack(x, mask, rngs))  # noqa: E731
+  np.testing.assert_array_equal(out(None), out(None))
+  np.testing.assert_array_equal(out(nnx.Rngs(dropout=5)), out(nnx.Rngs(dropout=5)))
+  assert not np.allclose(out(nnx.Rngs(dropout=5)), out(nnx.Rngs(dropout=6)))
+  plain = Stack(ModelConfig(**{**TINY, "max_len": 8}, position="rotary"), CausalLayer, 1,
+                rngs=nnx.Rngs(0))
+  assert not np.allclose(out(None), plain(x, mask, None))
   with pytest.raises(ConfigError, match="length 41 exceeds model.max_position=40"):
     stack.check_length(41)
 
@@ -125,17 +133,22 @@ def test_the_learned_table_covers_max_position_and_the_switch_changes_the_model(
                          atol=1e-3)
 
 
-@pytest.mark.parametrize("position", ["learned"])  # rotation: the generation test below
-def test_cached_decoding_equals_the_full_pass_at_the_drawn_positions(position):
-  """Decoding draws its max_len slots' positions as a full pass of max_len tokens does."""
-  model = EncoderDecoder(_config(position), rngs=nnx.Rngs(0))
+# per_batch's rotations: the generation test below, and each layer's draw of a decoding step:
+# tests/test_randomized_draws.py
+@pytest.mark.parametrize("position,draw", [("learned", "per_row"), ("alibi", "per_batch")])
+def test_cached_decoding_equals_the_full_pass_at_the_drawn_positions(position, draw):
+  """Decoding draws its max_len slots' positions (per_batch: each layer's, or its sampled
+  offsets) as a full pass of max_len tokens does."""
+  model = EncoderDecoder(_config(position, random_positions_draw=draw), rngs=nnx.Rngs(0))
   targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, MAX_LEN)), jnp.int32)
   np.testing.assert_allclose(_cached_logits(model, BATCH, targets),
                              _full_logits(model, BATCH, targets), rtol=1e-4, atol=1e-4)
 
 
-def test_cached_generation_equals_the_full_pass_at_the_drawn_positions():
-  model = DecoderOnly(_config("xpos", arch="decoder"), rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("draw", ["per_row", "per_batch"])
+def test_cached_generation_equals_the_full_pass_at_the_drawn_positions(draw):
+  model = DecoderOnly(_config("xpos", arch="decoder", random_positions_draw=draw),
+                      rngs=nnx.Rngs(0))
   prompts = jnp.asarray(np.random.default_rng(0).integers(3, 13, (3, 4)), jnp.int32)
   tokens, cached = nnx.jit(lambda m, p, n: generate(m, p, n, 10))(model, prompts,
                                                                    jnp.array([1, 2, 4]))
@@ -151,6 +164,8 @@ def test_encodings_without_positions_refuse_the_switch(position):
 
 
 def test_a_run_trains_evaluates_and_resumes_exactly(tmp_path, tiny_config):
+  """per_batch (the default): every draw a function of (seed, step), or of the evaluation
+  batch's number."""
   config = tiny_config(**{"model.random_positions": True, "model.max_position": 24,
                           "model.position": "rotary"})
   straight, resumed = str(tmp_path / "straight"), str(tmp_path / "resumed")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config
+from tests.conftest import make_tiny_config, passkey_lm_config
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
@@ -204,26 +204,9 @@ def test_mqar_metrics_are_one_given_the_answer_and_chance_at_random():
 
 # --------------------------------------------------------------------------- end to end
 
-CORPUS = [passkey.FILLER, passkey.HEAD + " 12345", passkey.REMEMBER, passkey.TAIL,
-          passkey.QUESTION + " 4096"]
-
-
 def _lm_config(directory: pathlib.Path, **passkey_fields):
   """A tiny language model on a corpus whose vocabulary writes the prompt's words whole."""
-  for split, n in (("train", 200), ("valid", 40)):
-    (directory / f"{split}.py").write_text("\n".join(
-        f"# {CORPUS[i % len(CORPUS)]}\ndef f{i}(x):\n  return x * {i % 7} + {i % 5}"
-        for i in range(n)))
-  raw = make_tiny_config(**{"train.num_steps": 2, "train.log_every": 1,
-                            "train.checkpoint_every": 2, "eval.num_examples": 2,
-                            "eval.batch_size": 8, "train.batch_size": 4,
-                            "model.max_len": 128}).to_dict()
-  raw["data"] = dict(source="lm", corpus="files", dir=str(directory), train_files="train.py",
-                     valid_files="valid.py", vocab_size=160, max_len=64, max_factor=2,
-                     passkey=passkey_fields)
-  raw["model"].update(arch="decoder")
-  raw.pop("task", None)
-  return config_lib.parse(raw)
+  return config_lib.parse(passkey_lm_config(directory, **passkey_fields))
 
 
 @pytest.fixture(scope="module")

@@ -288,7 +288,7 @@ def test_a_trained_run_evaluates_under_yarn_as_the_same_run(tmp_path):
   refused = cli.run("eval.py", "--workdir", workdir, *YARN, "--output",
                     os.path.join(workdir, "eval_step_5.json"))
   assert refused.returncode == 2
-  assert "holds an evaluation under other overrides (none; this one:" in refused.stderr
+  assert "holds another evaluation (its overrides: none (this one:" in refused.stderr
   assert pathlib.Path(workdir, "eval_step_5.json").read_bytes() == files["eval_step_5.json"]
   # On a rotary run: the rotated fraction is its identity; YaRN needs the length trained on.
   for args, fragment in (([f"--config.{ROTARY}rotated_fraction=0.5"],

@@ -75,7 +75,8 @@ def test_settings_are_sweepable():
 
 @pytest.mark.parametrize("section,key,value,message", [
     ("model.position_settings.alibi", "foo", 1,
-     "unknown field(s) foo in config.model.position_settings.alibi; fields: max_bias"),
+     "unknown field(s) foo in config.model.position_settings.alibi; fields: "
+     "bidirectional_offset, max_bias"),
     ("model.position_settings", "alibii", {"max_bias": 1.0},
      "unknown field(s) alibii in config.model.position_settings; fields: "
      + ", ".join(sorted(f.name for f in dataclasses.fields(PositionSettings)))),

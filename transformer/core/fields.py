@@ -4,11 +4,15 @@ field's declared role:
   * identity (the default): what the run's parameters mean; a workdir's run keeps them;
   * execution: how the run computes or where its files are (kernel, dtype, paths, the
     training schedule); may differ when a run is resumed or evaluated elsewhere;
+    a field without a declared role has its section's, so a section of the execution role
+    may hold an identity field (identity_field: train.init_from);
   * derived: not a config field; set from other parts (a model's vocabulary size from its
     data source).
-A field may also declare where it lived in an older config layout (`moved_from`), and a
-section of per-entry settings which entry counts (`chosen_by`): checks and migrations derive
-from these declarations (identity, migrate), never from hand-kept lists of paths.
+A field may also declare where it lived in an older config layout (`moved_from`), the value a
+run saved before the field existed meant (`changed`), the sibling switch it is read under
+(`used_if`), and a section of per-entry settings which entry counts (`chosen_by`): checks and
+migrations derive from these declarations (identity, migrate, as_saved), never from
+hand-kept lists of paths.
 
 The dataclasses are the config's schema: `schema` gives a section's every field with its
 default, the ConfigDict a config file starts from (run/config.py) and changes by deltas."""
@@ -120,7 +124,7 @@ def dataclass_from(cls: type[T], section: Mapping[str, Any], name: str, **extra)
 
 # --------------------------------------------------------------------------- roles
 
-ROLE, EXECUTION, DERIVED = "role", "execution", "derived"
+ROLE, IDENTITY, EXECUTION, DERIVED = "role", "identity", "execution", "derived"
 
 
 def execution(default: Any = dataclasses.MISSING, **kwargs) -> Any:
@@ -131,9 +135,50 @@ def execution(default: Any = dataclasses.MISSING, **kwargs) -> Any:
   return dataclasses.field(default=default, metadata={ROLE: EXECUTION}, **kwargs)
 
 
+def identity_field(default: Any = dataclasses.MISSING) -> Any:
+  """A field with the identity role in a section of the execution role (a field without a
+  role has its section's): train.init_from, the parameters a run starts from."""
+  return dataclasses.field(default=default, metadata={ROLE: IDENTITY})
+
+
 def derived(default: Any = dataclasses.MISSING) -> Any:
   """A field set from other parts of the config, never given in it (module docstring)."""
   return dataclasses.field(default=default, metadata={ROLE: DERIVED})
+
+
+# Field metadata: the value a config saved before the field existed meant (changed); the
+# sibling boolean under which alone the field is read (its knob counts for nothing while the
+# switch is off: neither identity nor in_use lists it).
+OLD, USED_IF = "value_before", "used_if"
+
+
+def changed(new: Any, *, old: Any, metadata: Mapping[str, Any] | None = None) -> Any:
+  """A field added when what the code computes changed: configs get `new` by default; a run
+  saved before the field existed (its config.json lacks it) meant `old` and keeps it
+  (as_saved)."""
+  return dataclasses.field(default=new, metadata={OLD: old, **(metadata or {})})
+
+
+def as_saved(cls: type, section: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved config's section of dataclass `cls` (nested dicts), every `changed` field it
+  lacks set to the value it meant when saved, in its nested sections too."""
+  hints = typing.get_type_hints(cls)
+  out = dict(section)
+  for field in dataclasses.fields(cls):
+    if OLD in field.metadata and field.name not in out:
+      out[field.name] = field.metadata[OLD]
+    elif dataclasses.is_dataclass(hints[field.name]) and _has_changed(hints[field.name]):
+      sub = out.get(field.name, {})
+      if isinstance(sub, Mapping):
+        out[field.name] = as_saved(hints[field.name], sub)
+  return out
+
+
+def _has_changed(cls: type) -> bool:
+  hints = typing.get_type_hints(cls)
+  return any(OLD in f.metadata or (dataclasses.is_dataclass(hints[f.name])
+                                   and _has_changed(hints[f.name]))
+             for f in dataclasses.fields(cls))
 
 
 def is_config_field(field: dataclasses.Field) -> bool:
@@ -142,8 +187,9 @@ def is_config_field(field: dataclasses.Field) -> bool:
 
 def identity(obj, prefix: str = "") -> dict[str, Any]:
   """{dotted path: value} of the identity fields of a typed config (or section), recursing
-  into sections; in a settings section declared `chosen_by` a sibling field, only the
-  chosen entry's settings count (the knobs of entries a run does not use do not change it)."""
+  into sections; in a settings section declared `chosen_by` a sibling field (or a property
+  giving several entries' names), only the chosen entries' settings count (the knobs of
+  entries a run does not use do not change it)."""
   return _values(obj, prefix, skipped=(EXECUTION, DERIVED))
 
 
@@ -153,20 +199,28 @@ def in_use(obj, prefix: str = "") -> dict[str, Any]:
   return _values(obj, prefix, skipped=(DERIVED,))
 
 
-def _values(obj, prefix: str, skipped: tuple[str, ...]) -> dict[str, Any]:
+def _values(obj, prefix: str, skipped: tuple[str, ...], role: str = IDENTITY
+            ) -> dict[str, Any]:
+  """The fields of `obj` (a section of `role`) whose role is not `skipped`; a field
+  without a role has its section's, and a section's fields declaring another role count
+  by theirs."""
   out = {}
   for field in dataclasses.fields(obj):
-    if field.metadata.get(ROLE) in skipped:
+    own = field.metadata.get(ROLE, role)
+    if USED_IF in field.metadata and not getattr(obj, field.metadata[USED_IF]):
       continue
     value, path = getattr(obj, field.name), f"{prefix}{field.name}"
+    if own in skipped and not (dataclasses.is_dataclass(value) and own == EXECUTION):
+      continue
     chosen = field.metadata.get("chosen_by")
-    if chosen is not None:
-      key = getattr(obj, chosen)
-      entry = getattr(value, key, None)
-      out.update(_values(entry, f"{path}.{key}.", skipped) if entry is not None else {})
+    if chosen is not None:  # a field naming the entry, or a property naming several
+      keys = getattr(obj, chosen)
+      for key in (keys,) if isinstance(keys, str) else keys:
+        entry = getattr(value, key, None)
+        out.update(_values(entry, f"{path}.{key}.", skipped, own) if entry is not None else {})
     elif dataclasses.is_dataclass(value):
-      out.update(_values(value, f"{path}.", skipped))
-    else:
+      out.update(_values(value, f"{path}.", skipped, own))
+    elif own not in skipped:
       out[path] = value
   return out
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sacrebleu
 
 
 def cross_entropy(logits: jax.Array, targets: jax.Array, weights: jax.Array,
@@ -73,6 +72,7 @@ def exact_match_by_length(predictions: np.ndarray, targets: np.ndarray,
 def text_scores(hypotheses: list[str], references: list[str]) -> dict:
   """Corpus sacreBLEU and chrF of detokenized hypotheses against one reference each, and
   the BLEU signature (tokenizer, smoothing, version) that makes the score comparable."""
+  import sacrebleu  # noqa: PLC0415 - text runs only: not in every run's start-up
   bleu = sacrebleu.metrics.BLEU()
   return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
           "chrf": sacrebleu.metrics.CHRF().corpus_score(hypotheses, [references]).score,

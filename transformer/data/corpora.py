@@ -54,7 +54,20 @@ def stdlib_files(data) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
 
 
 def _read(path) -> str:
+  """An interpreter's own source file (the stdlib is UTF-8 by PEP 3120; a stray byte is not
+  the user's to fix)."""
   return epath.Path(path).read_bytes().decode("utf-8", errors="replace")
+
+
+def _read_text(path) -> str:
+  """A corpus file as UTF-8 text; a ConfigError naming the file and line if it is not."""
+  data = epath.Path(path).read_bytes()
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data[:e.start].count(b"\n") + 1
+    raise ConfigError(f"{path}:{line}: not valid UTF-8 ({e.reason} at byte {e.start})"
+                      ) from None
 
 
 def stdlib_documents(data, split: str) -> list[str]:
@@ -63,7 +76,7 @@ def stdlib_documents(data, split: str) -> list[str]:
 
 
 def file_documents(data, split: str) -> list[str]:
-  return [_read(p) for p in text.split_files(data, split)]
+  return [_read_text(p) for p in text.split_files(data, split)]
 
 
 def _tfds_split(data, split: str):
@@ -72,7 +85,9 @@ def _tfds_split(data, split: str):
 
 
 def tfds_documents(data, split: str) -> list[str]:
-  return [text.as_text(ex[data.text_key]) for ex in _tfds_split(data, split)]
+  where = f"TFDS dataset {data.tfds_name!r} ({split} split)"
+  return [text.as_text(ex[data.text_key], where)
+          for ex in text.tfds_records(_tfds_split(data, split), where)]
 
 
 CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_documents,

@@ -10,11 +10,11 @@ import grain
 import numpy as np
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import check
+from transformer.core.fields import as_saved, check
 from transformer.data import SourceArgs, pipeline
 from transformer.data.base import DataSource, Split
 from transformer.data.casts import Cast
-from transformer.data.task import TaskChoice, as_saved
+from transformer.data.task import TaskChoice
 
 
 class GeneratedSource(DataSource):
@@ -74,10 +74,10 @@ class GeneratedSource(DataSource):
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches; batch `step` is a pure function of (seed, step), this process's rows."""
-    task, cast, seed = self.task, self.cast, self.args.seed
+    task, cast, seed, rows = self.task, self.cast, self.args.seed, self.args.batch_size
     width = cast.width(task, task.splits()["train"])
     return pipeline.generated_batches(
-        self.args.batch_size, lambda i: cast.row(task, task.example(seed, "train", i)),
+        rows, lambda i: cast.row(task, task.train_example(seed, i, rows)),
         lambda rows: cast.batch(rows, width)).to_iter_dataset(pipeline.READ_OPTIONS)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:

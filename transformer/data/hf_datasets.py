@@ -41,7 +41,8 @@ def _datasets(what: str):
     raise ConfigError(f"{what} needs the Hugging Face datasets library: "
                       "pip install -e '.[hf]'") from None
   datasets.disable_progress_bars()
-  datasets.logging.set_verbosity_error()
+  # its own error lines too ("Failed to load JSON from file ..."): the ConfigError says it
+  datasets.logging.set_verbosity(datasets.logging.CRITICAL)
   return datasets
 
 
@@ -68,7 +69,10 @@ def is_local(data) -> bool:
 
 def describe(data, split: str) -> str:
   if is_local(data):
-    return f"the {data.hf_path} files data.{split}_files={getattr(data, f'{split}_files')!r}"
+    files = text.split_files(data, split)
+    named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (f"the {data.hf_path} files data.{split}_files={getattr(data, f'{split}_files')!r}"
+            f" ({named})")
   name = f" ({data.hf_name})" if data.hf_name else ""
   return (f"Hugging Face dataset {data.hf_path!r}{name} split "
           f"{getattr(data, f'{split}_split')!r}")
@@ -89,12 +93,36 @@ def load(data, split: str, what: str):
     return datasets.load_dataset(**kwargs, streaming=data.hf_streaming,
                                  cache_dir=data.hf_cache_dir or None)
   except Exception as e:  # noqa: BLE001 - datasets raises assorted errors for a bad dataset
-    reason = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    reason = _reason(e)
     field = (f"{split}_files" if is_local(data) else
              f"{split}_split" if "split" in reason.lower() else
              "hf_name" if "builderconfig" in reason.lower() else "hf_path")
     raise ConfigError(f"config.data.{field}={getattr(data, field)!r}: cannot read "
                       f"{describe(data, split)} ({reason})") from None
+
+
+def _reason(e: BaseException) -> str:
+  """What went wrong, in one line: the cause at the root of `e` (datasets raises a file's own
+  error, e.g. pyarrow's JSON parse error or a UnicodeDecodeError, as the cause of a
+  DatasetGenerationError that says only that generating failed)."""
+  while e.__cause__ is not None:
+    e = e.__cause__
+  text = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+  return f"not UTF-8 text ({text})" if isinstance(e, UnicodeDecodeError) else text
+
+
+def _read(rows, where: str) -> Iterator:
+  """The items of `rows` (a dataset's batches or rows, read as they are asked for: a streamed
+  dataset reads its files here), an error of the reading as one ConfigError naming `where`."""
+  iterator = iter(rows)
+  while True:
+    try:
+      item = next(iterator)
+    except StopIteration:
+      return
+    except Exception as e:  # noqa: BLE001 - datasets, pyarrow and pandas raise anything
+      raise ConfigError(f"cannot read {where}: {_reason(e)}") from None
+    yield item
 
 
 def _leaves(features, prefix: str = "") -> dict[str, object]:
@@ -128,7 +156,7 @@ def check_column(dataset, column: str, field: str, where: str) -> None:
   if dataset.features is not None:
     leaves = _leaves(dataset.features)
   else:
-    leaves = _row_leaves(next(iter(dataset), {}))
+    leaves = _row_leaves(next(_read(dataset, where), {}))
   if column not in leaves:
     raise ConfigError(f"config.data.{field}={column!r}: no such column in {where}; its "
                       f"columns: {', '.join(leaves) or 'none'}")
@@ -153,7 +181,7 @@ def texts(dataset, columns: list[str], where: str) -> Iterator[tuple[str, ...]]:
   paths = [_path(c, list(dataset.column_names or [])) for c in columns]
   top = sorted({p[0] for p in paths})
   row = 0
-  for batch in dataset.select_columns(top).iter(batch_size=_BATCH):
+  for batch in _read(dataset.select_columns(top).iter(batch_size=_BATCH), where):
     values = []
     for path in paths:
       column = batch[path[0]]

@@ -29,7 +29,8 @@ from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges, exec
 from transformer.core.metrics import language_model_metrics
 from transformer.core.registry import lookup
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
-from transformer.data import SourceArgs, Targets, hf_datasets, passkey, pipeline, text
+from transformer.data import (SourceArgs, Targets, hf_datasets, passkey, passkey_mix, pipeline,
+                              text)
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Example, Grid, Split, SplitResult
 from transformer.data.corpora import CORPORA, corpus_identity, stdlib_files
@@ -145,6 +146,7 @@ class LanguageModelSource(DataSource):
           f"≥ 1 (windows of {data.eval_lengths[-1]} tokens evaluated)")
     self.tokenizer_path = data.tokenizer or storage.join(args.workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
+    self.mix: passkey_mix.Mix | None = None  # passkey rows in training (load)
     self.streams: dict[str, np.ndarray] = {}
     if data.corpus == "stdlib":
       train, valid = stdlib_files(data)
@@ -210,6 +212,9 @@ class LanguageModelSource(DataSource):
                   if split == "valid" else "one window")
         raise ConfigError(f"the {split} documents have {len(stream)} tokens, too few for "
                           f"{wanted}")
+    if self.data.passkey.train_fraction:
+      self.mix = passkey_mix.Mix(self.data.passkey.train_fraction, self.args.seed,
+                                 self.data.max_len, self.tokenizer.sp.encode)
 
   def prepare(self) -> None:
     """load(), then writes a tokenizer it trained into the workdir."""
@@ -217,13 +222,19 @@ class LanguageModelSource(DataSource):
     tokenizer_lib.save(self.tokenizer)
 
   def train_batches(self) -> grain.IterDataset:
-    """Endless batches of random windows; batch `step` is a pure function of (seed, step)."""
+    """Endless batches of random windows, a data.passkey.train_fraction of the rows passkey
+    rows (passkey_mix.py); batch `step` is a pure function of (seed, step)."""
     stream, length, seed = self.streams["train"], self.data.max_len, self.args.seed
+    mix = self.mix
     start = lambda i: int(np.random.default_rng([seed, _TRAIN_STREAM, i]  # noqa: E731
                                                 ).integers(len(stream) - length))
-    return pipeline.generated_batches(
-        self.args.batch_size, start, lambda starts: window_batch(stream, starts, length)
-    ).to_iter_dataset(pipeline.READ_OPTIONS)
+    windows = lambda starts: window_batch(stream, starts, length)  # noqa: E731
+    if mix is not None:
+      row, batch = lambda i: mix.draw(i) or start(i), lambda rows: mix.batch(rows, windows)
+    else:
+      row, batch = start, windows
+    return pipeline.generated_batches(self.args.batch_size, row, batch
+                                      ).to_iter_dataset(pipeline.READ_OPTIONS)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
     """The first num_examples × max_factor·L held-out tokens (0: eval.num_examples), scored
@@ -253,7 +264,9 @@ class LanguageModelSource(DataSource):
       return {}
     encode = self.tokenizer.sp.encode
     phrases = passkey.Phrases.encode(encode, self.data.eval_lengths[-1])
-    keys = [encode(str(k)) for k in passkey.draw_keys(settings.seed, settings.examples)]
+    held_out = settings.train_fraction > 0  # keys no training row has (passkey_mix.py)
+    keys = [encode(str(k)) for k in passkey.draw_keys(settings.seed, settings.examples,
+                                                      held_out)]
     return {f"len{w}{passkey.SUFFIX}": Split(passkey.rows(phrases, keys, w,
                                                           settings.depth_values))
             for w in self.data.eval_lengths}

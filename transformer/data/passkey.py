@@ -39,6 +39,9 @@ decoding after the question reproduces the key's tokens (each step sees the same
 so one teacher-forced pass scores it (tests/test_retrieval.py checks it against KV-cached
 decoding). The paper reads the first integer of 10 sampled tokens; a key's tokens followed
 by more digits count here and not there.
+
+Training: data.passkey.train_fraction > 0 mixes these prompts at L into the training batches
+(passkey_mix.py), with keys from one half of KEYS (training_keys) and evaluates on the other.
 """
 
 import dataclasses
@@ -47,7 +50,7 @@ from collections.abc import Callable
 import numpy as np
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import AT_LEAST_0, Range, check_ranges
+from transformer.core.fields import AT_LEAST_0, FRACTION, Range, check_ranges, identity_field
 from transformer.core.vocab import BOS_ID, EOS_ID
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
@@ -66,9 +69,13 @@ class Passkey:
   examples: int = 0  # keys per (length, depth) cell; 0: no passkey evaluation
   depths: int = 5  # the key's depths: 0, 1/(depths − 1), ..., 1 of the filler before it
   seed: int = 0  # the keys' draws (the same keys at every length and depth)
+  # the share of training rows that are passkey rows at L (passkey_mix.py); it changes the
+  # training data, so it is the run's identity; 0, as before the field existed: none
+  train_fraction: float = identity_field(0.0)
 
   def __post_init__(self):
-    check_ranges(self, examples=AT_LEAST_0, depths=Range(2), seed=AT_LEAST_0)
+    check_ranges(self, examples=AT_LEAST_0, depths=Range(2), seed=AT_LEAST_0,
+                 train_fraction=FRACTION)
 
   @property
   def depth_values(self) -> list[float]:
@@ -104,23 +111,55 @@ class Phrases:
         self.question) + 3 * len(key)
 
 
-def draw_keys(seed: int, count: int) -> list[int]:
-  """Keys 0..count-1 of `seed`, each uniform in KEYS (a pure function of (seed, i))."""
-  return [int(np.random.default_rng([seed, i]).integers(KEYS[0], KEYS[1] + 1))
-          for i in range(count)]
+def training_keys(keys) -> np.ndarray:
+  """Per key (bool): whether it is a training key, one a run with data.passkey.train_fraction
+  > 0 trains on (passkey_mix.py); its evaluation keys are the others. The halves are split
+  by the lowest bit of a 64-bit mix of the key (splitmix64's finalizer), so each spreads
+  evenly over the digits: the held-out keys ask for copying, not for unseen digits."""
+  x = np.array(keys, np.uint64, ndmin=1) + np.uint64(0x9E3779B97F4A7C15)
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return ((x ^ (x >> np.uint64(31))) & np.uint64(1)) == 0
 
 
-def prompt(phrases: Phrases, key: list[int], length: int, depth: float
-           ) -> tuple[np.ndarray, int]:
-  """(tokens [length + 1], where the information line starts) of a row hiding the key's
-  tokens `key` at `depth` of the filler; a ConfigError if the fixed parts leave no room."""
+def draw_keys(seed: int, count: int, held_out: bool = False) -> list[int]:
+  """Keys 0..count-1 of `seed`, each uniform in KEYS (a pure function of (seed, i)); with
+  held_out, uniform among the keys that are not training_keys (the first of (seed, i)'s
+  draws that is not: the same key where the first draw is one)."""
+  keys = []
+  for i in range(count):
+    rng = np.random.default_rng([seed, i])
+    key = int(rng.integers(KEYS[0], KEYS[1] + 1))
+    while held_out and training_keys([key])[0]:
+      key = int(rng.integers(KEYS[0], KEYS[1] + 1))
+    keys.append(key)
+  return keys
+
+
+def filler_length(phrases: Phrases, key: list[int], length: int) -> int:
+  """The filler tokens of a row of `length` (+1) hiding the key's tokens `key`; a
+  ConfigError if the fixed parts leave no room."""
   filler = length + 1 - phrases.fixed(key)
   if filler < 0:
     raise ConfigError(
         f"the passkey prompt takes {phrases.fixed(key)} tokens of this run's tokenizer, more "
         f"than a window of {length} (+1) holds: raise data.max_len, or set "
         "data.passkey.examples=0")
-  before = int(np.floor(depth * filler + 0.5))
+  return filler
+
+
+def prompt(phrases: Phrases, key: list[int], length: int, depth: float
+           ) -> tuple[np.ndarray, int]:
+  """(tokens [length + 1], where the information line starts) of a row hiding the key's
+  tokens `key` at `depth` of the filler; a ConfigError if the fixed parts leave no room."""
+  filler = filler_length(phrases, key, length)
+  return prompt_at(phrases, key, filler, int(np.floor(depth * filler + 0.5)))
+
+
+def prompt_at(phrases: Phrases, key: list[int], filler: int, before: int
+              ) -> tuple[np.ndarray, int]:
+  """prompt's row with `filler` tokens of filler, `before` of them before the information
+  line."""
   if len(phrases.filler) < max(before, filler - before):
     raise ValueError(f"{len(phrases.filler)} filler tokens for {filler}")
   parts = [[BOS_ID], phrases.filler[:before], [EOS_ID]]

@@ -31,15 +31,21 @@ def _check_lengths(rule) -> None:
   check(rule.max_len >= rule.min_len, "max_len", rule.max_len, f"≥ min_len ({rule.min_len})")
 
 
+TRAIN_LENGTHS = ("per_row", "per_batch")  # LengthSplits.train_lengths
+
+
 @dataclasses.dataclass(frozen=True)
 class LengthSplits(Splits):
   """The papers' protocol (module docstring). Training rows draw their length uniformly from
-  min_len..max_len, one per row (the papers: one per batch), from a generator of their own;
-  `valid` spreads its rows over the training lengths, `test` over max_len+1..test_max_len."""
+  min_len..max_len, from a generator of their own: one per row (`train_lengths` per_row), or
+  one per batch, shared by its rows (per_batch: the papers' curriculum, a length per
+  training step); `valid` spreads its rows over the training lengths, `test` over
+  max_len+1..test_max_len."""
 
   min_len: int = 1
   max_len: int = 40
   test_max_len: int = 100
+  train_lengths: str = "per_row"  # one of TRAIN_LENGTHS
 
   split_fields = {"valid": "max_len", "test": "test_max_len"}
 
@@ -52,6 +58,8 @@ class LengthSplits(Splits):
     _check_lengths(self)
     check(self.test_max_len >= self.max_len, "test_max_len", self.test_max_len,
           f"≥ max_len ({self.max_len}); equal: no test split")
+    check(self.train_lengths in TRAIN_LENGTHS, "train_lengths", self.train_lengths,
+          f"one of {', '.join(TRAIN_LENGTHS)}")
 
   def splits(self) -> dict[str, range]:
     train = range(self.min_len, self.max_len + 1)
@@ -71,6 +79,16 @@ class LengthSplits(Splits):
       n = int(np.random.default_rng([seed, 0, index, 1]).integers(lengths.start, lengths.stop))
     else:
       n = lengths[index % len(lengths)]
+    return self._at(seed, stream, index, n)
+
+  def train_example(self, seed: int, index: int, batch_size: int) -> Instance:
+    if self.train_lengths == "per_row":
+      return self.example(seed, "train", index)
+    lengths, batch = self.splits()["train"], index // batch_size
+    n = int(np.random.default_rng([seed, 0, batch, 2]).integers(lengths.start, lengths.stop))
+    return self._at(seed, 0, index, n)
+
+  def _at(self, seed: int, stream: int, index: int, n: int) -> Instance:
     inputs, outputs = self.sample(np.random.default_rng([seed, stream, index]), n)
     return Instance(inputs, outputs, n)
 

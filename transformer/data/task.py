@@ -17,9 +17,9 @@ A problem's symbols are 0-based ints (inputs 0..input_size-1, answers 0..output_
 cast maps them to token ids. An answer is a string of output_length(n) symbols: one for a
 classification (a label), n aligned with the input for a labelling.
 
-A field that changes what a task computes is declared with `changed(new, old=...)`: a run
-saved before the field existed keeps `old`, what the code then did (GeneratedSource.saved);
-a config written since gets `new`.
+A field that changes what a task computes is declared with `changed(new, old=...)`
+(core/fields.py): a run saved before the field existed keeps `old`, what the code then did
+(GeneratedSource.saved); a config written since gets `new`.
 """
 
 import abc
@@ -34,22 +34,6 @@ import numpy as np
 from transformer.core.errors import ConfigError
 from transformer.core.fields import Chosen
 from transformer.core.vocab import NUM_RESERVED
-
-_OLD = "value_before"  # field metadata: the value a config saved before the field existed meant
-
-
-def changed(new: Any, *, old: Any) -> Any:
-  """A task field added when what the task computes changed: configs get `new` by default; a
-  run saved before the field existed (its config.json lacks it) meant `old` and keeps it."""
-  return dataclasses.field(default=new, metadata={_OLD: old})
-
-
-def as_saved(cls: type, section: Mapping[str, Any]) -> dict[str, Any]:
-  """A saved config's section of dataclass `cls`, every `changed` field it lacks set to the
-  value it meant when saved."""
-  return {**{f.name: f.metadata[_OLD] for f in dataclasses.fields(cls) if _OLD in f.metadata},
-          **section}
-
 
 class Answer(enum.Enum):
   """What a task's answers are (Task.answer): which casts can present them."""
@@ -165,6 +149,12 @@ class Splits(Section, abc.ABC):
   @abc.abstractmethod
   def example(self, seed: int, split: str, index: int) -> Instance:
     """Instance `index` of `split`: a pure function of (seed, split, index)."""
+
+  def train_example(self, seed: int, index: int, batch_size: int) -> Instance:
+    """Training row `index` of batches of batch_size rows (row i in batch i // batch_size):
+    example(seed, "train", index) unless the rule draws something per batch."""
+    del batch_size
+    return self.example(seed, "train", index)
 
   def eval_rows(self, split: str, num_examples: int) -> int:
     """Rows of a held-out split asked for num_examples."""

@@ -109,6 +109,24 @@ def tfds_split(name: str, split: str, data_dir: str = "", what: str = "data.sour
         f".download_and_prepare()\"") from None
 
 
-def as_text(value) -> str:
-  """A TFDS text feature (bytes or str) as str."""
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def as_text(value, where: str = "a TFDS record") -> str:
+  """A TFDS text feature (bytes or str) as str; a ConfigError naming `where` if its bytes
+  are not UTF-8."""
+  try:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"{where}: a text feature is not valid UTF-8 ({e.reason} at byte "
+                      f"{e.start}); prepare the dataset again") from None
+
+
+def tfds_records(source, where: str, chunk: int = 4096) -> Iterator:
+  """The records of a tfds.data_source in order, `chunk` at a time; a damaged file of it is
+  one ConfigError naming `where` (array_record raises assorted errors)."""
+  for start in range(0, len(source), chunk):
+    try:
+      records = source.__getitems__(range(start, min(start + chunk, len(source))))
+    except Exception as e:  # noqa: BLE001
+      raise ConfigError(f"cannot read {where}, records {start}.. ({type(e).__name__}: "
+                        f"{' '.join(str(e).split())[:200]}); prepare the dataset again"
+                        ) from None
+    yield from records

@@ -63,10 +63,9 @@ class TfdsSource(TranslationSource):
   def _stream(self, split: str, chunk: int = 4096) -> Iterator[tuple[str, str]]:
     """The pairs of a split in record order, read `chunk` records at a time."""
     src, tgt = self.data.source_lang, self.data.target_lang
-    source = self._data_source(split)
-    for start in range(0, len(source), chunk):
-      for ex in source.__getitems__(range(start, min(start + chunk, len(source)))):
-        yield text.as_text(ex[src]), text.as_text(ex[tgt])
+    where = f"TFDS dataset {self.data.tfds_name!r} split {split!r}"
+    for ex in text.tfds_records(self._data_source(split), where, chunk):
+      yield text.as_text(ex[src], where), text.as_text(ex[tgt], where)
 
   def corpus_identity(self) -> list[dict]:
     """The split's name, version and size, and each of its array_record files' size and

@@ -32,7 +32,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import sentencepiece as spm
 from etils import epath
 from jax.experimental import multihost_utils
 
@@ -58,7 +57,7 @@ class Tokenizer:
         raise ConfigError(f"sentencepiece model not found: {model_path}")
       proto = epath.Path(model_path).read_bytes()
     self.path, self.proto = model_path, proto
-    self.sp = spm.SentencePieceProcessor(model_proto=proto)
+    self.sp = _spm().SentencePieceProcessor(model_proto=proto)
     self.unsaved: tuple[Recipe, str | None] | None = None  # trained here, not yet written:
     # what it was trained from, and the sha256 of the file it replaces (None: no file)
     if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, BOS_ID, EOS_ID):
@@ -87,6 +86,12 @@ class Tokenizer:
     return self.sp.decode(out)
 
 
+
+def _spm():
+  """sentencepiece, imported by the runs that tokenize text (not in every run's start-up)."""
+  import sentencepiece  # noqa: PLC0415
+  return sentencepiece
+
 def sample(items: Iterable[str], size: int, seed: int = 0) -> list[str]:
   """A uniform random sample of at most `size` of the streamed `items` (a reservoir,
   seeded; memory for `size` items): all of them, in order, when there are no more."""
@@ -113,7 +118,7 @@ def train_model(sentences: Iterable[str], vocab_size: int, model_type: str = "un
   kept = sample((s for s in sentences if s.strip()), max_sentences, seed)
   model = io.BytesIO()
   try:
-    spm.SentencePieceTrainer.train(
+    _spm().SentencePieceTrainer.train(
         sentence_iterator=iter(kept), model_writer=model, vocab_size=vocab_size,
         model_type=model_type, character_coverage=1.0, input_sentence_size=max_sentences,
         shuffle_input_sentence=True, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID,

@@ -19,6 +19,7 @@ from flax import nnx
 from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.core.registry import lookup
+from transformer.model import layer_pattern
 from transformer.model.kernel_choice import Needs, Target, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
@@ -30,7 +31,9 @@ from transformer.model.scores import SCORES, ScoreSettings, make_score
 @dataclasses.dataclass(frozen=True)
 class AttentionConfig:
   score: str = "scaled_dot"  # a key of SCORES
-  window: str = "full"  # a key of WINDOWS
+  # a key of WINDOWS, or a layer-wise pattern of them joined by '+' (`local+full`: local
+  # and global attention alternating; model/layer_pattern.py)
+  window: str = "full"
   window_size: int = 16  # `local`: each query sees keys within ±window_size positions
   dropout: float = 0.0  # on the attention weights
   # a key of KERNELS, how softmax(score + bias)·V is computed, or "auto": per layer the
@@ -50,7 +53,7 @@ class AttentionConfig:
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
                  logit_softcap=AT_LEAST_0)
     lookup(SCORES, self.score, "attention score")
-    lookup(WINDOWS, self.window, "attention window")
+    layer_pattern.check("window", self.window, WINDOWS, "attention window")
     check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
 

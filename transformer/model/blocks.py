@@ -12,7 +12,7 @@ feed-forward layer) are chosen once, in constructors, from their registries.
 from flax import nnx
 
 from transformer.core.registry import lookup
-from transformer.model.attention import MultiHeadAttention
+from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig, compute_dtype
 from transformer.model.feedforward import FFNS
 from transformer.model.kernel_choice import Target
@@ -43,13 +43,19 @@ class EncoderLayer(nnx.Module):
   causal = False  # its self-attention sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
+               position: str | None = None, attention: AttentionConfig | None = None,
                target: Target | None = None, rngs: nnx.Rngs):
-    """encoding: the stack's, which its self-attention will be handed; target: where the
-    model will run (kernel_choice.Target; None: here)."""
+    """encoding: the one its self-attention will be handed (the stack's, or under a
+    layer-wise pattern this layer's entry's), named `position` (default cfg.position);
+    attention: this layer's attention config (default cfg.attention; a pattern's stack
+    gives each layer its window); target: where the model will run (kernel_choice.Target;
+    None: here)."""
     dtype = compute_dtype(cfg)
-    self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
+    attention = attention or cfg.attention
+    self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, attention,
                                              dtype=dtype, num_kv_heads=cfg.num_kv_heads,
-                                             encoding=encoding, position=cfg.position,
+                                             encoding=encoding,
+                                             position=position or cfg.position,
                                              target=target, rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
@@ -66,9 +72,12 @@ class DecoderLayer(EncoderLayer):
   causal = True  # its self-attention never sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
+               position: str | None = None, attention: AttentionConfig | None = None,
                target: Target | None = None, rngs: nnx.Rngs):
-    super().__init__(cfg, encoding=encoding, target=target, rngs=rngs)
-    self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, cfg.attention,
+    super().__init__(cfg, encoding=encoding, position=position, attention=attention,
+                     target=target, rngs=rngs)
+    self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads,
+                                              attention or cfg.attention,
                                               dtype=compute_dtype(cfg),
                                               num_kv_heads=cfg.num_kv_heads, cross=True,
                                               target=target, rngs=rngs)

@@ -6,13 +6,17 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from transformer.core.fields import AT_LEAST_1, FRACTION, check, check_ranges, derived, execution
+from transformer.core.fields import (AT_LEAST_1, FRACTION, USED_IF, changed, check, check_ranges,
+                                     derived, execution)
 from transformer.core.registry import lookup
+from transformer.model import layer_pattern
 from transformer.model.attention import AttentionConfig
 from transformer.model.feedforward import FFNS
 from transformer.model.layers import NORMS
+from transformer.model.masks import WINDOWS
 from transformer.model.pooling import POOLINGS
-from transformer.model.positions import POSITIONS, PositionSettings
+from transformer.model.positions import PositionSettings, check_position
+from transformer.model.positions.randomized import DRAWS
 from transformer.model.residual import RESIDUALS
 
 
@@ -30,12 +34,19 @@ class ModelConfig:
   num_encoder_layers: int = 6
   num_decoder_layers: int = 6
   dropout: float = 0.1  # on embeddings+positions and on every sublayer output
-  position: str = "sinusoidal"  # a key of positions.POSITIONS
+  # a key of positions.POSITIONS, or a layer-wise pattern of them joined by '+', cycled
+  # over each stack's layers (`rotary+rotary+rotary+none`: model/layer_pattern.py)
+  position: str = "sinusoidal"
   max_len: int = 512  # longest sequence the `learned` table covers
   # Randomized positions (Ruoss et al. 2023; positions/randomized.py): each sequence's
   # positions a sorted random sample of [0, max_position), in training and evaluation alike.
   random_positions: bool = False
   max_position: int = 2048  # random_positions: the range drawn from (and the learned table's rows)
+  # random_positions: a key of DRAWS, how they are drawn: per_batch (Ruoss et al.'s code:
+  # per batch, per layer, relative encodings at sampled offsets) or per_row (the draw of
+  # runs saved before this field)
+  random_positions_draw: str = changed("per_batch", old="per_row",
+                                       metadata={USED_IF: "random_positions"})
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
   norm_type: str = "layernorm"  # a key of layers.NORMS: every norm of the model
   ffn: str = "relu"  # a key of feedforward.FFNS; d_ff is every variant's hidden width
@@ -46,9 +57,9 @@ class ModelConfig:
   scan_layers: bool = execution(False)  # each stack's layers as one lax.scan: compiled once
   attention: AttentionConfig = AttentionConfig()
   # Each encoding's own knobs (`position_settings.alibi.max_bias`, ...): every section is
-  # checked, the chosen encoding's is used (and is the run's identity).
+  # checked, the chosen encodings' are used (and are the run's identity).
   position_settings: PositionSettings = dataclasses.field(
-      default_factory=PositionSettings, metadata={"chosen_by": "position"})
+      default_factory=PositionSettings, metadata={"chosen_by": "positions"})
   arch: str = "encoder_decoder"  # a key of families.ARCHS: encoder_decoder | encoder | decoder
   pooling: str = "none"  # a key of POOLINGS (encoder): none (a label per token) | cls | mean
   num_classes: int = derived(0)  # outputs of the encoder's head
@@ -64,11 +75,13 @@ class ModelConfig:
           f"0 (= num_heads) or a divisor of num_heads ({self.num_heads})")
     if self.num_kv_heads == 0:  # one spelling of multi-head attention: the run's identity
       object.__setattr__(self, "num_kv_heads", self.num_heads)
-    encoding = lookup(POSITIONS, self.position, "position")
+    encodings = check_position(self.position)
+    lookup(DRAWS, self.random_positions_draw, "model random_positions_draw")
     if self.random_positions:
-      check(encoding.takes_positions, "random_positions", True,
+      check(any(e.takes_positions for e in encodings), "random_positions", True,
             f"false for position {self.position!r}, which takes no positions")
-      check(self.attention.window == "full", "random_positions", True,
+      windows = layer_pattern.entries(self.attention.window)
+      check(all(WINDOWS[w](1) is None for w in windows), "random_positions", True,
             f"false with attention.window={self.attention.window!r} (a window of "
             "±window_size positions would span sampled positions)")
     lookup(RESIDUALS, self.norm, "norm")
@@ -76,6 +89,11 @@ class ModelConfig:
     lookup(FFNS, self.ffn, "ffn")
     lookup(DTYPES, self.dtype, "model dtype")
     lookup(POOLINGS, self.pooling, "model pooling")
+
+  @property
+  def positions(self) -> tuple[str, ...]:
+    """The encodings `position` names, each once, in the order it first names them."""
+    return tuple(dict.fromkeys(layer_pattern.entries(self.position)))
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 

@@ -66,6 +66,13 @@ class ModelFamily(nnx.Module):
     """The model's stacks by name (pictures draw each)."""
     raise NotImplementedError
 
+  def draw_positions_from(self, key: jax.Array) -> None:
+    """Random positions drawn per batch (model.random_positions_draw=per_batch) in the calls
+    without rngs (evaluation, decoding) from `key` instead of key 0: each stack's draw_key.
+    The evaluator sets one per batch, so each batch gets a fresh, reproducible draw."""
+    for stack in self.stacks().values():
+      stack.draw_key = key
+
   def init_decoding(self, batch: dict[str, jax.Array], max_len: int, repeat: int = 1) -> None:
     """Prepares decode_step for the rows of `batch` (its `inputs` and optional positions and
     segmentation: what is decoded from, or the prompts), each repeated `repeat` times (beam
@@ -80,7 +87,7 @@ class ModelFamily(nnx.Module):
 
 def cached_mask(length: int, index, slots: jax.Array) -> Mask:
   """The causal self-attention mask of `length` new tokens in slots index.. against all the
-  cache slots, slot p at position slots[:, p] (Stack.slot_positions: p, or drawn)."""
+  cache slots, slot p at position slots[:, p] (Stack.slot_positions)."""
   batch, max_len = slots.shape
   positions = jax.lax.dynamic_slice_in_dim(slots, index, length, axis=1)
   return Mask(jnp.ones((batch, length), jnp.int32), jnp.ones((batch, max_len), jnp.int32),
@@ -188,7 +195,7 @@ class EncoderDecoder(ModelFamily):
     mask = cached_mask(tokens.shape[1], index, self.slots[...])
     cross_mask = Mask(mask.q_segments, source.segments[...], mask.q_positions,
                       source.positions[...])
-    y = self.decoder(self.embeddings.target(tokens), mask, None, drawn=True, encoded=None,
+    y = self.decoder(self.embeddings.target(tokens), mask, None, cached=True, encoded=None,
                      cross_mask=cross_mask)
     return self.embeddings.logits(y).astype(jnp.float32)
 
@@ -275,7 +282,7 @@ class DecoderOnly(ModelFamily):
 
   def decode_step(self, tokens, index):
     mask = cached_mask(tokens.shape[1], index, self.slots[...])
-    y = self.decoder(self.embeddings.target(tokens), mask, None, drawn=True)
+    y = self.decoder(self.embeddings.target(tokens), mask, None, cached=True)
     return self.embeddings.logits(y).astype(jnp.float32)
 
 

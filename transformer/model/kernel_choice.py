@@ -71,6 +71,8 @@ class Needs:
   bias: bool = False  # the encoding adds a positional logit bias (what auto offers pallas)
   learned_bias: bool = False  # the encoding's logit bias has parameters (their gradient)
   content_bias: bool = False  # the encoding adds a content bias (a whole row of logits)
+  # the encoding's bias reads a table at each pair (randomized offsets drawn per batch)
+  gathered_bias: bool = False
   window: bool = False  # its masks carry a local window (self-attention, window=local)
   grouped: bool = False  # fewer key/value heads than query heads
   dtype: str = "float32"  # the compute dtype's name
@@ -82,6 +84,7 @@ class Needs:
     and the other `fields`."""
     return cls(dot_product=scorer.dot_product is not None, bias=encoding.biases,
                learned_bias=encoding.learned_bias, content_bias=encoding.content_biases,
+               gathered_bias=encoding.gathered_bias,
                **fields)
 
 
@@ -162,6 +165,10 @@ def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, s
       (lambda k: k.content_bias or not n.content_bias, lambda k, able: (
           f"cannot add the content-dependent logit bias of position '{n.position}' (it needs "
           f"each query's whole row of logits); use kernel {able} or another position")),
+      (lambda k: k.gathered_bias or not n.gathered_bias, lambda k, able: (
+          f"evaluates positional biases in-kernel from positions, and position "
+          f"'{n.position}' with model.random_positions_draw=per_batch reads its bias at "
+          f"sampled offsets from a table; use kernel {able}")),
       (lambda k: k.learned_bias or not n.learned_bias, lambda k, able: (
           f"gives no reliable gradient for the learned logit bias of position '{n.position}' "
           f"(cuDNN's bias gradient, JAX issue #23701); use kernel {able} or 'auto'")),
@@ -266,17 +273,44 @@ def _choices(model):
 def kernel_choices(model) -> list[str]:
   """A log line for each distinct choice that was made, not merely taken as asked (`auto`'s,
   or a substitution), among `model`'s attention layers: "kernel auto -> reference for 3
-  layers: decoder.layers.*.self_attention, ... (reasons)", layer indices written as *."""
+  layers: decoder.layers.*.self_attention, ... (reasons)", layer indices written as * where
+  the choice holds for every layer at that place, else listed (a layer-wise pattern's layers
+  may need different kernels: "decoder.layers.{0,2}.self_attention")."""
+  choices = list(_choices(model))
+  everywhere: dict[str, set[str]] = {}  # each place (indices as *): its layers' paths
+  for path, _ in choices:
+    everywhere.setdefault(_place(path), set()).add(path)
   layers: dict[KernelChoice, list[str]] = {}
-  for path, choice in _choices(model):
+  for path, choice in choices:
     if choice.asked == AUTO or choice.asked != choice.name:
       layers.setdefault(choice, []).append(path)
   lines = []
   for choice, paths in layers.items():
-    where = sorted({re.sub(r"(?<=\.)\d+(?=\.|$)", "*", path) for path in paths})
+    places: dict[str, set[str]] = {}
+    for path in paths:
+      places.setdefault(_place(path), set()).add(path)
+    where = sorted(place if chosen == everywhere[place] else _listed(place, chosen)
+                   for place, chosen in places.items())
     count = f"{len(paths)} layer{'s' if len(paths) > 1 else ''}"
     lines.append(choice.describe(f" for {count}: {', '.join(where)}"))
   return lines
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def _place(path: str) -> str:
+  return _INDEX.sub("*", path)
+
+
+def _listed(place: str, paths: set[str]) -> str:
+  """Some of the layers at `place`: by their indices where the place has one index, else
+  by their paths."""
+  if place.count("*") != 1:
+    return ", ".join(sorted(paths))
+  indices = sorted(int(_INDEX.search(path).group()) for path in paths)
+  shown = str(indices[0]) if len(indices) == 1 else "{" + ",".join(map(str, indices)) + "}"
+  return place.replace("*", shown)
 
 
 def kernel_warnings(model) -> list[str]:

@@ -263,6 +263,9 @@ class Kernel:
   # gives the gradient of a positional bias with parameters (an encoding declaring
   # learned_bias: T5, KERPLE, FIRE)
   learned_bias: bool = True
+  # adds a bias read from a table at each pair (an encoding declaring gathered_bias:
+  # relative encodings at randomized offsets drawn per batch)
+  gathered_bias: bool = True
   local_window: bool = True  # masks with a local window (|query − key position| ≤ w)
   grouped_query: bool = True  # fewer key/value heads than query heads
   dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
@@ -313,7 +316,7 @@ KERNELS: dict[str, Kernel] = {
     # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where its
     # in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
     "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
-                     auto_only_with_bias=True),
+                     gathered_bias=False, auto_only_with_bias=True),
 }
 
 

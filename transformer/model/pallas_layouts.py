@@ -22,12 +22,11 @@ A Layout meets one lowering's rules:
 
 import dataclasses
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as pltriton
 
 from transformer.model.pallas_kernels import Static
 
@@ -75,10 +74,16 @@ class Layout:
 
   def compiler_params(self, head_dim: int):
     if self.name == "triton":
-      return pltriton.CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+      return _lowering("triton").CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
     if self.name == "mosaic_tpu":
-      return pltpu.CompilerParams(dimension_semantics=("parallel",) * 3 + ("arbitrary",))
+      return _lowering("tpu").CompilerParams(dimension_semantics=("parallel",) * 3 + ("arbitrary",))
     return None
+
+
+def _lowering(name: str):
+  """jax.experimental.pallas.tpu or .triton, imported when a layout of theirs is used: they
+  take 0.4 s of imports that a run on the CPU never needs (issue 31: start-up time)."""
+  return importlib.import_module(f"jax.experimental.pallas.{name}")
 
 
 LAYOUTS = {
@@ -152,7 +157,7 @@ class Operand:
 def _spec(layout: Layout, st: Static, op: Operand, block: int):
   if op.kind == "params":
     if layout.smem_params:
-      return pl.BlockSpec(memory_space=pltpu.SMEM)
+      return pl.BlockSpec(memory_space=_lowering("tpu").SMEM)
     return pl.BlockSpec(op.array.shape, lambda *grid: (0,))
   shape = op.array.shape
   whole = op.role == "inner" and not layout.grid_inner
@@ -186,7 +191,7 @@ def call(layout: Layout, kernel, st: Static, *, name: str, outer: int, inputs, o
   grid = (b, h, outer) + ((st.inner,) if layout.grid_inner else ())
   outer_block = st.block_k if name == "flash_dkv" else st.block_q
   block = lambda op: outer_block if op.role == "outer" else st.inner_block  # noqa: E731
-  scratch_shapes = [pltpu.VMEM(shape, jnp.float32) for shape in scratch] \
+  scratch_shapes = [_lowering("tpu").VMEM(shape, jnp.float32) for shape in scratch] \
       if layout.grid_inner else []
   return pl.pallas_call(
       functools.partial(kernel, st=st), grid=grid, name=name,

@@ -12,6 +12,7 @@ reported under its own step, also when an asynchronous save's failure surfaces a
 next save; the details of failures go to the run's log (logs.py).
 """
 
+import contextlib
 import gc
 import logging
 import re
@@ -228,14 +229,16 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, shardings, make_iterato
 
 
 def restore_params(workdir: str, abstract_params, shardings, step: int | None = None,
-                   count: int = 1):
+                   count: int = 1, own_log: bool = True):
   """The parameters (only: no optimizer state is read) of checkpoint `step`, or of the
   newest one that restores; with count > 1 their mean over the last `count` checkpoints up
   to it, as the paper averages its last 5. Checkpoints that do not restore are reported and
-  skipped. Returns (steps averaged, params)."""
+  skipped (the details in `workdir`'s log; not `own_log`: in the log already open, another
+  run's). Returns (steps averaged, params)."""
   if not epath.Path(checkpoint_dir(workdir)).is_dir():
     raise ConfigError(f"no checkpoints in {checkpoint_dir(workdir)}")
-  with logs.run_log(workdir):  # the details of checkpoints that do not restore
+  # the details of checkpoints that do not restore
+  with logs.run_log(workdir) if own_log else contextlib.nullcontext():
     mngr = _Manager(  # a PyTree handler reads a part of the saved state
         checkpoint_dir(workdir), item_handlers={"state": ocp.PyTreeCheckpointHandler()},
         options=ocp.CheckpointManagerOptions(read_only=True, create=False))

@@ -1,4 +1,5 @@
-"""What the CLIs share: distributed start, progress logging, one-line errors, stop signals."""
+"""What the CLIs share: distributed start, the compilation cache, progress logging, one-line
+errors, stop signals."""
 
 import contextlib
 import difflib
@@ -17,7 +18,7 @@ from ml_collections import config_dict
 
 from transformer.core import errors
 from transformer.core.errors import ConfigError, RunError
-from transformer.run import distributed, logs
+from transformer.run import compile_cache, distributed, logs
 
 
 def define_distributed_flags() -> None:
@@ -31,6 +32,20 @@ def define_distributed_flags() -> None:
   flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
   flags.DEFINE_integer("join_timeout", distributed.JOIN_TIMEOUT_S, "Seconds a process waits "
                        "for the others to join the job before it exits with an error.")
+
+
+def define_cache_flag() -> None:
+  """--compilation_cache: JAX's persistent compilation cache (run/compile_cache.py)."""
+  flags.DEFINE_bool("compilation_cache", True, "Keep compiled programs in JAX's persistent "
+                    "compilation cache ($JAX_COMPILATION_CACHE_DIR, else "
+                    "$XDG_CACHE_HOME/transformer-ablations/jax) and load them from it: a "
+                    "re-run, a resumed run and every seed of a sweep after the first skip "
+                    "their compilation. --nocompilation_cache compiles everything.")
+
+
+def use_compilation_cache() -> None:
+  """The persistent compilation cache as --compilation_cache says, before any compilation."""
+  compile_cache.enable(flags.FLAGS.compilation_cache)
 
 
 def define_report_flags() -> None:

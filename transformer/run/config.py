@@ -19,10 +19,10 @@ from typing import Any
 
 import ml_collections
 
-from transformer.core import fields
+from transformer.core import fields, storage
 from transformer.core.errors import ConfigError
 from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check,
-                                     check_ranges, dataclass_from, execution)
+                                     check_ranges, dataclass_from, execution, identity_field)
 from transformer.core.registry import lookup
 from transformer.data.sources import SOURCES
 from transformer.model.config import ModelConfig
@@ -31,6 +31,7 @@ from transformer.model.sampling import Sampling
 from transformer.run import optim
 
 WANDB_RESERVED = "/\\#?%:"  # not in a W&B project name (wandb refuses them)
+SEED_PLACE = "{seed}"  # in train.init_from: the run's seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,11 @@ class TrainConfig:
   wandb_project: str = ""
   wandb_entity: str = ""
   wandb_group: str = ""
+  # A workdir (or WORKDIR/checkpoints/STEP) whose parameters the run starts from, with a
+  # fresh optimizer state at step 0 (run/init_from.py); "": random ones. The run's identity,
+  # kept as an absolute path; `{seed}` in it stands for config.seed (a sweep's seeds each
+  # from the source run of their seed: sweeps/lm/model.position=rotary,seed={seed}).
+  init_from: str = identity_field("")
 
   def __post_init__(self):
     lookup(optim.SCHEDULES, self.schedule, "train.schedule")
@@ -81,6 +87,8 @@ class TrainConfig:
           and not set(self.wandb_project) & set(WANDB_RESERVED), "wandb_project",
           self.wandb_project, "'' (off) or a W&B project name: at most 128 printable "
           f"characters, none of {' '.join(WANDB_RESERVED)}")
+    if self.init_from:  # the identity of a run: the same source from any working directory
+      object.__setattr__(self, "init_from", storage.absolute(self.init_from))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +120,8 @@ class MeshConfig:
 @dataclasses.dataclass(frozen=True)
 class Config:
   """A whole run's configuration (module docstring). Identity: data, task and model (less
-  their execution fields); the rest may change when a run is resumed or evaluated."""
+  their execution fields) and train.init_from; the rest may change when a run is resumed or
+  evaluated."""
 
   data: Any  # the data source's section: SOURCES[data.source].Data
   task: Any  # the source's task section (SOURCES[data.source].Task), or None
@@ -183,8 +192,10 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = F
   model = dataclass_from(ModelConfig, _section(raw, "model"), "model", vocab_size=vocab_size,
                          num_classes=num_classes)
   lookup(ARCHS, model.arch, "model arch")  # families import blocks: checked here, not there
-  return Config(data=data, task=task, model=model, seed=seed,
-                train=dataclass_from(TrainConfig, _section(raw, "train"), "train"),
+  train = dataclass_from(TrainConfig, _section(raw, "train"), "train")
+  if SEED_PLACE in train.init_from:  # each seed of a sweep from its own source run
+    train = dataclasses.replace(train, init_from=train.init_from.replace(SEED_PLACE, str(seed)))
+  return Config(data=data, task=task, model=model, seed=seed, train=train,
                 eval=dataclass_from(EvalConfig, _section(raw, "eval"), "eval"),
                 mesh=dataclass_from(MeshConfig, _section(raw, "mesh"), "mesh"))
 
@@ -192,8 +203,10 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = F
 def migrate(raw: dict[str, Any], saved: bool = False) -> dict[str, Any]:
   """A whole config (nested dicts) of any older layout in today's (fields.migrate); a run's
   `saved` config also with the values that keep its meaning for fields added since
-  (DataSource.saved)."""
+  (fields.as_saved for the model's, DataSource.saved for the source's)."""
   raw = fields.migrate(raw, ModelConfig, ("model",))
+  if saved and isinstance(raw.get("model"), Mapping):
+    raw = {**raw, "model": fields.as_saved(ModelConfig, raw["model"])}
   data = raw.get("data")
   name = data.get("source") if saved and isinstance(data, Mapping) else None
   return SOURCES[name].saved(raw) if isinstance(name, str) and name in SOURCES else raw

@@ -8,7 +8,6 @@ import logging
 
 import jax
 import numpy as np
-from etils import epath
 from flax import nnx
 
 from transformer.core import storage
@@ -19,10 +18,11 @@ from transformer.data.pipeline import pad_batch
 from transformer.model.decoding import generate
 from transformer.model.families import ARCHS
 from transformer.model.sampling import GREEDY, Sampling
-from transformer.run import checkpoint, experiment, sharding
+from transformer.run import checkpoint, eval_files, experiment, sharding
 from transformer.run import overrides as overrides_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import EvalConfig
+from transformer.run.eval_files import Decoding, text_paths
 from transformer.run.evaluator import Evaluator, check_split_lengths, generates_answers
 
 log = logging.getLogger("transformer")
@@ -62,42 +62,22 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1,
   return Run(workdir, exp, steps, params, applied)
 
 
-def output_path(run: Run, output: str | None) -> str:
-  """Where the metrics go (default WORKDIR/eval_step_N.json, or under overrides
-  eval_step_N,FIELD=VALUE....json: run.suffix); a ConfigError, before any evaluation, if that
-  directory cannot be written or the file holds an evaluation under other overrides."""
-  output = output or storage.join(run.workdir, f"eval_step_{run.steps[-1]}{run.suffix}.json")
-  problem = storage.writable_directory(str(epath.Path(storage.absolute(output)).parent))
-  if problem:
-    raise ConfigError(f"cannot write the metrics to {output}: {problem}; give another path "
-                      "with --output")
-  theirs = _recorded_overrides(output)
-  if theirs is not None and theirs != json.loads(json.dumps(run.overrides)):
-    raise ConfigError(f"{output} holds an evaluation under other overrides "
-                      f"({overrides_lib.describe(theirs)}; this one: "
-                      f"{overrides_lib.describe(run.overrides)}); give another --output")
+def own_decoding(exp: experiment.Experiment) -> Decoding:
+  """The decoding a run's config asks for (greedy, or config.eval.sampling with its seed):
+  how training evaluates it, and eval.py's default."""
+  sampling, seed = chosen_sampling(exp.eval, {})
+  return Decoding(sampling=sampling, seed=seed)
+
+
+def output_path(run: Run, output: str | None, decoding: Decoding = Decoding()) -> str:
+  """Where the metrics go: `output`, or by default WORKDIR/eval_step_N[,...].json named after
+  the overrides, the averaged checkpoints and the decoding where they are not the run's own
+  (eval_files.default_path); a ConfigError, before any evaluation, if that directory cannot
+  be written or the file holds an evaluation made otherwise (eval_files.check_output)."""
+  output = output or eval_files.default_path(run.workdir, run.steps, run.overrides, decoding,
+                                             own_decoding(run.experiment))
+  eval_files.check_output(output, run.steps, run.overrides, decoding)
   return output
-
-
-def _recorded_overrides(path: str) -> dict | None:
-  """The overrides an evaluation that eval.py wrote at `path` was made under ({}: none;
-  written before overrides were recorded, or a plain one); None if there is no such file."""
-  file = epath.Path(storage.absolute(path))
-  try:
-    record = json.loads(file.read_text()) if file.exists() else None
-  except (OSError, ValueError):
-    return None  # not an evaluation eval.py wrote: nothing to keep apart
-  if not isinstance(record, dict):
-    return None
-  return record.get("overrides") or {}
-
-
-def text_paths(output: str, split: str) -> tuple[str, str]:
-  """(hypotheses, references) of a text split, one line each, beside the metrics `output`:
-  the references make the file pair self-contained (compare.py's paired bootstrap checks
-  that two evaluations scored the same test set)."""
-  stem = output.removesuffix(".json")
-  return f"{stem}.{split}.txt", f"{stem}.{split}.references.txt"
 
 
 def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
@@ -112,7 +92,8 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
   then."""
   exp, step = run.experiment, run.steps[-1]
   check_decoding(exp, beam_size, sampling)
-  output = output_path(run, output)
+  decoding = Decoding(beam_size, alpha, sampling, seed)
+  output = output_path(run, output, decoding)
   splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
   check_split_lengths(exp, splits)
   log.info("evaluating step %d of %s: %s", step, run.workdir,
@@ -128,8 +109,7 @@ def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha:
         results[split].update(predictions=predictions, references=references)
     storage.write(output, json.dumps(
         {"step": step, "averaged_steps": run.steps, "workdir": storage.absolute(run.workdir),
-         "overrides": run.overrides, "beam_size": beam_size, "alpha": alpha, "sampling": {
-             **dataclasses.asdict(sampling), "seed": seed}, "splits": results}, indent=2))
+         "overrides": run.overrides, **decoding.record(), "splits": results}, indent=2))
   except OSError as e:
     raise RunError(f"cannot write the metrics to {output}: {e.strerror}; the results were: "
                    f"{json.dumps(results)}") from None

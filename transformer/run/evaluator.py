@@ -30,20 +30,30 @@ class Evaluator:
   search when beam_size > 1) if the family decodes, or the answers generated after their
   prompts (greedy or as `sampling` says) if the targets are prompted answers, and the
   source's metrics (source.split_results). Sampling draws each batch with the key of `seed`
-  folded with the batch's number."""
+  folded with the batch's number; random positions drawn per batch
+  (model.random_positions_draw=per_batch) with draw_key(the batch's number), so each batch
+  of a split gets a fresh draw, the same in every evaluation (as Ruoss et al.'s, whose
+  evaluation draws per batch from a fixed seed)."""
 
   def __init__(self, exp: experiment.Experiment, beam_size: int = 1, alpha: float = 0.6,
                sampling: Sampling = GREEDY, seed: int = 0):
     self.exp, self.batch_size, graphdef = exp, exp.eval.batch_size, exp.graphdef
+    random_positions = exp.model.random_positions
+
+    def model_for(params, number):  # at the random positions of batch `number`, if any
+      model = nnx.merge(graphdef, params)
+      if random_positions:
+        model.draw_positions_from(draw_key(number))
+      return model
 
     @jax.jit
-    def score(params, batch):
-      logits = nnx.merge(graphdef, params)(batch)
+    def score(params, batch, number):
+      logits = model_for(params, number)(batch)
       return token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
 
     @functools.partial(jax.jit, static_argnums=2)
     def predict(params, batch, max_len, number):
-      model = nnx.merge(graphdef, params)
+      model = model_for(params, number)
       if beam_size == 1:
         key = jax.random.fold_in(jax.random.key(seed), number)
         return greedy_decode(model, batch, max_len, sampling, key)
@@ -51,23 +61,23 @@ class Evaluator:
 
     @jax.jit
     def answer(params, batch, number):  # Targets.PROMPTED_ANSWERS: each row's answer generated
-      model = nnx.merge(graphdef, params)
+      model = model_for(params, number)
       key = jax.random.fold_in(jax.random.key(seed), number)
       tokens, _ = generate(model, batch["inputs"], prompt_lengths(batch),
                            batch["inputs"].shape[1], sampling, key)
       return jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))  # at t, the token after t: as targets
 
     @jax.jit
-    def tokenwise(params, batch):  # score's sums, and per position the argmax and −log p
-      logits = nnx.merge(graphdef, params)(batch)
+    def tokenwise(params, batch, number):  # score's sums, and per position the argmax and −log p
+      logits = model_for(params, number)(batch)
       sums = token_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
       return sums, jax.numpy.argmax(logits, axis=-1), token_nll(logits, batch["targets"])
 
     # Each row's sums of token_metrics, for the per-example results of a decoded split: a
     # pass of its own (fused into score, its sums would round differently than they did).
     @jax.jit
-    def rows(params, batch):
-      logits = nnx.merge(graphdef, params)(batch)
+    def rows(params, batch, number):
+      logits = model_for(params, number)(batch)
       return row_metrics(logits, batch["targets"], batch["targets_segmentation"] > 0)
 
     self._score, self._predict, self._tokenwise = score, predict, tokenwise
@@ -122,9 +132,9 @@ class Evaluator:
 
   def _totals(self, params, arrays, should_stop, progress=None) -> dict[str, float]:
     totals: dict[str, float] = {}
-    for batch in self._batches(arrays, progress):
+    for number, batch in enumerate(self._batches(arrays, progress)):
       _check_stop(should_stop)
-      _add(totals, jax.device_get(self._score(params, batch)))
+      _add(totals, jax.device_get(self._score(params, batch, number)))
     return totals
 
   def row_sums(self, params, arrays: dict[str, np.ndarray], should_stop=lambda: False,
@@ -132,9 +142,9 @@ class Evaluator:
     """Each row's sums of token_metrics (core/metrics.py row_metrics: nll, correct, tokens;
     [n] each), from a forward pass per batch."""
     rows: dict[str, list] = {}
-    for batch in self._batches(arrays, progress):
+    for number, batch in enumerate(self._batches(arrays, progress)):
       _check_stop(should_stop)
-      for key, value in jax.device_get(self._rows(params, batch)).items():
+      for key, value in jax.device_get(self._rows(params, batch, number)).items():
         rows.setdefault(key, []).append(np.asarray(value))
     return {key: np.concatenate(v)[:len(arrays["inputs"])] for key, v in rows.items()}
 
@@ -145,9 +155,9 @@ class Evaluator:
     argmax and −log p(target) at every position), from one forward pass per batch."""
     totals: dict[str, float] = {}
     outputs = {"predictions": [], "nll": []}
-    for batch in self._batches(arrays, progress):
+    for number, batch in enumerate(self._batches(arrays, progress)):
       _check_stop(should_stop)
-      sums, *values = jax.device_get(self._tokenwise(params, batch))
+      sums, *values = jax.device_get(self._tokenwise(params, batch, number))
       _add(totals, sums)
       for key, value in zip(outputs, values):
         outputs[key].append(np.asarray(value))
@@ -191,6 +201,10 @@ class Evaluator:
         results[name][PER_EXAMPLE] = per_example_record(split, {**parts,
                                                                 **(extra.examples or {})})
     return results, hypotheses
+
+def draw_key(number) -> jax.Array:
+  """The key of batch `number`'s random positions in an evaluation (Evaluator)."""
+  return jax.random.fold_in(jax.random.key(0), number)
 
 def per_example_record(split: Split, parts: dict[str, np.ndarray]) -> dict:
   """A split's results example by example, for paired tests over examples

@@ -23,6 +23,7 @@ from transformer.data.base import DataSource
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, ModelFamily
 from transformer.model.kernel_choice import Target, kernel_choices, kernel_warnings
+from transformer.model.positions import CausalOnly
 from transformer.run import optim, sharding, tracking
 from transformer.run.config import Config, EvalConfig, TrainConfig
 
@@ -92,16 +93,23 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
   sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
   # Each attention layer's kernel is chosen for this backend, mesh and purpose.
   target = Target(jax.default_backend(), mesh.abstract_mesh, evaluating)
-  make = lambda: family(cfg.model, rngs=nnx.Rngs(params=cfg.seed), target=target)  # noqa: E731
-  abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
+
+  def make(seed=cfg.seed):  # seed: an int, or a traced one (run/step.py's one program)
+    return family(cfg.model, rngs=nnx.Rngs(params=jax.random.key(seed)), target=target)
+
+  try:
+    abstract_model = nnx.eval_shape(make)  # runs the constructors' checks
+  except CausalOnly as e:  # say which configs take it: model.arch=decoder alone may not fit
+    raise ConfigError(f"{e}; decoder-only configs take it, e.g. "
+                      f"{'; '.join(decoder_only_commands(cfg.model.position))}") from None
   if announce:
     for line in kernel_choices(abstract_model):
       log.info("attention %s", line)
     for line in kernel_warnings(abstract_model):
       log.warning("%s", line)
 
-  def init():
-    params = nnx.to_pure_dict(nnx.state(make()))
+  def init(seed=cfg.seed):
+    params = nnx.to_pure_dict(nnx.state(make(seed)))
     return {"step": jnp.zeros((), jnp.int32), "params": params,
             "opt_state": optimizer.init(params)}
 
@@ -109,6 +117,19 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
     check_length(abstract_model, length, what)
   return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),
                     sharding.param_specs(abstract_model), mesh, optimizer, schedule, init)
+
+
+# Configs of a decoder-only model (model.arch=decoder), with the overrides that make one:
+# an encoding defined for causal self-attention only fits them (tests/test_cope.py builds each).
+DECODER_ONLY = (("configs/lm_extrapolation.py", ()), ("configs/mqar.py", ()),
+                ("configs/chomsky.py", ("data.cast=decoder", "model.arch=decoder")))
+
+
+def decoder_only_commands(position: str) -> list[str]:
+  """Commands that train a decoder-only model with `position` (DECODER_ONLY)."""
+  return [" ".join(["python train.py --config", path, "--workdir workdirs/" + position,
+                    *(f"--config.{o}" for o in (*overrides, f"model.position={position}"))])
+          for path, overrides in DECODER_ONLY]
 
 
 def make_source(cfg: Config, workdir: str | None = None) -> DataSource:

@@ -11,7 +11,10 @@ tracebacks that would bury the line that matters.
 The console's streams outlive their reader. With `train.py ... | tee log`, a Ctrl-C also
 kills tee; every later write to the pipe raises BrokenPipeError from wherever it happens (a
 print, a logging handler, the signal handler, the interpreter's flush at exit), which would
-lose the run or bury its last lines. A broken stream is pointed at /dev/null instead.
+lose the run or bury its last lines. A broken stream is pointed elsewhere instead, so that
+what the run says after the Ctrl-C (that its checkpoint is saved) still reaches the person
+at the terminal: stdout to stderr (which `| tee` leaves on the terminal), else (`2>&1 |
+tee`) to the controlling terminal (/dev/tty), else to /dev/null.
 
 Long passes (an evaluation) log plain progress lines every PROGRESS_EVERY seconds.
 """
@@ -31,21 +34,23 @@ log = logging.getLogger("transformer")
 
 
 class _Unbreakable:
-  """A text stream (sys.stdout, sys.stderr) whose writes never raise OSError: on the first
-  failure (a pipe whose reader exited, a closed terminal, a full disk under `> file`), its
-  file descriptor is pointed at /dev/null, so this write and every later one, by Python or
-  by C code, go nowhere instead of raising. Writing is the console's job, not the run's."""
+  """A text stream (sys.stdout, sys.stderr) whose writes never raise OSError: on a failure
+  (a pipe whose reader exited, a closed terminal, a full disk under `> file`), its file
+  descriptor is pointed at the next of its fallbacks (module docstring) and the write tried
+  there; when none is left, at /dev/null, so this write and every later one, by Python or by
+  C code, go nowhere instead of raising. Writing is the console's job, not the run's."""
 
-  def __init__(self, stream):
+  def __init__(self, stream, fallbacks: tuple[str, ...]):
     self._stream = stream
+    self._fallbacks = list(fallbacks)  # "stderr" (for stdout), "/dev/tty"
     self._dead = False
 
   def write(self, text: str) -> int:
-    if not self._dead:
+    while not self._dead:
       try:
         return self._stream.write(text)
       except OSError:
-        self._sink()
+        self._redirect()
     return len(text)
 
   def writelines(self, lines) -> None:
@@ -53,31 +58,61 @@ class _Unbreakable:
       self.write(line)
 
   def flush(self) -> None:
-    if not self._dead:
+    while not self._dead:
       try:
-        self._stream.flush()
+        return self._stream.flush()
       except OSError:
-        self._sink()
+        self._redirect()
 
-  def _sink(self) -> None:
+  def _redirect(self) -> None:
+    """Points the stream's descriptor at its next fallback that is not the broken file
+    itself, or at /dev/null (then the stream is dead); what is still buffered drains there."""
+    try:
+      fd = self._stream.fileno()
+    except (OSError, ValueError):  # no file descriptor (a test's capture): dropped
+      self._dead = True
+      return
+    while self._fallbacks:
+      target = self._fallbacks.pop(0)
+      try:
+        new = os.dup(2) if target == "stderr" else os.open(target, os.O_WRONLY | os.O_NOCTTY)
+      except OSError:  # no controlling terminal
+        continue
+      try:
+        if _same_file(new, fd):
+          continue  # 2>&1: stderr is the broken pipe too
+        os.write(new, f"(the reader of {self._stream.name} is gone; what follows is "
+                      f"written here)\n".encode())
+        os.dup2(new, fd)
+        return
+      except OSError:
+        continue
+      finally:
+        os.close(new)
     self._dead = True
     try:
       devnull = os.open(os.devnull, os.O_WRONLY)
-      os.dup2(devnull, self._stream.fileno())  # what is still buffered drains into it
+      os.dup2(devnull, fd)
       os.close(devnull)
-    except (OSError, ValueError):  # no file descriptor (a test's capture): dropped above
+    except OSError:
       pass
 
   def __getattr__(self, name):
     return getattr(self._stream, name)
 
 
+def _same_file(a: int, b: int) -> bool:
+  sa, sb = os.fstat(a), os.fstat(b)
+  return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
 def unbreakable_streams() -> None:
-  """Replaces sys.stdout and sys.stderr by streams whose writes never raise (idempotent)."""
-  for name in ("stdout", "stderr"):
+  """Replaces sys.stdout and sys.stderr by streams whose writes never raise (idempotent):
+  stdout falls back to stderr, then the terminal; stderr to the terminal."""
+  for name, fallbacks in (("stdout", ("stderr", "/dev/tty")), ("stderr", ("/dev/tty",))):
     stream = getattr(sys, name)
     if stream is not None and not isinstance(stream, _Unbreakable):
-      setattr(sys, name, _Unbreakable(stream))
+      setattr(sys, name, _Unbreakable(stream, fallbacks))
 
 
 def say(text: str) -> None:

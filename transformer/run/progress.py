@@ -9,6 +9,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from transformer.run import compile_cache
+
 log = logging.getLogger("transformer")
 
 
@@ -65,7 +67,8 @@ def _number(value: int | float) -> str:
 def timing_first_call(fn: Callable, what: str) -> Callable:
   """`fn` (a jitted function), logging around its first call, which traces and compiles
   it: 'compiling WHAT...' before, 'compiled WHAT in N s' after (the call returns once the
-  computation is compiled and dispatched), so the wait before the first log line is
+  computation is compiled and dispatched), or 'loaded WHAT from the compilation cache in N
+  s' when nothing was compiled (compile_cache), so the wait before the first log line is
   explained. Later calls are fn's."""
   first = True
 
@@ -75,9 +78,12 @@ def timing_first_call(fn: Callable, what: str) -> Callable:
       return fn(*args)
     first = False
     log.info("compiling %s...", what)
-    start = time.time()
+    start, before = time.time(), compile_cache.counts()
     out = fn(*args)
-    log.info("compiled %s in %.1f s", what, time.time() - start)
+    after = compile_cache.counts()
+    cached = after["loaded"] > before["loaded"] and after["compiled"] == before["compiled"]
+    log.info("%s %s in %.1f s", "loaded" if cached else "compiled",
+             f"{what} from the compilation cache" if cached else what, time.time() - start)
     return out
 
   return call

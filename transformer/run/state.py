@@ -20,6 +20,7 @@ import jax
 from etils import epath
 
 from transformer.core import storage
+from transformer.core.errors import ConfigError
 from transformer.run import checkpoint
 from transformer.run import workdir as workdir_lib
 
@@ -89,14 +90,21 @@ def record_failure(workdir: str, error: Exception) -> None:
 
 def read_failure(workdir: str) -> dict | None:
   """The record of the run's last failure ({"error", "kind", "last_checkpoint", "time"}),
-  or None."""
+  or None; a ConfigError naming the file if it is not such a record (a sweep writes it
+  whole: storage.write)."""
   path = epath.Path(workdir) / FAILURE_FILE
   try:
-    return json.loads(path.read_text())
+    record = json.loads(path.read_text(encoding="utf-8"))
   except FileNotFoundError:
     return None
   except (OSError, ValueError) as e:
-    return {"error": f"(its record {path} is unreadable: {e})", "kind": "unknown"}
+    record = e
+  if not (isinstance(record, dict) and isinstance(record.get("error"), str)):
+    problem = (f"cannot be read ({type(record).__name__}: {record})"
+               if isinstance(record, Exception) else "is not a record of a failure")
+    raise ConfigError(f"{path} {problem}: the record of the run's failure is damaged; remove "
+                      "it (the run is then unfinished, or finished if its metrics say so)")
+  return record
 
 
 def clear_failure(workdir: str) -> None:

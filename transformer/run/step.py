@@ -7,9 +7,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer.core.metrics import loss_head_metrics
 from transformer.run import experiment, sharding
@@ -61,7 +62,7 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
     zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, batch, key))
     return jax.lax.scan(add_micro_batch, zeros, (micro, jnp.arange(k)))[0]
 
-  def train_step(state, batch):
+  def train_step(state, batch, seed=seed):  # compile_step passes the seed as an argument
     key = jax.random.fold_in(jax.random.key(seed), state["step"])
     grads, sums = gradients(state["params"], batch, key)
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
@@ -91,18 +92,53 @@ class CompiledStep(NamedTuple):
   step: Callable  # jitted (state, batch) -> (state, metric sums); donates the state
 
 
+class _Seeded:
+  """A jitted (or compiled) fn(state, batch, seed) called as fn(state, batch) with a given
+  seed; .lower(state, batch).compile() gives the same (benchmarks/train_step.py reads the
+  compiled program: its other attributes are the wrapped one's)."""
+
+  def __init__(self, fn, seed):
+    self.fn, self.seed = fn, seed
+
+  def __call__(self, state, batch):
+    return self.fn(state, batch, self.seed)
+
+  def lower(self, state, batch):
+    return _Seeded(self.fn.lower(state, batch, self.seed), self.seed)
+
+  def compile(self):
+    return _Seeded(self.fn.compile(), self.seed)
+
+  def __getattr__(self, name):
+    return getattr(self.fn, name)
+
+
 def compile_step(exp: experiment.Experiment) -> CompiledStep:
   """The one place the train state's sharding and the jitted step are built from an
   experiment's config (train.label_smoothing, accumulation_steps, loss_chunks, z_loss,
-  seed)."""
-  cfg = exp.train
+  seed).
+
+  The seed is an argument of the compiled initialisation and step, not a constant in them:
+  every seed of a sweep runs the same two programs, which the persistent compilation cache
+  then holds once (run/compile_cache.py). The keys are those of the seed as a constant
+  (jax.random.key of a uint32 is the int's key), so the results are the same; a seed from
+  2**32 on, which a uint32 cannot hold, stays a constant."""
+  cfg, seed = exp.train, exp.config.seed
   state_sharding = sharding.state_shardings(jax.eval_shape(exp.init), exp.param_specs,
                                             exp.optimizer, exp.mesh)
   batch_sharding = sharding.batch_sharding(exp.mesh)
+  replicated = NamedSharding(exp.mesh, PartitionSpec())
   step = make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
-                         label_smoothing=cfg.label_smoothing, seed=exp.config.seed,
+                         label_smoothing=cfg.label_smoothing, seed=seed,
                          accumulation_steps=cfg.accumulation_steps, loss_chunks=cfg.loss_chunks,
                          z_loss=cfg.z_loss)
+  if seed < 2**32:
+    argument = np.uint32(seed)
+    init = jax.jit(exp.init, in_shardings=(replicated,), out_shardings=state_sharding)
+    jitted = jax.jit(step, in_shardings=(state_sharding, batch_sharding, replicated),
+                     out_shardings=(state_sharding, None), donate_argnums=0)
+    return CompiledStep(state_sharding, batch_sharding, lambda: init(argument),
+                        _Seeded(jitted, argument))
   return CompiledStep(state_sharding, batch_sharding,
                       jax.jit(exp.init, out_shardings=state_sharding),
                       jax.jit(step, in_shardings=(state_sharding, batch_sharding),

@@ -1,8 +1,9 @@
 """Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
 
 What a run guarantees, whatever fails:
-  * the config is validated whole (experiment.build), and the data read and checked
-    (DataSource.load), before anything is written;
+  * the config is validated whole (experiment.build), the run it starts from checked
+    (train.init_from: init_from.py), and the data read and checked (DataSource.load),
+    before anything is written;
   * the workdir is locked (lock.py), so two runs never write into one;
   * a step whose loss, gradient or update is not finite is not applied; more than
     `train.skip_nonfinite` of them in a row stop the run (RunError) before anything
@@ -25,7 +26,8 @@ import jax
 
 from transformer.core import storage
 from transformer.core.errors import Interrupted, RunError
-from transformer.run import checkpoint, experiment, lock, logs, sharding, tracking
+from transformer.run import (checkpoint, compile_cache, experiment, init_from, lock, logs,
+                             sharding, tracking)
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import Config
 from transformer.run.evaluator import Evaluator, check_split_lengths
@@ -49,6 +51,9 @@ def train_and_evaluate(cfg: Config, workdir: str,
   workdir_lib.check_usable(workdir)
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
+  workdir_lib.read_metrics(workdir)  # a damaged metrics log: its error before any writing
+  # the parameters to start from, checked (once the run has a checkpoint: its own)
+  source = None if has_checkpoints else init_from.check(exp, workdir)
   # The data is read and checked before anything is written (the workdir and its lock
   # included): a tokenizer is trained in memory, from a pass over the corpus that checks it.
   exp.source.load(has_checkpoints)
@@ -58,15 +63,15 @@ def train_and_evaluate(cfg: Config, workdir: str,
     exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
     workdir_lib.write_config(cfg, workdir)
     with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
-      return _run(exp, workdir, splits, should_stop)
+      return _run(exp, workdir, splits, should_stop, source)
 
 
 def _run(exp: experiment.Experiment, workdir: str, splits: dict,
-         should_stop: Callable[[], bool]) -> int:
+         should_stop: Callable[[], bool], source: init_from.Source | None) -> int:
   mngr = checkpoint.manager(workdir, keep=exp.train.keep_checkpoints)
-  loop, finished = None, False
+  loop, finished, before = None, False, compile_cache.counts()
   try:
-    loop = _Loop(exp, workdir, mngr, splits, should_stop)
+    loop = _Loop(exp, workdir, mngr, splits, should_stop, source)
     step = loop.run()
     finished = True
     return step
@@ -74,23 +79,33 @@ def _run(exp: experiment.Experiment, workdir: str, splits: dict,
     checkpoint.finish(mngr)
     if loop is not None:
       loop.writers.close(failed=not finished)
+    after = compile_cache.counts()  # in the run's log: whether the cache served this run
+    log.debug("compilation: %d program(s) compiled, %d loaded from the persistent cache",
+              after["compiled"] - before["compiled"], after["loaded"] - before["loaded"])
 
 
 class _Loop:
   """The training loop of one run, with its bookkeeping between steps."""
 
-  def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop):
+  def __init__(self, exp: experiment.Experiment, workdir: str, mngr, splits, should_stop,
+               source: init_from.Source | None = None):
     self.exp, self.cfg, self.workdir, self.mngr = exp, exp.train, workdir, mngr
     self.splits, self.should_stop = splits, should_stop
     compiled = compile_step(exp)
     self.batch_sharding = compiled.batch_sharding
     self.train_step = timing_first_call(compiled.step, "the train step")
+    abstract = jax.eval_shape(exp.init)
+    # said before the initialisation's compilation, which was a silent wait (issue 31)
+    n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
+    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
     self.step, self.state, self.batches = checkpoint.restore(
-        mngr, jax.eval_shape(exp.init), compiled.state_sharding,
+        mngr, abstract, compiled.state_sharding,
         make_iterator=lambda: iter(exp.source.train_batches()))
     logged = workdir_lib.whole(workdir_lib.read_metrics(workdir))  # given to the trackers
     if self.step is None:  # also a run killed before its first checkpoint: from scratch
-      self.state, self.step = compiled.init(), 0
+      self.state = (timing_first_call(compiled.init, "the initialisation")() if source is None
+                    else init_from.initial_state(exp, compiled, source))
+      self.step = 0
     else:
       log.info("resuming from the checkpoint at step %d in %s", self.step, mngr.directory)
     # the records of the steps to be trained (and of an evaluation cut short) go: each once
@@ -104,8 +119,6 @@ class _Loop:
     self.in_a_row = 0  # non-finite steps in a row
     self.last_loss = float("inf")
     self.evaluator = Evaluator(exp, sampling=exp.eval.sampling, seed=exp.eval.sample_seed)
-    n_params = sum(x.size for x in jax.tree.leaves(self.state["params"]))
-    log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
 
   def run(self) -> int:
     cfg = self.cfg

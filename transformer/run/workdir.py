@@ -103,20 +103,48 @@ def _parse_saved(raw: dict, workdir: str) -> config_lib.Config:
                       f"{e}") from None
 
 
-def _metric_lines(workdir: str) -> list[str]:
+def _metric_lines(workdir: str) -> list[bytes]:
   path = epath.Path(workdir) / METRICS_FILE
-  return path.read_text().splitlines() if path.exists() else []
+  return path.read_bytes().splitlines() if path.exists() else []
+
+
+def _is_record(record) -> bool:
+  """Whether a metrics line's JSON is a record: an object with an integer step and a split."""
+  return (isinstance(record, dict) and isinstance(record.get("step"), int)
+          and not isinstance(record["step"], bool) and isinstance(record.get("split"), str))
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """The records of metrics.jsonl; a line cut short by a killed process is skipped."""
+  """The records of metrics.jsonl. A line cut short by a killed process (the beginning of
+  a record: '{' and no valid JSON) is skipped; any other line that is not a record (bytes
+  that are not UTF-8, text or JSON that is not an object with an integer "step" and a
+  "split") is a ConfigError naming the file and the line: a damaged log, which no reader
+  may take for records or silently drop."""
+  path = epath.Path(workdir) / METRICS_FILE
   records = []
-  for line in _metric_lines(workdir):
-    try:
-      records.append(json.loads(line))
-    except ValueError:
+  for number, raw in enumerate(_metric_lines(workdir), start=1):
+    if not raw.strip():
       continue
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ConfigError(_damaged(path, number, f"is not UTF-8 text (byte {e.start})")) from None
+    try:
+      record = json.loads(line)
+    except ValueError:
+      if line.lstrip().startswith("{"):
+        continue  # cut short
+      raise ConfigError(_damaged(path, number, f"{line[:40]!r} is not JSON")) from None
+    if not _is_record(record):
+      raise ConfigError(_damaged(path, number, f"{line[:40]!r} is not a metrics record (an "
+                                 'object with an integer "step" and a "split")'))
+    records.append(record)
   return records
+
+
+def _damaged(path, number: int, problem: str) -> str:
+  return (f"{path}, line {number}: {problem}: the run's metrics log is damaged; remove that "
+          "line (or restore the file from a copy)")
 
 
 SPLITS = "splits"  # in an evaluation's records: the splits evaluated together
@@ -170,7 +198,7 @@ def truncate_metrics(workdir: str, step: int) -> None:
   short), and drops lines cut short: a run that goes on from `step` (0: from scratch)
   trains the later steps again, evaluates again where an evaluation is missing, and logs
   them anew, so each step is recorded once."""
-  kept = [r for r in whole(read_metrics(workdir)) if r["step"] <= step]
+  kept = [r for r in whole(read_metrics(workdir)) if r["step"] <= step]  # checked lines
   if jax.process_index() == 0 and len(kept) < len(_metric_lines(workdir)):
     storage.write(storage.join(workdir, METRICS_FILE),
                   "".join(json.dumps(r) + "\n" for r in kept))

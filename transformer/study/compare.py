@@ -183,11 +183,19 @@ def _evaluation(path: str) -> dict[str, tuple[list[str], list[str]]]:
         raise ConfigError(f"{path}: the {split} split's {what} ({file}) are missing"
                           + (" (eval.py writes them since compare.py exists); evaluate the run "
                              "again" if what == "references" else ""))
-    out[split] = tuple(_lines(epath.Path(p).read_text(encoding="utf-8"))
-                       for p in (hypotheses, references))
+    out[split] = tuple(_lines(_text(p)) for p in (hypotheses, references))
   if not out:
     raise ConfigError(f"{path} has no text split (translation hypotheses) to resample")
   return out
+
+
+def _text(path: str) -> str:
+  """A file of sentences as text; a ConfigError naming it if it is not UTF-8."""
+  try:
+    return epath.Path(path).read_text(encoding="utf-8")
+  except UnicodeDecodeError as e:
+    raise ConfigError(f"{path} is not UTF-8 text (byte {e.start}: {e.reason}); it is not "
+                      "the file eval.py wrote, evaluate the run again") from None
 
 
 def paired_bootstrap(paths: Sequence[str], samples: int = 1000) -> str:

@@ -53,14 +53,28 @@ def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
                       "--plot_dir")
 
 
+def decode_sentences(run: Run, sentences: list[str], sampling: Sampling = GREEDY,
+                     seed: int = 0) -> list[np.ndarray]:
+  """Each sentence's output from a family that decodes, as its evaluation decodes (greedy,
+  or drawn as `sampling` says from `seed`): token ids up to and including EOS."""
+  exp = run.experiment
+  encoded = [exp.source.encode(s) for s in sentences]
+  length = max(len(e) for e in encoded)
+  split = Split(pad_batch([(e, np.zeros_like(e)) for e in encoded], length))
+  evaluator = Evaluator(exp, sampling=sampling, seed=seed)
+  predictions = evaluator.predict(run.params, split.arrays, exp.source.decode_length(split))
+  return [_until_eos(p) for p in predictions]
+
+
 def draw(run: Run, sentences: list[str], plot_dir: str, captions: list[str] | None = None,
-         sampling: Sampling = GREEDY, seed: int = 0) -> list[str]:
+         sampling: Sampling = GREEDY, seed: int = 0,
+         outputs: list[np.ndarray] | None = None) -> list[str]:
   """Writes into plot_dir the attention maps of `sentences` and positions.png for a run
   restored by evaluation.restore_run, in place of the pictures an earlier draw left there
   (earlier_pictures). A family that does not decode has each sentence's prediction in its
   titles: `captions`, or evaluation.sentence_predictions; one that decodes draws them against
-  its greedy translation, or one drawn as `sampling` says (from `seed`). Returns the paths
-  written."""
+  their `outputs` (decode_sentences: greedy, or drawn as `sampling` says from `seed`, when
+  not given). Returns the paths written."""
   exp = run.experiment
   check_writable(run, sentences, plot_dir)  # a bad sentence fails before any writing
   encoded = [exp.source.encode(s) for s in sentences]
@@ -73,9 +87,8 @@ def draw(run: Run, sentences: list[str], plot_dir: str, captions: list[str] | No
   model = nnx.merge(exp.graphdef, run.params)
   paths = []
   if sentences and exp.family.decodes:  # attention from what is decoded to the sentence
-    evaluator = Evaluator(exp, sampling=sampling, seed=seed)
-    paths += draw_attention(model, exp.source, evaluator, run.params, sentences, encoded,
-                            plot_dir)
+    outputs = outputs or decode_sentences(run, sentences, sampling, seed)
+    paths += draw_attention(model, exp.source, outputs, sentences, encoded, plot_dir)
   elif sentences:  # one sequence, nothing decoded
     captions = captions or sentence_predictions(run, sentences)
     paths += draw_self_attention(model, exp.source, sentences, encoded, plot_dir, captions)
@@ -145,15 +158,13 @@ def _until_eos(ids: np.ndarray) -> np.ndarray:
   return ids[:ends[0] + 1] if len(ends) else ids
 
 
-def draw_attention(model, source, evaluator, params, sentences: list[str],
+def draw_attention(model, source, outputs: list[np.ndarray], sentences: list[str],
                    encoded: list[np.ndarray], plot_dir: str) -> list[str]:
-  """For each sentence i (token ids `encoded[i]`): decodes it as the evaluator does (greedy
-  or sampled), then writes attention_{i}_{kind}.png for the three kinds of attention.
+  """For each sentence i (token ids `encoded[i]`) and its decoded output (`outputs[i]`:
+  decode_sentences), writes attention_{i}_{kind}.png for the three kinds of attention.
   Returns the paths."""
   length = max(len(e) for e in encoded)
-  split = Split(pad_batch([(e, np.zeros_like(e)) for e in encoded], length))
-  predictions = evaluator.predict(params, split.arrays, source.decode_length(split))
-  pairs = [(e, _until_eos(p)) for e, p in zip(encoded, predictions)]
+  pairs = list(zip(encoded, outputs))
   batch = pad_batch(pairs, max(length, max(len(t) for _, t in pairs)))
   weights = attention_weights(model, batch)
   paths = []
@@ -221,10 +232,13 @@ def _cosine(x: np.ndarray) -> np.ndarray:
 
 
 def draw_positions(model, length: int, path: str) -> str | None:
-  """positions.png: each stack's position panels (encoder, decoder); None for `none`."""
+  """positions.png: each stack's position panels (encoder, decoder; under a layer-wise
+  pattern a row per entry); None for `none`."""
   cfg = model.cfg
-  rows = [(name, position_panels(stack.position, length, cfg.d_model, cfg.num_heads))
-          for name, stack in model.stacks().items()]
+  rows = [(name if len(stack.encodings()) == 1 else f"{name} {entry}",
+           position_panels(encoding, length, cfg.d_model, cfg.num_heads))
+          for name, stack in model.stacks().items()
+          for entry, encoding in stack.encodings().items()]
   rows = [(name, panels) for name, panels in rows if panels]
   if not rows:
     return None

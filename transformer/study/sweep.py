@@ -247,10 +247,10 @@ def run(config_path: str, sweep_dir: str, worker: int = 0, num_workers: int = 1,
   trained, {name: error} failed)."""
   sweep_workers.assignment(worker, num_workers, {})  # a ConfigError for a worker out of range
   share = plan(config_path, sweep_dir, overrides, only)[worker::num_workers]
+  todo = [not run_state(w, cfg.train.num_steps).finished for _, cfg, w in share]  # for the ETA
   # how these runs were asked for, for the later invocations (study/sweep_record.py)
   sweep_record.write(sweep_dir, sweep_record.Invocation(config_path, dict(overrides or {}),
                                                         tuple(only)))
-  todo = [not run_state(w, cfg.train.num_steps).finished for _, cfg, w in share]  # for the ETA
   of = f" of worker {worker}/{num_workers}" if num_workers > 1 else ""
   trained, failed, durations = [], {}, []
   for i, (name, cfg, workdir) in enumerate(share):

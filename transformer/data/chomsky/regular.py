@@ -4,10 +4,9 @@ import dataclasses
 
 import numpy as np
 
-from transformer.core.fields import Range, check_ranges
+from transformer.core.fields import Range, changed, check_ranges
 from transformer.core.registry import lookup
 from transformer.data.chomsky.base import ModularTask, Task, strings
-from transformer.data.task import changed
 
 
 @dataclasses.dataclass(frozen=True)

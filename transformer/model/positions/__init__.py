@@ -23,12 +23,20 @@ make_positional_encoding refuses it for a bidirectional (encoder) stack.
 
 Positions are explicit int arrays [batch, length] (0-based within each packed segment),
 never inferred from array indices, so packing and cached decoding see the right positions.
+
+Layer-wise patterns (transformer/model/layer_pattern.py): model.position may name several
+encodings joined by '+', cycled over each stack's layers (`rotary+rotary+rotary+none`). Each
+entry is built once per stack and shared by the layers that take it (as the layers of a
+stack share T5's table); a layer calls the seams of its own entry (`for_layer`). Only the
+encodings acting inside the layers may vary per layer: an encoding declaring `embeds = True`
+adds to the embeddings once, before the layers, and a pattern may not name it.
 """
 
 from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup, settings_of, settings_sections
+from transformer.model import layer_pattern
 from transformer.model.positions import absolute, base, contextual, relative, rotary
 from transformer.model.positions.absolute import Learned, Sinusoidal, sinusoid
 from transformer.model.positions.base import NoPosition, PositionalEncoding
@@ -37,10 +45,11 @@ from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, a
                                                   relative_position_bucket)
 from transformer.model.positions.rotary import Rotary, XPos, rotate_half_pairs, xpos_scale
 
-__all__ = ["ALiBi", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "POSITIONS",
-           "PositionSettings", "PositionalEncoding", "Rotary", "Sinusoidal", "T5Bias", "XPos",
-           "alibi_slopes", "make_positional_encoding", "relative_position_bucket",
-           "rotate_half_pairs", "sinusoid", "xpos_scale"]
+__all__ = ["ALiBi", "CausalOnly", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "PER_LAYER",
+           "POSITIONS", "PositionPattern", "PositionSettings", "PositionalEncoding", "Rotary",
+           "Sinusoidal", "T5Bias", "XPos", "alibi_slopes", "check_position",
+           "make_positional_encoding", "relative_position_bucket", "rotate_half_pairs",
+           "sinusoid", "xpos_scale"]
 
 # Every encoding, by its config name: the entries each module declares (a new encoding is
 # one class and one line in its module's ENCODINGS).
@@ -51,18 +60,66 @@ POSITIONS: dict[str, type[PositionalEncoding]] = {
 # config.model.position_settings: a section per encoding with settings.
 PositionSettings = settings_sections(POSITIONS, "PositionSettings")
 
+# The encodings a layer-wise pattern may name: those acting inside the layers (module docstring).
+PER_LAYER = tuple(name for name, cls in POSITIONS.items() if not cls.embeds)
+
+
+def check_position(value: str) -> tuple[type[PositionalEncoding], ...]:
+  """The classes of the encodings config.model.position names, layer by layer of a pattern
+  (one for a plain name); an UnknownName for an unknown plain name, a FieldError for a
+  pattern naming an unknown encoding or one that cannot vary per layer."""
+  layer_pattern.check("position", value, POSITIONS, "position", PER_LAYER,
+                      "adds to the embeddings, once per stack, and cannot vary per layer")
+  return tuple(POSITIONS[name] for name in layer_pattern.entries(value))
+
+
+class CausalOnly(ConfigError):
+  """An encoding defined for causal self-attention only, asked of a bidirectional stack
+  (the wiring adds which configs take it)."""
+
 
 def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: int, *,
                              causal: bool = False, settings=None,
-                             rngs: nnx.Rngs | None) -> PositionalEncoding:
+                             rngs: nnx.Rngs | None) -> "PositionalEncoding | PositionPattern":
   """The encoding `name` with its section of `settings` (a PositionSettings; None: defaults),
   for a causal (decoder) or bidirectional (encoder) stack: a ConfigError if the encoding is
-  defined for causal self-attention only and the stack is bidirectional."""
+  defined for causal self-attention only and the stack is bidirectional. A layer-wise
+  pattern (`rotary+none`) gives a PositionPattern of its entries."""
+  if layer_pattern.is_pattern(name):
+    check_position(name)
+    return PositionPattern(name, d_model, num_heads, max_len, causal=causal,
+                           settings=settings, rngs=rngs)
   cls = lookup(POSITIONS, name, "position")
   if cls.causal_only and not causal:
-    raise ConfigError(
+    raise CausalOnly(
         f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
         "never after the query), and this model has a bidirectional (encoder) stack: use "
-        "model.arch=decoder or another position")
+        "another position, or a decoder-only model (model.arch=decoder) on data it learns")
   return cls(d_model, num_heads, max_len, causal=causal,
              settings=settings_of(settings, POSITIONS, name), rngs=rngs)
+
+
+class PositionPattern(nnx.Module):
+  """A stack's encodings under a layer-wise pattern (module docstring): each distinct entry
+  built once, in the order the pattern first names it (so its parameters are drawn in that
+  order), under `encodings.<name>`; layer i calls the seams of entry i mod n. The stack's
+  own seams: no entry adds to the embeddings (check_position), and a sequence is encodable
+  if every entry encodes it."""
+
+  def __init__(self, value: str, d_model: int, num_heads: int, max_len: int, *,
+               causal: bool = False, settings=None, rngs: nnx.Rngs | None):
+    self.names = layer_pattern.entries(value)
+    self.encodings = nnx.Dict({name: make_positional_encoding(
+        name, d_model, num_heads, max_len, causal=causal, settings=settings, rngs=rngs)
+        for name in dict.fromkeys(self.names)})
+
+  def for_layer(self, layer: int) -> PositionalEncoding:
+    return self.encodings[self.names[layer % len(self.names)]]
+
+  def embed(self, x, positions):
+    del positions
+    return x
+
+  def check_length(self, length: int) -> None:
+    for encoding in self.encodings.values():
+      encoding.check_length(length)

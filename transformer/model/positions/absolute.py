@@ -26,6 +26,8 @@ def sinusoid(positions: jax.Array, dim: int) -> jax.Array:
 class Sinusoidal(PositionalEncoding):
   """Fixed sinusoids added to the embeddings ("Attention Is All You Need", 3.5)."""
 
+  embeds = True
+
   def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
     if d_model % 2:
       raise ConfigError(f"sinusoidal positions need an even d_model, got {d_model}")
@@ -37,6 +39,8 @@ class Sinusoidal(PositionalEncoding):
 
 class Learned(PositionalEncoding):
   """A learned absolute embedding per position 0..max_len-1."""
+
+  embeds = True
 
   def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs):
     self.max_len = max_len

@@ -17,7 +17,7 @@ class BiasSpec:
   """A positional logit bias declared as a function a kernel can evaluate on any block of
   (query, key) positions, one head at a time, without the whole [tq, tk] array:
 
-    fn(params, q_positions [m, 1] (or [m, n]), k_positions [1, n]) -> float32 [m, n]
+    fn(params, q_positions [m, 1] (or [m, n]), k_positions [1, n] (or [m, n])) -> float32 [m, n]
 
   with `params` one head's slice of `params`, a dict of float32 arrays [num_heads, size]
   (parameters shared by the heads are broadcast to every head, so that the gradient of the
@@ -28,12 +28,12 @@ class BiasSpec:
   slicing, no custom_jvp function such as jax.nn.relu), so that it lowers inside a Pallas
   kernel for every backend (Mosaic TPU, Triton) and its vjp does too.
 
-  `dense(params, q_positions [b, tq], k_positions [b, tk]) -> [b, h, tq, tk]`, if given, is
-  the same bias over whole arrays with the gathers and matmuls that fn avoids (a table
-  lookup, an MLP), where fn's select-sums and unrolled loops would compile and run many
-  times slower; both are built on the same formula functions, and tests check that they
-  agree. None: fn mapped over the heads and rows. `learned`: the params carry gradients a
-  kernel must compute (False for constants)."""
+  `dense(params, q_positions, k_positions) -> [b, h, tq, tk]` (positions broadcastable to
+  [b, tq, tk]), if given, is the same bias over whole arrays with the gathers and matmuls
+  that fn avoids (a table lookup, an MLP), where fn's select-sums and unrolled loops would
+  compile and run many times slower; both are built on the same formula functions, and
+  tests check that they agree. None: fn mapped over the heads and rows. `learned`: the
+  params carry gradients a kernel must compute (False for constants)."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
@@ -45,10 +45,16 @@ def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,
               blockwise: bool = False) -> jax.Array:
   """The bias of `spec` over whole arrays: q [b, tq], k [b, tk] positions -> [b, h, tq, tk];
   by spec.dense where given, unless `blockwise`: then always by spec.fn (the kernels' form)."""
+  return pair_bias(spec, q_positions[:, :, None], k_positions[:, None, :], blockwise=blockwise)
+
+
+def pair_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,
+              blockwise: bool = False) -> jax.Array:
+  """spec_bias for positions given pair by pair: q, k broadcastable to [b, tq, tk] (e.g. a
+  query position 0 and each pair's sampled offset as the key's) -> [b, h, tq, tk]."""
   if spec.dense is not None and not blockwise:
     return spec.dense(spec.params, q_positions, k_positions)
-  block = lambda params, q, k: spec.fn(params, q[:, None], k[None, :])  # noqa: E731
-  per_head = jax.vmap(block, in_axes=(0, None, None))
+  per_head = jax.vmap(spec.fn, in_axes=(0, None, None))
   return jax.vmap(per_head, in_axes=(None, 0, 0))(spec.params, q_positions, k_positions)
 
 
@@ -61,6 +67,21 @@ class PositionalEncoding(nnx.Module):
   content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
   causal_only = False  # defined only for causal self-attention: no encoder stack may use it
   takes_positions = True  # its seams read the positions (model.random_positions may sample them)
+  # embed() is not the identity: it adds to the embeddings, once per stack, before the
+  # layers, so it cannot vary per layer (no layer-wise pattern may name it)
+  embeds = False
+  # bias() is a function of the offset k − q alone (and no other seam reads positions):
+  # randomized positions drawn per batch feed it sampled offsets (positions/randomized.py)
+  relative = False
+  # bias() reads a table at each pair (sampled offsets): a kernel evaluating bias_spec()
+  # in-kernel has no gather
+  gathered_bias = False
+
+  def for_layer(self, layer: int) -> "PositionalEncoding":
+    """The encoding whose seams layer `layer` of the stack calls: this one, in every layer
+    (a layer-wise pattern, positions.PositionPattern, gives each layer its entry's)."""
+    del layer
+    return self
 
   def embed(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x: [b, t, d_model], positions: [b, t] -> [b, t, d_model]."""

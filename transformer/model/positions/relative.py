@@ -1,7 +1,9 @@
 """Relative positions as a logit bias (the `bias` seam): ALiBi, T5's buckets, KERPLE and
 FIRE. Each declares its bias as a BiasSpec (one head's bias on a block of positions, from
 that head's parameters), which bias() evaluates on whole arrays and the Pallas kernel on
-blocks inside the kernel (transformer/model/pallas_attention.py), so the two cannot drift."""
+blocks inside the kernel (transformer/model/pallas_attention.py), so the two cannot drift.
+ALiBi, T5 and KERPLE declare `relative`: their bias is a function of the offset k − q alone,
+so randomized positions can feed them sampled offsets (positions/randomized.py)."""
 
 import dataclasses
 import functools
@@ -11,7 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.core.fields import AT_LEAST_1, POSITIVE, Range, check, check_ranges
+from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, changed, check,
+                                     check_ranges)
 from transformer.model.layers import Dense
 from transformer.model.positions.base import BiasSpec, PositionalEncoding
 
@@ -33,29 +36,46 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list[float]:
 
 
 class ALiBi(PositionalEncoding):
-  """Attention with linear biases: logits − m_h·|i − j| per head, no position embedding."""
+  """Attention with linear biases: logits − m_h·|i − j| per head, no position embedding.
+
+  A bidirectional (encoder) stack adds m_h·bidirectional_offset to the keys before the
+  query: −m_h·(|i − j| − offset·[j < i]). Without it the bias is symmetric, and an encoder
+  with ALiBi alone cannot tell a sequence from its reverse (its outputs reverse with the
+  input). DeepMind's code for Delétang et al. 2023 and Ruoss et al. 2023 adds 0.5
+  (models/positional_encodings.py, compute_alibi_encodings_biases), the default. A causal
+  stack never sees keys after the query and adds none."""
 
   biases = True
+  relative = True
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
     max_bias: float = 8.0  # slopes 2^(-max_bias·h/n), h = 1..n: the last head's is 2^-max_bias
+    # encoders: m_h·this added to the logits of keys before the query (0: symmetric, as runs
+    # saved before this field were)
+    bidirectional_offset: float = changed(0.5, old=0.0)
 
     def __post_init__(self):
-      check_ranges(self, max_bias=POSITIVE)
+      check_ranges(self, max_bias=POSITIVE, bidirectional_offset=AT_LEAST_0)
 
   def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
-    self.slopes = tuple(alibi_slopes(num_heads, (settings or self.Settings()).max_bias))
+    settings = settings or self.Settings()
+    self.slopes = tuple(alibi_slopes(num_heads, settings.max_bias))
+    self.offset = 0.0 if causal else settings.bidirectional_offset
 
   def bias_spec(self):
     slopes = jnp.asarray(self.slopes, jnp.float32)[:, None]  # [h, 1]
-    return BiasSpec(alibi_bias, {"slope": slopes}, learned=False)
+    return BiasSpec(functools.partial(alibi_bias, offset=self.offset), {"slope": slopes},
+                    learned=False)
 
 
-def alibi_bias(params, q_positions, k_positions):
-  """One head's ALiBi bias −m·|i − j|: params {"slope": (m,)}, positions [m, 1], [1, n] ->
-  [m, n]."""
-  return -params["slope"][0] * _distance(q_positions, k_positions)
+def alibi_bias(params, q_positions, k_positions, *, offset: float = 0.0):
+  """One head's ALiBi bias −m·(|i − j| − offset·[j < i]): params {"slope": (m,)}, positions
+  [m, 1] (or [m, n]), [1, n] -> [m, n]."""
+  distance = _distance(q_positions, k_positions)
+  if offset:  # keys before the query (a select: lowers in every kernel)
+    distance = distance - jnp.where(k_positions < q_positions, offset, 0.0)
+  return -params["slope"][0] * distance
 
 
 def relative_position_bucket(relative_position: jax.Array, *, bidirectional: bool,
@@ -85,6 +105,7 @@ class T5Bias(PositionalEncoding):
 
   biases = True
   learned_bias = True
+  relative = True
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
@@ -112,10 +133,11 @@ class T5Bias(PositionalEncoding):
 
 
 def t5_dense_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):
-  """T5's bias over whole arrays: positions [b, tq], [b, tk] -> [b, h, tq, tk], a gather."""
+  """T5's bias over whole arrays: positions broadcastable to [b, tq, tk] -> [b, h, tq, tk],
+  a gather."""
   table = params["table"]  # [h, num_buckets]
-  buckets = relative_position_bucket(k_positions[:, None, :] - q_positions[:, :, None],
-                                     bidirectional=bidirectional, num_buckets=table.shape[-1],
+  buckets = relative_position_bucket(k_positions - q_positions, bidirectional=bidirectional,
+                                     num_buckets=table.shape[-1],
                                      max_distance=max_distance)  # [b, q, k]
   return jnp.moveaxis(table.T[buckets], -1, 1)
 
@@ -142,6 +164,7 @@ class Kerple(PositionalEncoding):
 
   biases = True
   learned_bias = True
+  relative = True
 
   @dataclasses.dataclass(frozen=True)
   class Settings:
@@ -249,11 +272,11 @@ def fire_bias(params, q_positions, k_positions):
 
 
 def fire_dense_bias(params, q_positions, k_positions):
-  """FIRE's bias over whole arrays: positions [b, tq], [b, tk] -> [b, h, tq, tk], the MLP as
-  matmuls. The shared parameters are read from head 0's row of their broadcast (the
-  broadcast's gradient sums into the parameter all the same)."""
-  x = fire_input(params["c"][0, 0], params["threshold"][0, 0], q_positions[:, :, None],
-                 k_positions[:, None, :])[..., None]  # [b, q, k, 1]
+  """FIRE's bias over whole arrays: positions broadcastable to [b, tq, tk] -> [b, h, tq, tk],
+  the MLP as matmuls. The shared parameters are read from head 0's row of their broadcast
+  (the broadcast's gradient sums into the parameter all the same)."""
+  x = fire_input(params["c"][0, 0], params["threshold"][0, 0], q_positions,
+                 k_positions)[..., None]  # [b, q, k, 1]
   hidden = jax.nn.relu(x * params["w1"][0] + params["b1"][0])  # [b, q, k, width]
   return jnp.moveaxis(hidden @ params["w2"].T + params["b2"][:, 0], -1, 1)
 
