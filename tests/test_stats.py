@@ -598,3 +598,24 @@ def test_per_example_results_give_an_evaluations_metrics_again(cast, arch):
         checked.add(key)
   assert checked == {"loss", "accuracy", "mean_accuracy"} | (
       {"exact_match"} if cast == "decoder" else set())
+
+
+def test_finished_runs_without_the_main_metric_are_not_measured_not_failed(tmp_path):
+  """Runs that finished but evaluated other splits (a fine-tune at another length) have no
+  value of the main metric: 'not measured' in the spread table, never 'failed'."""
+  paths = [fake_run(tmp_path / f"rotary-{seed}", 0.5 + seed / 10, seed,
+                    **{"model.position": "rotary"}) for seed in range(2)]
+  for seed in range(2):
+    path = fake_run(tmp_path / f"alibi-{seed}", 0.6, seed, **{"model.position": "alibi"})
+    records = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+    for record in records:
+      if record["split"] == "valid":
+        del record["exact_match"], record["exact_match_by_length"]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in records)
+    paths.append(path)
+  md = compare.compare(paths)
+  assert "(4 finished)" in md
+  spread = _rows(md, "## valid/exact_match over seeds")
+  assert spread["model.position=alibi"][:3] == ["0", "0", "not measured"]
+  assert spread["model.position=rotary"][:3] == ["2", "0", "0.5500"]

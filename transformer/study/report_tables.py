@@ -100,8 +100,9 @@ def markdown(results: Results, header: list[str], baseline: str | None,
       s, values = results.summary(variant, main), results.values(variant, main)
       failed = results.counts(variant)["failed"]
       rates = "".join(f"{rate_cell(results.success(variant, t))} | " for t in thresholds)
-      if s is None:
-        lines.append(f"| {cell(variant)} | " + " | ".join(["0", str(failed), "failed"]
+      if s is None:  # its runs failed, or finished without this metric (another split)
+        why = "failed" if failed else "not measured"
+        lines.append(f"| {cell(variant)} | " + " | ".join(["0", str(failed), why]
                                                          + [""] * 4) + f" | {rates} |")
         continue
       lines.append(f"| {cell(variant)} | {s.n} | {failed} | {_num(s.mean)} | "
