@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
+from tests.support import TINY_WIDTH
 from configs import chomsky
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
@@ -299,8 +300,8 @@ def _protocol_config(arg="cpu", cast="slots", **train):
   name = next(n for n in ("missing_duplicate_string", *sorted(TASKS))
               if CASTS[cast].unfit(TASKS[n](**fields)) is None)
   config.task.update(name=name, **fields)
-  config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, max_len=16,
-                      max_position=32, random_positions=True, position="rotary")
+  config.model.update(**TINY_WIDTH, num_encoder_layers=1, max_len=16, max_position=32,
+                      random_positions=True, position="rotary")
   config.train.update(batch_size=8, num_steps=6, log_every=3, checkpoint_every=6,
                       warmup_steps=2, **train)
   config.eval.update(num_examples=8, batch_size=8)

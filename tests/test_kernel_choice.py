@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model import kernels
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
@@ -276,8 +277,10 @@ def test_an_emulated_kernel_trains_with_a_warning_and_is_evaluated_as_its_stand_
 
 def _model(monkeypatch, backend, **cfg):
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
-  cfg = ModelConfig(**{"vocab_size": 8, "d_model": 16, "num_heads": H, "d_ff": 16,
-                       "num_encoder_layers": 2, "num_decoder_layers": 2, **cfg})
+  # heads of D = 8 (a kernel's choice depends on the head dim); 2 layers a stack: the lines
+  # below count them
+  cfg = ModelConfig(**{**TINY_MODEL, "d_model": H * D, "num_heads": H, "num_encoder_layers": 2,
+                       "num_decoder_layers": 2, **cfg})
   return nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config
+from tests.support import TINY_MODEL, make_tiny_config
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import EncoderDecoder
@@ -24,9 +24,9 @@ forward = nnx.jit(lambda model, batch: model(batch))
 
 
 def _model(position="sinusoidal", kernel="reference", **kw):
-  cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
-                    num_decoder_layers=2, dropout=0.0, position=position, max_len=16,
-                    attention=AttentionConfig(kernel=kernel, block_size=4), **kw)
+  cfg = ModelConfig(**{**TINY_MODEL, "num_encoder_layers": 2, "num_decoder_layers": 2},
+                    position=position, attention=AttentionConfig(kernel=kernel, block_size=4),
+                    **kw)
   return EncoderDecoder(cfg, rngs=nnx.Rngs(0))
 
 

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from tests.clirun import CliRunner
-from tests.test_bad_input import write_lm_config  # a tiny language model on files
+from tests.support import TINY_MODEL, write_lm_config
 from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
@@ -185,8 +185,7 @@ def test_scaling_none_is_todays_rotary_and_xpos_bit_for_bit():
 
 # --------------------------------------------------------------------------- decoding
 
-TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-            num_decoder_layers=2, dropout=0.0, max_len=64, arch="decoder")
+TINY = {**TINY_MODEL, "num_decoder_layers": 2, "max_len": 64, "arch": "decoder"}
 SCALED = {"linear": dict(scaling="linear", factor=2.0, rotated_fraction=0.5),
           "ntk": dict(scaling="ntk", factor=3.0, rotated_fraction=0.5, partial="p_rope"),
           "yarn": dict(scaling="yarn", factor=4.0, original_length=4)}
