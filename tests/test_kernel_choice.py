@@ -30,6 +30,7 @@ from transformer.model.log_once import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets
+from transformer.model.reference_attention import reference_kernel
 from transformer.model.scores import SCORES, make_score
 from transformer.run import experiment
 from transformer.run.config import parse
@@ -351,7 +352,7 @@ def test_a_decoding_step_says_its_kernel_fallback_once(caplog):
               jnp.array([[4], [2]]), slots, causal=True)
   alibi = make_positional_encoding("alibi", H * D, H, 16, causal=True, rngs=None)
   score = make_score("scaled_dot", H, D, rngs=nnx.Rngs(0))
-  want = kernels.reference_kernel(q, k, v, mask, alibi, score, Dropout(0.0), None)
+  want = reference_kernel(q, k, v, mask, alibi, score, Dropout(0.0), None)
   with caplog.at_level(logging.INFO, logger="transformer"):
     for name in ("cudnn", "pallas") * 2:  # two layers
       out = KERNELS[name].make(block_size=8)(q, k, v, mask, alibi, score, None, None)

@@ -32,7 +32,8 @@ from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.kernels import KERNELS, reference_kernel
+from transformer.model.kernels import KERNELS
+from transformer.model.reference_attention import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
 from transformer.model.pallas_attention import flash_attention

@@ -27,8 +27,8 @@ from transformer.core.vocab import BOS_ID, EOS_ID
 from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.model.attention import MultiHeadAttention
-from transformer.model.kernels import attention_weights as formula_weights
-from transformer.model.kernels import repeat_heads
+from transformer.model.reference_attention import attention_weights as formula_weights
+from transformer.model.reference_attention import repeat_heads
 from transformer.model.positions import PositionalEncoding
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.model.stack import Stack
@@ -111,7 +111,7 @@ def earlier_pictures(plot_dir: str) -> list[epath.Path]:
 
 def recording_kernel(layer: MultiHeadAttention):
   """A kernel for `layer` that computes the attention weights by the formula
-  (kernels.attention_weights: every seam of the encoding, whatever the run's kernel), sows
+  (reference_attention.attention_weights: every seam of the encoding, whatever the run's kernel), sows
   them on the layer as nnx.Intermediate `weights` [b, h, tq, tk] and returns their output,
   the reference kernel's without dropout (pictures are deterministic)."""
 
