@@ -1,7 +1,7 @@
 """Kernel choice (transformer/model/kernel_choice.py): a layer's Needs from its parts; each
 kernel refused exactly what it does not declare; `auto` per layer, the first kernel of the
 backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log, one line per distinct choice. The kernels'
+training and replaced in evaluation; the log (kernel_log.py), one line per distinct choice. The kernels'
 values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
@@ -22,8 +22,8 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernel_choice import (AUTO, AUTO_ORDER, KernelChoice, Needs, Target,
-                                             check, choose, kernel_choices, kernel_warnings,
-                                             offered)
+                                             check, choose, offered)
+from transformer.model.kernel_log import kernel_choices, kernel_warnings
 from transformer.model.kernels import KERNELS, Kernel
 from transformer.model.layers import Dropout
 from transformer.model.log_once import log_once
