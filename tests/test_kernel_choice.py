@@ -1,8 +1,8 @@
 """Kernel choice (transformer/model/kernel_choice.py): a layer's Needs from its parts; each
 kernel refused exactly what it does not declare; `auto` per layer, the first kernel of the
 backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log (kernel_log.py), one line per distinct choice. The kernels'
-values and gradients: tests/test_kernel_conformance.py."""
+training and replaced in evaluation; the log (kernel_log.py), one line per distinct choice.
+The kernels' values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
 import functools
