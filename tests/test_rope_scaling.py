@@ -1,6 +1,6 @@
-"""RoPE's scalings and partial rotation (transformer/model/positions/rotary.py) against the
-papers' definitions, and evaluating a trained run under them (eval.py --config.FIELD=VALUE,
-transformer/run/overrides.py) without retraining and as the same run."""
+"""RoPE's scalings and partial rotation (transformer/model/positions/rope_scaling.py,
+rotary.py) against the papers' definitions, and evaluating a trained run under them (eval.py
+--config.FIELD=VALUE, transformer/run/overrides.py) without retraining and as the same run."""
 
 import dataclasses
 import json
@@ -22,8 +22,8 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import make_model
 from transformer.model.positions import PositionSettings, Rotary, XPos
-from transformer.model.positions.rotary import (SCALINGS, Frequencies, rope, rotate_pairs,
-                                                xpos_scale, yarn_interpolation)
+from transformer.model.positions.rope_scaling import SCALINGS, Frequencies, yarn_interpolation
+from transformer.model.positions.rotary import rope, rotate_pairs, xpos_scale
 from transformer.run import config as config_lib
 from transformer.run import overrides
 from transformer.run import workdir as workdir_lib
