@@ -26,7 +26,7 @@ from transformer.run import optim
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
 from transformer.run.training import train_and_evaluate
-from transformer.study import pictures, report_plots
+from transformer.study import figures, report_plots
 
 LENGTHS = [1, 2, 3, 4, 5, 7, 40, 41, 100]
 TASKS = AlgorithmicSource.Task.registry  # each problem with the papers' splits fields
@@ -390,6 +390,6 @@ def test_length_curves_are_plotted_in_panels_by_task(tmp_path):
   assert report_plots.panels(variants[:5]) == {"": variants[:5]}  # few: one panel
   finals = {v: [{"test": {"accuracy_by_length": {"41": 0.5 + s / 10, "42": 0.5}}}
                 for s in range(3)] for v in variants}
-  report_plots.plot_by_length(pictures.pyplot(), str(tmp_path), finals,
+  report_plots.plot_by_length(figures.pyplot(), str(tmp_path), finals,
                               "accuracy_by_length", 40)
   assert os.path.getsize(tmp_path / "extrapolation.png") > 0

@@ -24,7 +24,7 @@ from transformer.model.positions import CoPE, PositionSettings, make_positional_
 from transformer.model.scores import ScaledDot
 from transformer.run import experiment
 from transformer.run.config import parse
-from transformer.study import pictures
+from transformer.study import pictures, position_pictures
 
 B, T, H, D = 2, 7, 2, 4
 # Row 0: two packed sequences (4 and 2 tokens) and a padded slot; row 1: one sequence.
@@ -160,12 +160,12 @@ def test_pictures_record_the_content_bias_and_draw_no_position_panel(tmp_path):
   """CoPE acts at no positional seam, so it has no position picture (no bogus zero panel);
   its attention maps are the formula's, content bias included."""
   enc = _cope()
-  assert pictures.position_panels(enc, 8, H * D, H) == []
+  assert position_pictures.position_panels(enc, 8, H * D, H) == []
   # H heads of D: the layer takes _cope's table
   cfg = ModelConfig(**{**TINY_MODEL, "d_model": H * D, "num_heads": H, "arch": "decoder"},
                     position="cope")
   model = make_model(cfg, rngs=nnx.Rngs(0))
-  assert pictures.draw_positions(model, 16, str(tmp_path / "positions.png")) is None
+  assert position_pictures.draw_positions(model, 16, str(tmp_path / "positions.png")) is None
   batch = {"inputs": np.array([[3, 4, 5, 6, 7]], np.int32)}
   flat = pictures.attention_weights(model, batch)["decoder"][0]
   model.decoder.position.table[...] = enc.table[...]

@@ -352,7 +352,7 @@ def test_a_tiny_encoder_learns_each_task(tmp_path, task, pooling, chance):
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
 def test_pictures_of_each_family(tmp_path, arch):
-  from transformer.study import pictures  # noqa: PLC0415 - matplotlib only here
+  from transformer.study import pictures, position_pictures  # noqa: PLC0415 - matplotlib only here
   model = _model(arch, "alibi")
   source = _labelled("duplicates", num_symbols=16)[1]
   encoded = [np.array([3, 4, 5, 3], np.int32), np.array([6, 7], np.int32)]
@@ -363,15 +363,15 @@ def test_pictures_of_each_family(tmp_path, arch):
   assert list(weights) == [arch] and weights[arch][0].shape == (1, 2, 4, 4)
   if arch == "decoder":  # causal: nothing above the diagonal
     assert np.allclose(np.triu(weights[arch][0][0, 0], 1), 0)
-  assert pictures.draw_positions(model, 16, str(tmp_path / "positions.png"))
+  assert position_pictures.draw_positions(model, 16, str(tmp_path / "positions.png"))
 
 
 def test_sweep_plots_perplexity_by_length(tmp_path):
-  from transformer.study import pictures, report_plots  # noqa: PLC0415
+  from transformer.study import figures, report_plots  # noqa: PLC0415
   run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
                                       "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
                        for w in (64, 128) for s in ("", "_sliding")}
-  report_plots.plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
+  report_plots.plot_lengths(figures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
                                                                  "rotary": [run(2.0)]}, 64)
   assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()
 

@@ -18,7 +18,7 @@ from transformer.data.tokenizer import Tokenizer, train_tokenizer
 from transformer.run import lock
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
-from transformer.study import pictures
+from transformer.study import figures
 
 
 def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path):
@@ -43,8 +43,8 @@ def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path
       ids = Tokenizer(model).encode("the cat sat")
       assert Tokenizer(model).decode(ids) == "the cat sat"
       storage.write(storage.join(run, "eval.valid.txt"), "hypothesis\n")
-      fig, _ = pictures.pyplot().subplots()
-      pictures.save(fig, storage.join(run, "plots", "a.png"))
+      fig, _ = figures.pyplot().subplots()
+      figures.save(fig, storage.join(run, "plots", "a.png"))
     assert not (bucket / lock.LOCK_FILE).exists()
     corpus = storage.join("gs://bucket/corpus", "train.en.gz")
     storage.write(corpus, gzip.compress("a b\nc d\n".encode()))
