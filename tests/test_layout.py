@@ -1,7 +1,7 @@
 """The package's layout holds its architecture: five wings on floors, each importing only
 from its own floor and the floors below it (core < data < model < run < study), and no
-import circle between modules, function-level imports included. In tests/, no test module
-imports another: what they share is tests/support.py's."""
+import circle between modules, function-level imports included; no module over 300 lines.
+In tests/, no test module imports another: what they share is tests/support.py's."""
 
 import ast
 import pathlib
@@ -124,3 +124,17 @@ def test_no_test_module_imports_a_test_module(name):
   imported = _test_modules_imported((TESTS / name).read_text())
   assert not imported, (f"tests/{name} imports test module(s) {sorted(imported)}: move what "
                         "it needs into tests/support.py")
+
+
+MAX_LINES = 300  # a module over ~300 lines holds more than one concept: split it at a seam
+
+
+def test_no_module_is_over_300_lines():
+  """The package's modules, the benchmarks' and the CLIs (train.py, eval.py, sweep.py,
+  compare.py)."""
+  root = PACKAGE.parent
+  paths = [*PACKAGE.rglob("*.py"), *(root / "benchmarks").rglob("*.py"), *root.glob("*.py")]
+  assert len(paths) > len(MODULES)
+  long = {str(p.relative_to(root)): n for p in paths
+          if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+  assert not long, f"modules over {MAX_LINES} lines (split each along a seam): {long}"
