@@ -15,13 +15,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Flags that shrink the default config to a model and task that train in seconds.
-TINY = ["--config.task.name=copy", "--config.task.num_symbols=6", "--config.task.max_len=5",
-        "--config.task.longer_max_len=7", "--config.model.d_model=32", "--config.model.d_ff=64",
-        "--config.model.num_heads=2", "--config.model.num_encoder_layers=1",
-        "--config.model.num_decoder_layers=1", "--config.train.batch_size=16",
-        "--config.train.log_every=5", "--config.train.eval_every=0",
-        "--config.eval.num_examples=16", "--config.eval.batch_size=16"]
 PRELOAD = ["jax", "flax.nnx", "orbax.checkpoint", "grain", "matplotlib", "transformer.run.cli",
            "transformer.run.training", "transformer.run.evaluation", "transformer.study.sweep",
            "transformer.study.pictures", "transformer.study.compare"]

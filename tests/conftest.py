@@ -1,3 +1,6 @@
+"""Session setup (a shared compilation cache, Hugging Face offline) and fixtures. The helpers
+the test modules share live in tests/support.py."""
+
 import atexit
 import os
 import shutil
@@ -42,50 +45,7 @@ def _offline_hugging_face() -> None:
 
 _offline_hugging_face()
 
-from configs import default  # noqa: E402
-
-
-def make_tiny_config(**overrides):
-  """The default config shrunk to a model and task that train in seconds."""
-  config = default.get_config()
-  config.task.update(name="copy", num_symbols=6, min_len=1, max_len=5, longer_max_len=7)
-  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
-                      num_decoder_layers=1, max_len=16)
-  config.train.update(batch_size=32, num_steps=40, warmup_steps=20, learning_rate=0.5,
-                      label_smoothing=0.0,
-                      log_every=10, eval_every=0, checkpoint_every=10, keep_checkpoints=10)
-  config.eval.update(num_examples=64, batch_size=32)
-  for key, value in overrides.items():
-    *sections, field = key.split(".")
-    node = config
-    for section in sections:
-      node = node[section]
-    node[field] = value
-  return config
-
-
-def passkey_lm_config(directory, **passkey_fields) -> dict:
-  """A tiny language model (a raw config dict: config.parse makes it typed) trained 2 steps
-  at L = 64, evaluated at 64 and 128, on a corpus written into `directory` whose vocabulary
-  writes the passkey prompt's words whole; data.passkey is `passkey_fields`."""
-  from transformer.data import passkey  # noqa: PLC0415 - conftest stays light to import
-
-  corpus = [passkey.FILLER, passkey.HEAD + " 12345", passkey.REMEMBER, passkey.TAIL,
-            passkey.QUESTION + " 4096"]
-  for split, n in (("train", 200), ("valid", 40)):
-    (directory / f"{split}.py").write_text("\n".join(
-        f"# {corpus[i % len(corpus)]}\ndef f{i}(x):\n  return x * {i % 7} + {i % 5}"
-        for i in range(n)))
-  raw = make_tiny_config(**{"train.num_steps": 2, "train.log_every": 1,
-                            "train.checkpoint_every": 2, "eval.num_examples": 2,
-                            "eval.batch_size": 8, "train.batch_size": 4,
-                            "model.max_len": 128}).to_dict()
-  raw["data"] = dict(source="lm", corpus="files", dir=str(directory), train_files="train.py",
-                     valid_files="valid.py", vocab_size=160, max_len=64, max_factor=2,
-                     passkey=passkey_fields)
-  raw["model"].update(arch="decoder")
-  raw.pop("task", None)
-  return raw
+from tests.support import make_tiny_config  # noqa: E402 - after the environment is set
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -110,10 +70,3 @@ def _release_compiled_programs():
 def tiny_config():
   return make_tiny_config
 
-
-def restore_and_evaluate(workdir, step=None, average=1, **kwargs):
-  """eval.py's work: evaluation.evaluate_run (kwargs: output, beam_size, alpha, files,
-  sampling, seed) of the run restore_run(workdir, step, average) restores."""
-  from transformer.run import evaluation  # noqa: PLC0415 - conftest stays light to import
-
-  return evaluation.evaluate_run(evaluation.restore_run(workdir, step, average), **kwargs)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from ml_collections import config_dict
 
+from tests.support import TINY_WIDTH
 from configs import chomsky
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
@@ -25,7 +26,7 @@ from transformer.run import optim
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
 from transformer.run.training import train_and_evaluate
-from transformer.study import pictures, report_plots
+from transformer.study import figures, report_plots
 
 LENGTHS = [1, 2, 3, 4, 5, 7, 40, 41, 100]
 TASKS = AlgorithmicSource.Task.registry  # each problem with the papers' splits fields
@@ -299,8 +300,8 @@ def _protocol_config(arg="cpu", cast="slots", **train):
   name = next(n for n in ("missing_duplicate_string", *sorted(TASKS))
               if CASTS[cast].unfit(TASKS[n](**fields)) is None)
   config.task.update(name=name, **fields)
-  config.model.update(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, max_len=16,
-                      max_position=32, random_positions=True, position="rotary")
+  config.model.update(**TINY_WIDTH, num_encoder_layers=1, max_len=16, max_position=32,
+                      random_positions=True, position="rotary")
   config.train.update(batch_size=8, num_steps=6, log_every=3, checkpoint_every=6,
                       warmup_steps=2, **train)
   config.eval.update(num_examples=8, batch_size=8)
@@ -389,6 +390,6 @@ def test_length_curves_are_plotted_in_panels_by_task(tmp_path):
   assert report_plots.panels(variants[:5]) == {"": variants[:5]}  # few: one panel
   finals = {v: [{"test": {"accuracy_by_length": {"41": 0.5 + s / 10, "42": 0.5}}}
                 for s in range(3)] for v in variants}
-  report_plots.plot_by_length(pictures.pyplot(), str(tmp_path), finals,
+  report_plots.plot_by_length(figures.pyplot(), str(tmp_path), finals,
                               "accuracy_by_length", 40)
   assert os.path.getsize(tmp_path / "extrapolation.png") > 0

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config
-from tests.test_decoding import BATCH, _cached_logits, _full_logits
-from tests.test_sharding import _train_losses, sharded_matches_single
+from tests.support import DECODE_BATCH, TINY_MODEL, cached_logits, full_logits, make_tiny_config
+from tests.support import sharded_matches_single, train_losses
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
 from transformer.core.registry import UnknownName
@@ -20,7 +19,7 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import EncoderDecoder, make_model
-from transformer.model.kernels import attention_weights, soft_cap
+from transformer.model.reference_attention import attention_weights, soft_cap
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionalEncoding, make_positional_encoding
 from transformer.model.qk_norm import EPSILON
@@ -126,10 +125,10 @@ VARIANTS = [dict(num_kv_heads=1), dict(num_kv_heads=2, attention=dict(qk_norm="r
 
 
 def _config(position="rotary", num_kv_heads=0, attention=None, **kw):
-  return ModelConfig(vocab_size=19, d_model=D_MODEL, num_heads=H, d_ff=32, num_encoder_layers=1,
-                     num_decoder_layers=2, dropout=0.0, max_len=32, position=position,
-                     num_kv_heads=num_kv_heads, attention=AttentionConfig(**(attention or {})),
-                     **kw)
+  # H = 4 query heads (as 1, 2 or 4 key/value heads) of HEAD_DIM; 2 decoder layers' caches
+  tiny = {**TINY_MODEL, "d_model": D_MODEL, "num_heads": H, "num_decoder_layers": 2}
+  return ModelConfig(**tiny, position=position, num_kv_heads=num_kv_heads,
+                     attention=AttentionConfig(**(attention or {})), **kw)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
@@ -137,8 +136,8 @@ def test_cached_decoding_equals_the_full_pass_encoder_decoder(variant):
   model = EncoderDecoder(_config(**variant), rngs=nnx.Rngs(0))
   _randomise(model)
   targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, 7)), jnp.int32)
-  np.testing.assert_allclose(_cached_logits(model, BATCH, targets),
-                             _full_logits(model, BATCH, targets), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(cached_logits(model, DECODE_BATCH, targets),
+                             full_logits(model, DECODE_BATCH, targets), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
@@ -260,7 +259,7 @@ def test_a_tiny_run_with_every_variant_learns(tmp_path):
   config = make_tiny_config(**{"model.num_kv_heads": 1, "model.attention.qk_norm": "rmsnorm",
                                "model.attention.logit_softcap": 5.0, "train.num_steps": 40})
   train_and_evaluate(parse(config), str(tmp_path))
-  losses = _train_losses(str(tmp_path))
+  losses = train_losses(str(tmp_path))
   assert losses[-1] < 0.7 * losses[0], losses
 
 

@@ -9,9 +9,8 @@ import shutil
 
 import pytest
 
-from tests import clirun
 from tests.clirun import ROOT, CliRunner
-from tests.test_stats import fake_run, write_evaluation
+from tests.support import TINY_FLAGS, fake_run, write_evaluation, write_lm_config
 from transformer.data.sources import SOURCES
 from transformer.data.synthetic import TASKS as SYNTHETIC_TASKS
 from transformer.model.feedforward import FFNS
@@ -25,7 +24,7 @@ from transformer.run.evaluation import text_paths
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 ROTARY = "model.position_settings.rotary."
-TINY = [*clirun.TINY, "--config.train.num_steps=10", "--config.train.checkpoint_every=5"]
+TINY = [*TINY_FLAGS, "--config.train.num_steps=10", "--config.train.checkpoint_every=5"]
 TEXT = "train.py", ["--config", os.path.join(ROOT, "configs", "multi30k.py"), "--workdir", "{new}",
                     "--config.data.dir={files}/corpus", "--config.data.train_source=train.en",
                     "--config.data.train_target=train.de", "--config.data.valid_source=train.en",
@@ -51,7 +50,7 @@ def get_config():
 STDLIB_LM = "train.py", ["--config", os.path.join(ROOT, "configs", "lm_extrapolation.py"),
                          "--workdir", "{new}"]
 SWEEP = """
-from tests.conftest import make_tiny_config
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -63,13 +62,14 @@ def get_sweep():
 
 SWEEP_LM = """
 from configs import lm_extrapolation
+from tests.support import TINY_CONFIG_MODEL
 from transformer.study.sweep import axis
 
 def get_config():
   config = lm_extrapolation.get_config()
   config.data.update(corpus="files", dir="{dir}", train_files="train.py", valid_files="valid.py",
                      vocab_size=64, max_len=16, max_factor=2)
-  config.model.update(d_model=32, num_heads=2, d_ff=64, num_decoder_layers=1, max_len=64)
+  config.model.update(**TINY_CONFIG_MODEL, max_len=64)
   config.train.update(batch_size=8, num_steps=4)
   config.eval.update(num_examples=4, batch_size=4)
   return config
@@ -870,35 +870,8 @@ def run(tmp_path_factory, cli):
   return workdir
 
 
-LM_CONFIG = """
-from tests.conftest import make_tiny_config
-
-def get_config():
-  config = make_tiny_config(**{{"train.num_steps": 5, "train.log_every": 5,
-                               "train.checkpoint_every": 5}})
-  config.data = dict(source="lm", corpus="files", dir={corpus!r}, train_files="train.txt",
-                     valid_files="valid.txt", vocab_size=48, max_len=8, max_factor=1,
-                     sliding=False)
-  config.model.update(arch="decoder", max_len=8)
-  config.eval.update(num_examples=4, batch_size=4)
-  del config.task
-  return config
-"""
-
-
-def write_lm_config(root) -> str:
-  """Writes root/lm.py (LM_CONFIG) and its corpus (root/corpus); returns the file's path."""
-  corpus = root / "corpus"
-  corpus.mkdir()
-  for name in ("train", "valid"):
-    (corpus / f"{name}.txt").write_text("\n".join(f"def f{i}(x):\n  return x + {i}"
-                                                  for i in range(60)))
-  (root / "lm.py").write_text(LM_CONFIG.format(corpus=str(corpus)))
-  return str(root / "lm.py")
-
-
 LISTOPS_CONFIG = """
-from tests.test_families import listops_config
+from tests.support import listops_config
 
 def get_config():
   return listops_config(**{"train.num_steps": 5, "train.checkpoint_every": 5,

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from tests.clirun import ROOT, TINY, CliRunner
+from tests.clirun import ROOT, CliRunner
+from tests.support import TINY_FLAGS
 
 BENCHMARKS = sorted(p.name for p in pathlib.Path(ROOT, "benchmarks").glob("*.py")
                     if 'if __name__ == "__main__":' in p.read_text())
@@ -42,8 +43,8 @@ def quickstart_run(cli, tmp_path_factory):
   """A run of the Quick start's config (configs/default.py: splits valid and longer, no
   test), shrunk to train in seconds."""
   workdir = str(tmp_path_factory.mktemp("runs") / "default")
-  result = cli.run("train.py", "--config", "configs/default.py", "--workdir", workdir, *TINY,
-                   "--config.train.num_steps=5", timeout=300)
+  result = cli.run("train.py", "--config", "configs/default.py", "--workdir", workdir,
+                   *TINY_FLAGS, "--config.train.num_steps=5", timeout=300)
   assert result.returncode == 0, result.stderr
   return workdir
 

@@ -15,9 +15,7 @@ import pytest
 from flax import nnx
 
 from tests.clirun import ROOT
-from tests.conftest import make_tiny_config
-from tests.test_families import _batch
-from tests.test_model import _equations
+from tests.support import TINY_MODEL, family_batch, jaxpr_equations, make_tiny_config
 from transformer.core.metrics import loss_head_metrics, token_metrics
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
@@ -245,12 +243,8 @@ def test_z_loss_gradient_per_logit_is_2_z_log_z_softmax():
 # --------------------------------------------------------------------------- models
 
 
-TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-            num_decoder_layers=1, dropout=0.0, max_len=32)
-
-
 def _model(arch="encoder_decoder", **kw):
-  cfg = ModelConfig(**TINY, arch=arch, num_classes=5 if arch == "encoder" else 0, **kw)
+  cfg = ModelConfig(**TINY_MODEL, arch=arch, num_classes=5 if arch == "encoder" else 0, **kw)
   return make_model(cfg, rngs=nnx.Rngs(0))
 
 
@@ -268,7 +262,7 @@ def test_the_default_model_keeps_its_parameter_names_and_shapes():
   for norm in (layer["attention_block"]["norm"], layer["cross_block"]["norm"],
                layer["ffn_block"]["norm"], params["encoder"]["final_norm"]):
     assert _shapes(norm) == {"scale": (16,), "bias": (16,)}
-  default = ModelConfig(**TINY)
+  default = ModelConfig(**TINY_MODEL)
   assert (default.norm_type, default.ffn) == ("layernorm", "relu")
 
 
@@ -307,7 +301,7 @@ def test_every_family_builds_and_steps_with_each_variant(arch):
                                       seed=0, loss_chunks=2, z_loss=1e-3)
       state = {"step": jnp.zeros((), jnp.int32), "params": params,
                "opt_state": jax.eval_shape(optimizer.init, params)}
-      _, sums = jax.eval_shape(step, state, _batch(arch))
+      _, sums = jax.eval_shape(step, state, family_batch(arch))
       assert sums["loss"].shape == sums["z_loss"].shape == ()
 
 
@@ -327,8 +321,8 @@ def test_a_tiny_model_with_rmsnorm_swiglu_and_z_loss_learns(tmp_path):
 @pytest.mark.parametrize("arch,ffn", [("encoder_decoder", "swiglu"), ("decoder", "geglu")])
 def test_bfloat16_variants_compute_in_bfloat16(arch, ffn):
   model = _model(arch, norm="pre", norm_type="rmsnorm", ffn=ffn, dtype="bfloat16")
-  jaxpr = jax.make_jaxpr(lambda m, b: m(b))(model, _batch(arch)).jaxpr
-  dots = _equations(jaxpr, "dot_general")
+  jaxpr = jax.make_jaxpr(lambda m, b: m(b))(model, family_batch(arch)).jaxpr
+  dots = jaxpr_equations(jaxpr, "dot_general")
   assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
 
 

@@ -14,7 +14,8 @@ from absl import flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_flags as config_flags_module
 
-from tests.clirun import ROOT, TINY, CliRunner
+from tests.clirun import ROOT, CliRunner
+from tests.support import TINY_FLAGS
 from transformer.run import cli
 
 
@@ -37,7 +38,7 @@ def _assert_one_line_error(result, *fragments):
 
 def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
   workdir = str(tmp_path / "run")
-  args = _train_args(workdir, *TINY, "--config.train.num_steps=100000",
+  args = _train_args(workdir, *TINY_FLAGS, "--config.train.num_steps=100000",
                      "--config.train.checkpoint_every=100000")
   proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -56,7 +57,7 @@ def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
   assert len(steps) == 1 and steps[0] >= 10
   stopped_at = steps[0]
 
-  resumed = _run("train.py", *_train_args(workdir, *TINY,
+  resumed = _run("train.py", *_train_args(workdir, *TINY_FLAGS,
                                           f"--config.train.num_steps={stopped_at + 5}"))
   assert resumed.returncode == 0, resumed.stderr
   assert f"resuming from the checkpoint at step {stopped_at}" in resumed.stdout

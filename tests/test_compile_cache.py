@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from tests.clirun import TINY, CliRunner
+from tests.clirun import CliRunner
+from tests.support import TINY_FLAGS
 from transformer.run import compile_cache
 
 
@@ -45,7 +46,7 @@ def test_a_second_identical_run_loads_every_program_and_gets_the_same_results(cl
   cache = tmp_path / "cache"
   env = {"JAX_COMPILATION_CACHE_DIR": str(cache),  # this test's own, empty
          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # tiny programs compile fast
-  args = ["--config", "configs/default.py", *TINY, "--config.train.num_steps=10"]
+  args = ["--config", "configs/default.py", *TINY_FLAGS, "--config.train.num_steps=10"]
   first = cli.run("train.py", *args, "--workdir", str(tmp_path / "a"), env=env)
   assert first.returncode == 0, first.stderr
   compiled, loaded = _compilations(tmp_path / "a")

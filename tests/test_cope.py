@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config
+from tests.support import TINY_MODEL, make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.kernels import reference_kernel
+from transformer.model.reference_attention import reference_kernel
 from transformer.model.masks import Mask
 from transformer.model.positions import CoPE, PositionSettings, make_positional_encoding
 from transformer.model.scores import ScaledDot
 from transformer.run import experiment
 from transformer.run.config import parse
-from transformer.study import pictures
+from transformer.study import pictures, position_pictures
 
 B, T, H, D = 2, 7, 2, 4
 # Row 0: two packed sequences (4 and 2 tokens) and a padded slot; row 1: one sequence.
@@ -151,8 +151,7 @@ def test_no_sequence_is_too_long():
   logits = jnp.where(jnp.tril(jnp.ones((t, t), bool)), 5.0, -jnp.inf)[None, None]  # [1,1,t,t]
   bias = np.asarray(enc.content_bias(jnp.ones((1, t, 1, D)), logits))
   assert np.all(np.isfinite(bias))
-  cfg = ModelConfig(vocab_size=8, d_model=8, num_heads=2, d_ff=8, arch="decoder", max_len=16,
-                    position="cope")
+  cfg = ModelConfig(**{**TINY_MODEL, "arch": "decoder"}, position="cope")
   model = nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))
   experiment.check_length(model, 10 ** 5, "data.max_len")  # what experiment.build checks
 
@@ -161,11 +160,12 @@ def test_pictures_record_the_content_bias_and_draw_no_position_panel(tmp_path):
   """CoPE acts at no positional seam, so it has no position picture (no bogus zero panel);
   its attention maps are the formula's, content bias included."""
   enc = _cope()
-  assert pictures.position_panels(enc, 8, H * D, H) == []
-  cfg = ModelConfig(vocab_size=12, d_model=H * D, num_heads=H, d_ff=16, num_decoder_layers=1,
-                    dropout=0.0, arch="decoder", position="cope", max_len=16)
+  assert position_pictures.position_panels(enc, 8, H * D, H) == []
+  # H heads of D: the layer takes _cope's table
+  cfg = ModelConfig(**{**TINY_MODEL, "d_model": H * D, "num_heads": H, "arch": "decoder"},
+                    position="cope")
   model = make_model(cfg, rngs=nnx.Rngs(0))
-  assert pictures.draw_positions(model, 16, str(tmp_path / "positions.png")) is None
+  assert position_pictures.draw_positions(model, 16, str(tmp_path / "positions.png")) is None
   batch = {"inputs": np.array([[3, 4, 5, 6, 7]], np.int32)}
   flat = pictures.attention_weights(model, batch)["decoder"][0]
   model.decoder.position.table[...] = enc.table[...]

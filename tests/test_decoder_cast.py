@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from configs import chomsky
+from tests.support import chomsky_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import NUM_RESERVED
 from transformer.data import Targets
@@ -29,18 +29,6 @@ from transformer.run.evaluator import Evaluator
 from transformer.run.step import make_train_step
 
 DECODER = CASTS["decoder"]
-
-
-def _config(name="reverse_string", cast="decoder", arch="decoder", **task):
-  """configs/chomsky.py:cpu at tiny size."""
-  config = chomsky.get_config("cpu")
-  config.data.cast = cast
-  config.model.update(arch=arch, num_decoder_layers=1, num_encoder_layers=1, d_model=8,
-                      num_heads=1, d_ff=16, max_len=32, dropout=0.0, position="rotary")
-  config.task.update(name=name, **{"min_len": 1, "max_len": 3, "test_max_len": 3, **task})
-  config.train.update(batch_size=4, warmup_steps=1, learning_rate=1e-2)
-  config.eval.update(num_examples=4, batch_size=4)
-  return config
 
 
 # --------------------------------------------------------------------------- rows
@@ -71,7 +59,7 @@ def test_rows_are_prompt_separator_answer_scored_on_the_answer():
 
 
 def test_the_source_declares_prompted_answers():
-  exp = experiment.build(parse(_config(max_len=4, test_max_len=6)))
+  exp = experiment.build(parse(chomsky_tiny_config(max_len=4, test_max_len=6)))
   assert exp.source.targets is Targets.PROMPTED_ANSWERS and exp.model.vocab_size == 6
   assert exp.source.max_lengths() == {"task.max_len": 4 + 1 + 4, "task.test_max_len": 13}
   assert exp.source.encode("1 0").tolist() == [4, 3, 5]
@@ -127,7 +115,7 @@ class ReverseOracle(nnx.Module):
 def _oracle_run(fault: int) -> Run:
   """ReverseOracle(fault) as a run of reverse_string (lengths 1..4, tested at 5..6; 14 rows
   a split, in batches of 8, the last padded)."""
-  config = _config(max_len=4, test_max_len=6)
+  config = chomsky_tiny_config(max_len=4, test_max_len=6)
   config.eval.update(num_examples=14, batch_size=8)
   exp = experiment.build(parse(config))
   oracle = ReverseOracle(exp.model.vocab_size, DECODER.separator(exp.source.task), fault)
@@ -175,7 +163,7 @@ def test_a_sentence_is_answered_by_its_first_symbol():
 def test_sampling_and_beams_of_generated_answers():
   """Sampling changes the generated answers of the metrics (allowed); beam search is refused
   saying how the answers are made."""
-  exp = experiment.build(parse(_config()), evaluating=True)
+  exp = experiment.build(parse(chomsky_tiny_config()), evaluating=True)
   hot = Sampling(temperature=1.0)
   check_sampling(exp, hot, metrics=True, sentences=False, generate=False)
   with pytest.raises(ConfigError, match="answers are generated for the metrics only"):
@@ -198,7 +186,7 @@ def test_sampling_and_beams_of_generated_answers():
                           "keep model.arch 'decoder' with data.cast decoder (not 'slots')"])])
 def test_a_cast_that_does_not_fit_the_arch_is_refused(cast, arch, fragments):
   with pytest.raises(ConfigError) as caught:
-    experiment.build(parse(_config(cast=cast, arch=arch)))
+    experiment.build(parse(chomsky_tiny_config(cast=cast, arch=arch)))
   message = str(caught.value)
   assert "\n" not in message and all(f in message for f in fragments), message
 
@@ -225,7 +213,7 @@ def _padded(arrays):
 def test_the_decoder_cast_trains_and_evaluates_every_task(name):
   """Two steps of the train step on one batch: the loss is over the answer tokens only and
   falls; then the held-out split's metrics, by length."""
-  exp = experiment.build(replace(parse(_config(name)), "model.vocab_size", VOCAB))
+  exp = experiment.build(replace(parse(chomsky_tiny_config(name)), "model.vocab_size", VOCAB))
   step = jax.jit(make_train_step(exp.graphdef, exp.optimizer, exp.schedule,
                                  label_smoothing=0.0, seed=0))
   batch = _padded(next(iter(exp.source.train_batches())))

@@ -6,19 +6,19 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.support import DECODE_BATCH, DECODE_LEN, TINY_MODEL, cached_logits, full_logits
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, PAD_ID
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import beam_search, greedy_decode, length_penalty
-from transformer.model.families import EncoderDecoder, shift_right
+from transformer.model.families import EncoderDecoder
 from transformer.model.positions import POSITIONS
 from transformer.model.scores import SCORES
 
-TINY = dict(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-            num_decoder_layers=2, dropout=0.0, max_len=16)
-BATCH = {"inputs": jnp.array([[3, 4, 5, 6, 2, 0], [7, 8, 9, 10, 11, 2]], jnp.int32)}
-MAX_LEN = 7
+# 13 tokens: EOS is 1 in 13, likely within DECODE_LEN steps of a random model, so that rows of
+# the greedy and beam answers below end early; max_len 16: the table 17 steps overrun.
+TINY = {**TINY_MODEL, "vocab_size": 13, "num_decoder_layers": 2, "max_len": 16}
 # An encoder-decoder's encoder stack is bidirectional: no encoding declaring causal_only
 # (cached generation with those is tested in the decoder-only family, tests/test_families.py).
 ENCODER_POSITIONS = sorted(name for name, cls in POSITIONS.items() if not cls.causal_only)
@@ -30,32 +30,12 @@ def _model(position="sinusoidal", score="scaled_dot", window="full", seed=0):
   return EncoderDecoder(cfg, rngs=nnx.Rngs(seed))
 
 
-@nnx.jit
-def _full_logits(model, batch, targets):
-  positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
-  encoded = model.encode(batch["inputs"])
-  return model.decode(encoded, (batch["inputs"] != PAD_ID).astype(jnp.int32),
-                      shift_right(targets, positions), positions,
-                      jnp.ones_like(targets))
-
-
-@nnx.jit
-def _cached_logits(model, batch, targets):
-  """Teacher-forced logits from decode_step, one position at a time."""
-  model = nnx.clone(model)
-  model.init_decoding(batch, targets.shape[1])
-  decoder_inputs = shift_right(targets, jnp.broadcast_to(jnp.arange(targets.shape[1]),
-                                                         targets.shape))
-  return jnp.concatenate([model.decode_step(decoder_inputs[:, t:t + 1], t)
-                          for t in range(targets.shape[1])], axis=1)
-
-
 def _reference_greedy(model, batch, max_len):
   """Greedy by re-running the full decoder on the whole prefix at every step."""
   out = np.zeros((batch["inputs"].shape[0], max_len), np.int32)
   done = np.zeros(len(out), bool)
   for t in range(max_len):
-    token = np.asarray(jnp.argmax(_full_logits(model, batch, jnp.asarray(out))[:, t], -1))
+    token = np.asarray(jnp.argmax(full_logits(model, batch, jnp.asarray(out))[:, t], -1))
     token = np.where(done, PAD_ID, token)
     out[:, t] = token
     done |= token == EOS_ID
@@ -69,36 +49,36 @@ def _reference_greedy(model, batch, max_len):
     ("rotary+none", "scaled_dot", "local+full"), ("t5+alibi", "scaled_dot", "full")])
 def test_cached_step_logits_equal_full_decoding(position, score, window):
   model = _model(position, score, window)
-  targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, MAX_LEN)), jnp.int32)
-  np.testing.assert_allclose(_cached_logits(model, BATCH, targets),
-                             _full_logits(model, BATCH, targets), rtol=1e-4, atol=1e-4)
+  targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, DECODE_LEN)), jnp.int32)
+  np.testing.assert_allclose(cached_logits(model, DECODE_BATCH, targets),
+                             full_logits(model, DECODE_BATCH, targets), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("position", ["sinusoidal", "rotary"])
 def test_cached_greedy_equals_full_redecoding(position):
   for seed in range(3):  # several random models: tokens vary, EOS lands at different steps
     model = _model(position, seed=seed)
-    cached = nnx.jit(greedy_decode, static_argnums=2)(model, BATCH, MAX_LEN)
-    np.testing.assert_array_equal(cached, _reference_greedy(model, BATCH, MAX_LEN))
+    cached = nnx.jit(greedy_decode, static_argnums=2)(model, DECODE_BATCH, DECODE_LEN)
+    np.testing.assert_array_equal(cached, _reference_greedy(model, DECODE_BATCH, DECODE_LEN))
 
 
 def test_beam_one_without_length_penalty_is_greedy():
   for seed in range(3):
     model = _model(seed=seed)
-    greedy = nnx.jit(greedy_decode, static_argnums=2)(model, BATCH, MAX_LEN)
-    beam, _ = nnx.jit(beam_search, static_argnums=(2, 3, 4))(model, BATCH, MAX_LEN, 1, 0.0)
+    greedy = nnx.jit(greedy_decode, static_argnums=2)(model, DECODE_BATCH, DECODE_LEN)
+    beam, _ = nnx.jit(beam_search, static_argnums=(2, 3, 4))(model, DECODE_BATCH, DECODE_LEN, 1, 0.0)
     np.testing.assert_array_equal(beam, greedy)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_scores_are_length_normalised_log_probabilities(alpha):
   model = _model(seed=1)
-  tokens, scores = nnx.jit(beam_search, static_argnums=(2, 3, 4))(model, BATCH, MAX_LEN, 4, alpha)
-  logp = jax.nn.log_softmax(_full_logits(model, BATCH, tokens))
+  tokens, scores = nnx.jit(beam_search, static_argnums=(2, 3, 4))(model, DECODE_BATCH, DECODE_LEN, 4, alpha)
+  logp = jax.nn.log_softmax(full_logits(model, DECODE_BATCH, tokens))
   for row in range(2):
     seq = np.asarray(tokens[row])
     ends = np.flatnonzero(seq == EOS_ID)
-    length = ends[0] + 1 if len(ends) else MAX_LEN
+    length = ends[0] + 1 if len(ends) else DECODE_LEN
     assert np.all(seq[length:] == PAD_ID)
     total = sum(float(logp[row, t, seq[t]]) for t in range(length))
     np.testing.assert_allclose(scores[row], total / length_penalty(jnp.asarray(length), alpha),
@@ -108,4 +88,4 @@ def test_beam_scores_are_length_normalised_log_probabilities(alpha):
 def test_learned_positions_refuse_decoding_past_their_table():
   model = _model("learned")
   with pytest.raises(ConfigError, match="exceeds the learned position table"):
-    greedy_decode(model, BATCH, 17)
+    greedy_decode(model, DECODE_BATCH, 17)

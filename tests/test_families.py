@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config
+from tests.support import TINY_MODEL, family_batch, listops_config, make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import macro_f1
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
@@ -31,8 +31,7 @@ from transformer.run import step as step_lib
 from transformer.run import training
 from transformer.run.config import parse
 
-TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
-            num_decoder_layers=2, dropout=0.0, max_len=64)
+TINY = {**TINY_MODEL, "num_encoder_layers": 2, "num_decoder_layers": 2, "max_len": 64}
 forward = nnx.jit(lambda model, batch: model(batch))
 # The encodings each family may use: an encoder stack is bidirectional, so no encoding
 # declaring causal_only; the decoder-only family's stack is causal, so every one.
@@ -90,7 +89,7 @@ def test_every_family_meets_the_interface(arch):
   family = ARCHS[arch]
   assert issubclass(family, ModelFamily) and family.learns and family.learns <= set(Targets)
   model = _model(arch)
-  batch = _batch(arch)
+  batch = family_batch(arch)
   y = np.asarray(nnx.jit(lambda m, b: m.features(b))(model, batch))
   w, bias = model.projection(jnp.float32)
   logits = np.asarray(forward(model, batch))
@@ -274,14 +273,6 @@ def test_lm_windows_score_the_same_tokens_at_every_length(tmp_path):
 # --------------------------------------------------------------------------- every combination
 
 
-def _batch(arch, b=2, t=8):
-  rng = np.random.default_rng(0)
-  inputs = rng.integers(3, 19, (b, t)).astype(np.int32)
-  targets = (rng.integers(0, 5, (b, t)) if arch == "encoder" else
-             rng.integers(3, 19, (b, t))).astype(np.int32)
-  return {"inputs": inputs, "targets": targets, "targets_segmentation": np.ones((b, t), np.int32)}
-
-
 def _step(model):
   graphdef, params = nnx.split(model)
   params = nnx.to_pure_dict(params)
@@ -298,12 +289,12 @@ def test_every_family_encoding_and_scorer_traces(arch):
   positions = FAMILY_POSITIONS[arch]
   for position, score in itertools.product(positions, sorted(SCORES)):
     model = nnx.eval_shape(lambda p=position, s=score: _model(arch, p, score=s))
-    out = jax.eval_shape(lambda m, b: m(b), model, _batch(arch))
+    out = jax.eval_shape(lambda m, b: m(b), model, family_batch(arch))
     assert out.shape == (2, 8, 5 if arch == "encoder" else 19)
   for position, score in [*((p, "scaled_dot") for p in positions),
                           *(("rotary", s) for s in SCORES)]:
     step, state = _step(nnx.eval_shape(lambda p=position, s=score: _model(arch, p, score=s)))
-    _, sums = jax.eval_shape(step, state, _batch(arch))
+    _, sums = jax.eval_shape(step, state, family_batch(arch))
     assert sums["loss"].shape == ()
 
 
@@ -313,7 +304,7 @@ def test_every_family_encoding_and_scorer_traces(arch):
     ("decoder", "none", dict(kernel="blockwise", block_size=4, window="local", window_size=3))])
 def test_one_train_step_computes_with_other_kernels_and_windows(arch, pooling, kw):
   step, state = _step(_model(arch, "alibi", pooling, **kw))
-  new, sums = jax.jit(step)(state, _batch(arch))
+  new, sums = jax.jit(step)(state, family_batch(arch))
   assert np.isfinite(float(sums["loss"])) and float(sums["tokens"]) == 16
   assert int(new["step"]) == 1
 
@@ -361,7 +352,7 @@ def test_a_tiny_encoder_learns_each_task(tmp_path, task, pooling, chance):
 
 @pytest.mark.parametrize("arch", ["encoder", "decoder"])
 def test_pictures_of_each_family(tmp_path, arch):
-  from transformer.study import pictures  # noqa: PLC0415 - matplotlib only here
+  from transformer.study import pictures, position_pictures  # noqa: PLC0415 - matplotlib only here
   model = _model(arch, "alibi")
   source = _labelled("duplicates", num_symbols=16)[1]
   encoded = [np.array([3, 4, 5, 3], np.int32), np.array([6, 7], np.int32)]
@@ -372,32 +363,22 @@ def test_pictures_of_each_family(tmp_path, arch):
   assert list(weights) == [arch] and weights[arch][0].shape == (1, 2, 4, 4)
   if arch == "decoder":  # causal: nothing above the diagonal
     assert np.allclose(np.triu(weights[arch][0][0, 0], 1), 0)
-  assert pictures.draw_positions(model, 16, str(tmp_path / "positions.png"))
+  assert position_pictures.draw_positions(model, 16, str(tmp_path / "positions.png"))
 
 
 def test_sweep_plots_perplexity_by_length(tmp_path):
-  from transformer.study import pictures, report_plots  # noqa: PLC0415
+  from transformer.study import figures, report_plots  # noqa: PLC0415
   run = lambda scale: {f"len{w}{s}": {"eval_length": float(w), "perplexity": scale * w ** 0.5,  # noqa: E731
                                       "loss_by_position": {"0": 3.0, "64": 2.0 * scale}}
                        for w in (64, 128) for s in ("", "_sliding")}
-  report_plots.plot_lengths(pictures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
+  report_plots.plot_lengths(figures.pyplot(), str(tmp_path), {"alibi": [run(1.0), run(1.1)],
                                                                  "rotary": [run(2.0)]}, 64)
   assert (tmp_path / "perplexity.png").stat().st_size and (tmp_path / "position_loss.png").exists()
 
 
-def listops_config(**overrides):
-  """A tiny ListOps encoder (mean pooling) that trains in seconds."""
-  config = make_tiny_config(**{"model.dropout": 0.0, "train.num_steps": 10, "train.log_every": 5,
-                               **overrides})
-  config.data.source = "labelled"
-  config.task = dict(name="listops", min_len=5, max_len=16, max_depth=3, max_args=3)
-  config.model.update(arch="encoder", pooling="mean")
-  return config
-
-
 SHARDED_RUN = """
 import json, sys
-from tests.test_families import listops_config
+from tests.support import listops_config
 from transformer.run.config import parse
 from transformer.run.training import train_and_evaluate
 train_and_evaluate(parse(listops_config(**json.loads(sys.argv[2]))), sys.argv[1])

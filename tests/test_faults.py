@@ -15,14 +15,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 from orbax.checkpoint._src.handlers import standard_checkpoint_handler
 
-from tests.clirun import ROOT, TINY, CliRunner
-from tests.conftest import make_tiny_config, restore_and_evaluate
+from tests.clirun import ROOT, CliRunner
+from tests.support import TINY_FLAGS, checkpoint_params, make_tiny_config, restore_and_evaluate
 from transformer.core.errors import ConfigError, RunError
-from transformer.run import checkpoint, evaluator, experiment, lock
+from transformer.run import evaluator, experiment, lock
 from transformer.run import step as step_lib
 from transformer.run.config import parse
 from transformer.run.state import run_state
@@ -33,7 +32,7 @@ from transformer.study import compare
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 TINY_CONFIG = ("import sys\nsys.path.insert(0, {root!r})\n"
-               "from tests.conftest import make_tiny_config\n"
+               "from tests.support import make_tiny_config\n"
                "def get_config():\n  return make_tiny_config()\n").format(root=ROOT)
 
 
@@ -56,15 +55,6 @@ def tiny_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("configs") / "tiny.py"
   path.write_text(TINY_CONFIG)
   return str(path)
-
-
-def _params(workdir, step):
-  mngr = checkpoint.manager(workdir, read_only=True)
-  try:
-    return mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))[
-        "state"]["params"]
-  finally:
-    mngr.close()
 
 
 def _steps(workdir):
@@ -127,10 +117,10 @@ def test_nan_mid_run_stops_unsaved_and_the_resumed_run_is_exact(tmp_path, tiny_c
                                      r"step 20\)"):
     train_and_evaluate(parse(config), broken)
   assert _steps(broken) == [10, 20]  # nothing after the bad step was saved
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(broken, 20)))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(checkpoint_params(broken, 20)))
   # resumes from 20, skips step 25 this time
   assert train_and_evaluate(parse(skipping), broken) == 40
-  _assert_same(_params(broken, 40), _params(straight, 40))
+  _assert_same(checkpoint_params(broken, 40), checkpoint_params(straight, 40))
   train = [r["step"] for r in read_metrics(broken) if r["split"] == "train"]
   assert train == sorted(set(train))  # each logged step once
 
@@ -142,7 +132,7 @@ def test_skip_nonfinite_skips_a_few_bad_steps_in_a_row(tmp_path, tiny_config, mo
   skipped = {r["step"]: r["skipped_steps"] for r in read_metrics(str(tmp_path / "skips"))
              if r["split"] == "train"}
   assert skipped[30] == 2 and sum(skipped.values()) == 2  # logged every 10 steps
-  assert all(np.isfinite(x).all() for x in jax.tree.leaves(_params(str(tmp_path / "skips"), 40)))
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(checkpoint_params(str(tmp_path / "skips"), 40)))
   _nan_loss_at(monkeypatch, config, [25, 26, 27])
   with pytest.raises(RunError, match="training diverged at step 27"):
     train_and_evaluate(parse(config), str(tmp_path / "three"))
@@ -150,10 +140,10 @@ def test_skip_nonfinite_skips_a_few_bad_steps_in_a_row(tmp_path, tiny_config, mo
 
 def test_divergence_never_rotates_out_the_last_good_checkpoint(tmp_path, cli):
   workdir = str(tmp_path / "run")
-  args = ["--config", CONFIG, "--workdir", workdir, *TINY, "--config.train.checkpoint_every=10",
-          "--config.train.keep_checkpoints=2"]
+  args = ["--config", CONFIG, "--workdir", workdir, *TINY_FLAGS,
+          "--config.train.checkpoint_every=10", "--config.train.keep_checkpoints=2"]
   assert cli.run("train.py", *args, "--config.train.num_steps=30").returncode == 0
-  good = _params(workdir, 30)
+  good = checkpoint_params(workdir, 30)
   blowing_up = cli.run("train.py", *args, "--config.train.num_steps=60",  # finite, huge loss
                        "--config.train.learning_rate=1e9")
   assert blowing_up.returncode == 0, blowing_up.stderr
@@ -164,7 +154,7 @@ def test_divergence_never_rotates_out_the_last_good_checkpoint(tmp_path, cli):
   lines = nan.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: training diverged at step 61"), nan.stderr
   assert _steps(workdir) == [30, 50, 60]
-  _assert_same(_params(workdir, 30), good)
+  _assert_same(checkpoint_params(workdir, 30), good)
 
 
 # --------------------------------------------------------------------------- workdir lock
@@ -206,7 +196,8 @@ def test_stale_locks_are_taken_over_with_a_log_line(tmp_path, caplog):
 
 def test_a_second_run_on_a_workdir_is_refused_and_the_first_finishes_intact(tmp_path, cli):
   workdir = str(tmp_path / "run")
-  args = ["--config", CONFIG, "--workdir", workdir, *TINY, "--config.train.checkpoint_every=50"]
+  args = ["--config", CONFIG, "--workdir", workdir, *TINY_FLAGS,
+          "--config.train.checkpoint_every=50"]
   first = subprocess.Popen([sys.executable, "train.py", *args, "--config.train.num_steps=150"],
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   try:
@@ -266,7 +257,7 @@ def test_corrupt_checkpoints_fall_back_to_the_newest_that_restores(tmp_path, tin
   with open(os.path.join(run, "train.log")) as f:
     details = f.read()
   assert "restoring the checkpoint at step 30 failed" in details and "Traceback" in details
-  _assert_same(_params(run, 40), _params(straight, 40))
+  _assert_same(checkpoint_params(run, 40), checkpoint_params(straight, 40))
 
 
 def test_no_checkpoint_that_restores_is_one_line(tmp_path, straight, cli, tiny_file):
@@ -299,7 +290,7 @@ def test_a_garbled_metrics_item_does_not_stop_a_resume(tmp_path, tiny_config, st
     assert train_and_evaluate(parse(tiny_config()), run) == 40
   assert "the rotation metrics of the checkpoint at step 30" in caplog.text
   assert "resuming from the checkpoint at step 30" in caplog.text
-  _assert_same(_params(run, 40), _params(straight, 40))
+  _assert_same(checkpoint_params(run, 40), checkpoint_params(straight, 40))
 
 
 # the save's other items (orbax coroutines) are never awaited, and closing them can raise
@@ -323,7 +314,7 @@ def test_an_exception_during_a_save_keeps_the_previous_checkpoint(tmp_path, tiny
       train_and_evaluate(parse(config), run)
   assert _steps(run) == [10]
   assert train_and_evaluate(parse(config), run) == 40
-  _assert_same(_params(run, 40), _params(straight, 40))
+  _assert_same(checkpoint_params(run, 40), checkpoint_params(straight, 40))
 
 
 NO_SPACE = """
@@ -366,7 +357,7 @@ def test_a_full_disk_is_one_line_naming_the_failed_save(tmp_path, cli, tiny_file
     details = f.read()
   assert "Traceback" in details and "OSError: [Errno 28] No space left on device" in details
   assert train_and_evaluate(parse(tiny_config()), run) == 40  # from step 20
-  _assert_same(_params(run, 40), _params(straight, 40))
+  _assert_same(checkpoint_params(run, 40), checkpoint_params(straight, 40))
 
 
 def test_an_exception_after_a_save_commits_it_and_a_rerun_only_evaluates(tmp_path, tiny_config,
@@ -468,7 +459,7 @@ def _wait_for(proc, text, timeout=120):
 
 def test_sigterm_during_an_evaluation_stops_it_between_batches(tmp_path):
   workdir = str(tmp_path / "run")
-  args = ["train.py", "--config", CONFIG, "--workdir", workdir, *TINY,
+  args = ["train.py", "--config", CONFIG, "--workdir", workdir, *TINY_FLAGS,
           "--config.train.num_steps=10"]
   big_eval = "--config.eval.num_examples=16384"  # 2 x 1024 batches: a long evaluation
   proc = _start([*args, big_eval])
@@ -528,7 +519,7 @@ def test_ctrl_c_with_the_output_through_a_closed_pipe_saves_first(tmp_path, stde
   workdir, err_path = str(tmp_path / "run"), tmp_path / "err"
   with open(err_path, "w") as err:
     proc = subprocess.Popen(
-        [sys.executable, "train.py", "--config", CONFIG, "--workdir", workdir, *TINY,
+        [sys.executable, "train.py", "--config", CONFIG, "--workdir", workdir, *TINY_FLAGS,
          "--config.train.num_steps=100000", "--config.train.checkpoint_every=100000"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=err if stderr_to_file else subprocess.STDOUT,
         text=True)
@@ -585,7 +576,7 @@ def test_a_closed_stdout_fails_no_write_and_not_the_exit():
 def test_sigterm_stops_a_sweep_after_saving_its_current_run(tmp_path):
   sweep_file = tmp_path / "sweep.py"
   sweep_file.write_text(
-      "from tests.conftest import make_tiny_config\n"
+      "from tests.support import make_tiny_config\n"
       "from transformer.study.sweep import axis\n"
       "def get_config():\n"
       "  return make_tiny_config(**{'train.num_steps': 100000, 'train.checkpoint_every': 100000})\n"

@@ -15,7 +15,7 @@ datasets = pytest.importorskip("datasets")
 import pyarrow as pa  # noqa: E402 - datasets' own dependency
 import pyarrow.parquet as pq  # noqa: E402
 
-from tests.conftest import make_tiny_config  # noqa: E402
+from tests.support import make_tiny_config  # noqa: E402
 from transformer.core import fields
 from transformer.core.errors import ConfigError  # noqa: E402
 from transformer.data import encoded, hf_datasets  # noqa: E402

@@ -41,7 +41,7 @@ def _state(workdir, step):
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
   """A tiny run of 20 steps (checkpoints at 10 and 20)."""
-  from tests.conftest import make_tiny_config  # noqa: PLC0415
+  from tests.support import make_tiny_config  # noqa: PLC0415
 
   workdir = str(tmp_path_factory.mktemp("source") / "run")
   train_and_evaluate(parse(make_tiny_config(**{"train.num_steps": 20})), workdir)

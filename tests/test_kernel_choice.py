@@ -1,8 +1,8 @@
 """Kernel choice (transformer/model/kernel_choice.py): a layer's Needs from its parts; each
 kernel refused exactly what it does not declare; `auto` per layer, the first kernel of the
 backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log, one line per distinct choice. The kernels'
-values and gradients: tests/test_kernel_conformance.py."""
+training and replaced in evaluation; the log (kernel_log.py), one line per distinct choice.
+The kernels' values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
 import functools
@@ -15,20 +15,22 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model import kernels
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernel_choice import (AUTO, AUTO_ORDER, KernelChoice, Needs, Target,
-                                             check, choose, kernel_choices, kernel_warnings,
-                                             offered)
+                                             check, choose, offered)
+from transformer.model.kernel_log import kernel_choices, kernel_warnings
 from transformer.model.kernels import KERNELS, Kernel
 from transformer.model.layers import Dropout
 from transformer.model.log_once import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets
+from transformer.model.reference_attention import reference_kernel
 from transformer.model.scores import SCORES, make_score
 from transformer.run import experiment
 from transformer.run.config import parse
@@ -276,8 +278,10 @@ def test_an_emulated_kernel_trains_with_a_warning_and_is_evaluated_as_its_stand_
 
 def _model(monkeypatch, backend, **cfg):
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
-  cfg = ModelConfig(**{"vocab_size": 8, "d_model": 16, "num_heads": H, "d_ff": 16,
-                       "num_encoder_layers": 2, "num_decoder_layers": 2, **cfg})
+  # heads of D = 8 (a kernel's choice depends on the head dim); 2 layers a stack: the lines
+  # below count them
+  cfg = ModelConfig(**{**TINY_MODEL, "d_model": H * D, "num_heads": H, "num_encoder_layers": 2,
+                       "num_decoder_layers": 2, **cfg})
   return nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0)))
 
 
@@ -348,7 +352,7 @@ def test_a_decoding_step_says_its_kernel_fallback_once(caplog):
               jnp.array([[4], [2]]), slots, causal=True)
   alibi = make_positional_encoding("alibi", H * D, H, 16, causal=True, rngs=None)
   score = make_score("scaled_dot", H, D, rngs=nnx.Rngs(0))
-  want = kernels.reference_kernel(q, k, v, mask, alibi, score, Dropout(0.0), None)
+  want = reference_kernel(q, k, v, mask, alibi, score, Dropout(0.0), None)
   with caplog.at_level(logging.INFO, logger="transformer"):
     for name in ("cudnn", "pallas") * 2:  # two layers
       out = KERNELS[name].make(block_size=8)(q, k, v, mask, alibi, score, None, None)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL
 from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
@@ -22,8 +23,10 @@ from transformer.model.families import make_model
 from transformer.model.positions import PER_LAYER, POSITIONS, PositionPattern
 from transformer.run import config as config_lib
 
-TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_decoder_layers=3,
-            dropout=0.0, max_len=64, arch="decoder", norm="pre")
+# 3 decoder layers: a pattern of 2 or 4 entries repeats; 2 encoder layers: the second takes a
+# pattern's second entry
+TINY = {**TINY_MODEL, "num_encoder_layers": 2, "num_decoder_layers": 3, "max_len": 64,
+        "arch": "decoder", "norm": "pre"}
 
 
 def test_entries_are_cycled_over_the_layers():

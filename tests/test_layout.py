@@ -1,9 +1,11 @@
 """The package's layout holds its architecture: five wings on floors, each importing only
 from its own floor and the floors below it (core < data < model < run < study), and no
-import circle between modules, function-level imports included."""
+import circle between modules, function-level imports included; no module over 300 lines.
+In tests/, no test module imports another: what they share is tests/support.py's."""
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -78,3 +80,61 @@ def test_no_import_circle():
   for module in sorted(graph):
     visit(module)
   assert not cycles, "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+
+TESTS = PACKAGE.parent / "tests"
+# An import of a test module (tests.test_*) written in a string of code that a test runs (a
+# subprocess's -c, a config file it writes), in each of the three forms of an import.
+CODE_IMPORT = re.compile(r"\b(?:from|import)[ \t]+tests\.(test_\w+)|"
+                         r"\bfrom[ \t]+tests[ \t]+import[ \t]+([\w ,]+)")
+
+
+def _test_modules_imported(text: str) -> set[str]:
+  """The test modules (test_*) that code `text` imports: in its code (ast), function-level
+  imports included, and in the strings of code it holds."""
+  found = set()
+  for node in ast.walk(ast.parse(text)):
+    if isinstance(node, ast.Import):
+      found |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+  for match in CODE_IMPORT.finditer(text):
+    found |= {f"tests.{n.strip()}" for n in (match[1] or match[2]).split(",")}
+  return {m.split(".")[1] for m in found if m.startswith("tests.test_")}
+
+
+def test_the_check_of_test_module_imports_sees_every_form():
+  # {t} for tests: this module's own text imports no test module
+  code = ("import json\nfrom {t}.test_a import x\nimport {t}.test_b\n"
+          "from {t} import clirun, test_c\nfrom {t}.support import fake_run\n"
+          "def f():\n  from {t}.test_d import y\n"
+          "CODE = 'import sys; from {t}.test_e import g'\n"
+          "FILE = \"\"\"\nfrom {t} import test_f\nfrom {t}.kernel_cases import Case\n\"\"\"\n"
+          ).format(t="tests")
+  assert _test_modules_imported(code) == {"test_a", "test_b", "test_c", "test_d", "test_e",
+                                          "test_f"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in TESTS.glob("*.py")))
+def test_no_test_module_imports_a_test_module(name):
+  """Shared helpers live in tests/support.py (and tests/clirun.py, tests/kernel_cases.py):
+  a test module imported by another, or by itself in a subprocess, has its module code run
+  again there and ties the two files' tests together."""
+  imported = _test_modules_imported((TESTS / name).read_text())
+  assert not imported, (f"tests/{name} imports test module(s) {sorted(imported)}: move what "
+                        "it needs into tests/support.py")
+
+
+MAX_LINES = 300  # a module over ~300 lines holds more than one concept: split it at a seam
+
+
+def test_no_module_is_over_300_lines():
+  """The package's modules, the benchmarks' and the CLIs (train.py, eval.py, sweep.py,
+  compare.py)."""
+  root = PACKAGE.parent
+  paths = [*PACKAGE.rglob("*.py"), *(root / "benchmarks").rglob("*.py"), *root.glob("*.py")]
+  assert len(paths) > len(MODULES)
+  long = {str(p.relative_to(root)): n for p in paths
+          if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+  assert not long, f"modules over {MAX_LINES} lines (split each along a seam): {long}"

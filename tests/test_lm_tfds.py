@@ -5,7 +5,7 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from tests.conftest import make_tiny_config  # noqa: E402
+from tests.support import make_tiny_config  # noqa: E402
 from transformer.run import experiment  # noqa: E402
 from transformer.run.config import parse
 

@@ -51,6 +51,7 @@ import optax
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import token_metrics
 from transformer.model.attention import AttentionConfig
@@ -284,14 +285,15 @@ def _config(family, kernel, position, window):
     position, score, dtype, kv_heads = VARIANT
   else:
     score, (dtype, kv_heads) = "scaled_dot", WINDOWS[window]
+  # Heads of 8 (not TINY_MODEL's 2 of 8: the grid groups K/V heads) and blocks of 16: the
+  # Pallas lowerings' layout rules are checked at these sizes. Dropout (its random bits lower
+  # to many ops) in the variant only: the grid's concern is attention, which takes no
+  # dropout but the reference's.
+  tiny = {**TINY_MODEL, "d_model": 8 * HEADS, "num_heads": HEADS, "max_len": 64,
+          "dropout": 0.1 if score == "gaussian" else 0.0}
   return ModelConfig(
-      vocab_size=19, d_model=32, num_heads=HEADS, num_kv_heads=kv_heads, d_ff=32,
-      num_encoder_layers=1, num_decoder_layers=1, max_len=64, arch=family,
-      # dropout (its random bits lower to many ops) in the variant only: the grid's concern
-      # is attention, which takes no dropout but the reference's
-      dropout=0.1 if score == "gaussian" else 0.0,
-      position=position, num_classes=5 if family == "encoder" else 0, dtype=dtype,
-      position_settings=SETTINGS,
+      **tiny, num_kv_heads=kv_heads, arch=family, position=position,
+      num_classes=5 if family == "encoder" else 0, dtype=dtype, position_settings=SETTINGS,
       attention=AttentionConfig(score=score, kernel=kernel, block_size=16, window=window,
                                 window_size=4))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL, jaxpr_equations
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
@@ -17,8 +18,8 @@ from transformer.model.families import EncoderDecoder, shift_right
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.scores import SCORES, make_score
 
-TINY = dict(vocab_size=11, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-            num_decoder_layers=2, dropout=0.1, max_len=32)
+# 11 tokens: the shapes and parameter counts below; dropout on: the tests of it turn it off
+TINY = {**TINY_MODEL, "vocab_size": 11, "num_decoder_layers": 2, "dropout": 0.1}
 # The encodings an encoder-decoder may use: its encoder stack is bidirectional, so not those
 # declaring causal_only (tested in the decoder-only family, tests/test_families.py).
 ENCODER_POSITIONS = sorted(name for name, cls in POSITIONS.items() if not cls.causal_only)
@@ -138,24 +139,12 @@ def test_bfloat16_computes_in_bfloat16_with_float32_parameters():
   low = EncoderDecoder(dataclasses.replace(cfg, dtype="bfloat16"), rngs=nnx.Rngs(0))
   assert {x.dtype for x in jax.tree.leaves(nnx.state(low, nnx.Param))} == {jnp.dtype("float32")}
   batch = _batch()
-  dots = _equations(jax.make_jaxpr(lambda m, b: m(b))(low, batch).jaxpr, "dot_general")
+  dots = jaxpr_equations(jax.make_jaxpr(lambda m, b: m(b))(low, batch).jaxpr, "dot_general")
   assert dots and all(v.aval.dtype == jnp.bfloat16 for e in dots for v in e.invars)
   a, b = np.asarray(forward(ref, batch)), np.asarray(forward(low, batch))
   assert np.linalg.norm(b - a) / np.linalg.norm(a) < 2e-2
   with pytest.raises(ConfigError, match="unknown model dtype 'float8'"):
     EncoderDecoder(dataclasses.replace(cfg, dtype="float8"), rngs=nnx.Rngs(0))
-
-
-def _equations(jaxpr, primitive):
-  """The equations applying `primitive` in jaxpr and in the jaxprs nested in it (jit, ...)."""
-  found = []
-  for eqn in jaxpr.eqns:
-    found += [eqn] if eqn.primitive.name == primitive else []
-    for param in eqn.params.values():
-      inner = getattr(param, "jaxpr", param)
-      if hasattr(inner, "eqns"):
-        found += _equations(inner, primitive)
-  return found
 
 
 def test_remat_gives_the_same_loss_and_gradients_with_dropout():
@@ -192,7 +181,8 @@ def test_scanned_layers_equal_the_layer_loop(position, window, layers):
     graphdef, params = nnx.split(model)
     loss = lambda p: jnp.sum(nnx.merge(graphdef, p)(batch) ** 2)  # noqa: E731
     decoded = nnx.jit(greedy_decode, static_argnums=2)(model, batch, 6)
-    dots = len(_equations(jax.make_jaxpr(lambda m, b: m(b))(model, batch).jaxpr, "dot_general"))
+    jaxpr = jax.make_jaxpr(lambda m, b: m(b))(model, batch).jaxpr
+    dots = len(jaxpr_equations(jaxpr, "dot_general"))
     return params, jax.jit(jax.value_and_grad(loss))(params), decoded, dots
 
   params, (loss, grads), decoded, dots = run(False)

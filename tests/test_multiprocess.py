@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.clirun import ROOT, CliRunner
-from tests.conftest import restore_and_evaluate
+from tests.support import restore_and_evaluate
 from transformer.run import distributed
 from transformer.run.evaluation import restore_run
 from transformer.run.workdir import read_metrics
@@ -33,7 +33,7 @@ from transformer.study import sweep
 # grow chaotically at this learning rate; up to here they stay below 1e-5.
 STEPS = 30
 SWEEP = f"""
-from tests.conftest import make_tiny_config
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis
 
 def get_config():

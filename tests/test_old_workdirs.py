@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import restore_and_evaluate
+from tests.support import restore_and_evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "workdirs_043b6c9"

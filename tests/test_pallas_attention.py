@@ -27,11 +27,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.kernels import KERNELS, reference_kernel
+from transformer.model.kernels import KERNELS
+from transformer.model.reference_attention import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
 from transformer.model.pallas_attention import flash_attention
@@ -291,8 +293,7 @@ def test_model_with_pallas_equals_reference():
   """A whole decoder (kernel=pallas via the KERNELS entry: scorer transforms, FIRE's bias)
   gives the reference kernel's logits and parameter gradients on packed rows."""
   def loss_and_grads(kernel):
-    cfg = ModelConfig(vocab_size=11, d_model=16, num_heads=2, d_ff=16, num_decoder_layers=1,
-                      dropout=0.0, arch="decoder", position="fire",
+    cfg = ModelConfig(**{**TINY_MODEL, "arch": "decoder"}, position="fire",
                       attention=AttentionConfig(score="cosine", kernel=kernel, block_size=8))
     graphdef, params = nnx.split(make_model(cfg, rngs=nnx.Rngs(0)))
     batch = {"inputs": jnp.asarray(np.random.default_rng(1).integers(3, 11, (2, 13))),

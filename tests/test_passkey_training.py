@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from tests.conftest import passkey_lm_config
+from tests.support import passkey_lm_config
 from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import BOS_ID

@@ -10,23 +10,23 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config
+from tests.support import TINY_MODEL, make_tiny_config
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import EncoderDecoder
 from transformer.model.positions import POSITIONS, alibi_slopes, make_positional_encoding, sinusoid
 from transformer.run import evaluation, experiment
 from transformer.run.config import parse
-from transformer.study import pictures
+from transformer.study import pictures, position_pictures
 
 PNG = b"\x89PNG\r\n\x1a\n"
 forward = nnx.jit(lambda model, batch: model(batch))
 
 
 def _model(position="sinusoidal", kernel="reference", **kw):
-  cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=2,
-                    num_decoder_layers=2, dropout=0.0, position=position, max_len=16,
-                    attention=AttentionConfig(kernel=kernel, block_size=4), **kw)
+  cfg = ModelConfig(**{**TINY_MODEL, "num_encoder_layers": 2, "num_decoder_layers": 2},
+                    position=position, attention=AttentionConfig(kernel=kernel, block_size=4),
+                    **kw)
   return EncoderDecoder(cfg, rngs=nnx.Rngs(0))
 
 
@@ -76,21 +76,21 @@ def test_scanned_and_rematerialised_layers_record_the_same_weights():
 def test_position_panels_are_the_formulas():
   length, d, heads = 12, 16, 4
   none = make_positional_encoding("none", d, heads, length, rngs=nnx.Rngs(0))
-  assert pictures.position_panels(none, length, d, heads) == []
+  assert position_pictures.position_panels(none, length, d, heads) == []
 
   sin = make_positional_encoding("sinusoidal", d, heads, length, rngs=nnx.Rngs(0))
-  (_, table), (_, similarity) = pictures.position_panels(sin, length, d, heads)
+  (_, table), (_, similarity) = position_pictures.position_panels(sin, length, d, heads)
   np.testing.assert_allclose(table, sinusoid(jnp.arange(length), d), atol=1e-6)
   np.testing.assert_allclose(np.diag(similarity), 1.0, rtol=1e-5)
 
   rotary = make_positional_encoding("rotary", d, heads, length, rngs=nnx.Rngs(0))
-  (_, rotated), (_, dots) = pictures.position_panels(rotary, length, d, heads)
+  (_, rotated), (_, dots) = position_pictures.position_panels(rotary, length, d, heads)
   assert rotated.shape == (length, d // heads)
   # RoPE's relative property: the similarity depends on p - p' only (a Toeplitz matrix).
   np.testing.assert_allclose(dots[1:, 1:], dots[:-1, :-1], atol=1e-5)
 
   alibi = make_positional_encoding("alibi", d, heads, length, rngs=nnx.Rngs(0))
-  panels = pictures.position_panels(alibi, length, d, heads)
+  panels = position_pictures.position_panels(alibi, length, d, heads)
   assert len(panels) == heads
   distance = np.abs(np.arange(length)[:, None] - np.arange(length)[None, :])
   before = np.tri(length, k=-1)  # keys before the query: an encoder's offset 0.5
@@ -98,13 +98,13 @@ def test_position_panels_are_the_formulas():
     np.testing.assert_allclose(bias, -slope * (distance - 0.5 * before), rtol=1e-6)
 
   xpos = make_positional_encoding("xpos", d, heads, length, rngs=nnx.Rngs(0))
-  (_, scaled), (_, dots) = pictures.position_panels(xpos, length, d, heads)
+  (_, scaled), (_, dots) = position_pictures.position_panels(xpos, length, d, heads)
   np.testing.assert_allclose(scaled, xpos.rotate_queries(jnp.ones((1, length, 1, d // heads)),
                                                          jnp.arange(length)[None])[0, :, 0])
   np.testing.assert_allclose(dots[1:, 1:], dots[:-1, :-1], rtol=1e-4)  # relative, as rotary
 
   kerple = make_positional_encoding("kerple", d, heads, length, rngs=nnx.Rngs(0))
-  panels = pictures.position_panels(kerple, length, d, heads)
+  panels = position_pictures.position_panels(kerple, length, d, heads)
   r1, r2 = np.exp(kerple.log_r1[...]), np.exp(kerple.log_r2[...])
   for h, (_, bias) in enumerate(panels):
     np.testing.assert_allclose(bias, -r1[h] * np.log1p(r2[h] * distance), rtol=1e-5)
@@ -118,7 +118,7 @@ def test_every_encoding_has_position_panels(name):
   length, d, heads = 6, 16, 2
   for causal in (True,) if POSITIONS[name].causal_only else (False, True):
     enc = make_positional_encoding(name, d, heads, length, causal=causal, rngs=nnx.Rngs(0))
-    panels = pictures.position_panels(enc, length, d, heads)
+    panels = position_pictures.position_panels(enc, length, d, heads)
     assert panels or enc.content_biases
     assert all(np.all(np.isfinite(values)) for _, values in panels)
     assert len(panels) in ((heads,) if enc.biases else (0, 2) if enc.content_biases else (2,))
@@ -126,10 +126,10 @@ def test_every_encoding_has_position_panels(name):
 
 def test_draw_positions_writes_a_png_or_nothing(tmp_path):
   for position in ("learned", "fire"):
-    path = pictures.draw_positions(_model(position), 16, str(tmp_path / f"{position}.png"))
+    path = position_pictures.draw_positions(_model(position), 16, str(tmp_path / f"{position}.png"))
     with open(path, "rb") as f:
       assert f.read(8) == PNG
-  assert pictures.draw_positions(_model("none"), 16, str(tmp_path / "none.png")) is None
+  assert position_pictures.draw_positions(_model("none"), 16, str(tmp_path / "none.png")) is None
   assert not (tmp_path / "none.png").exists()
 
 

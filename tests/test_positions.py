@@ -10,6 +10,7 @@ import optax
 import pytest
 from flax import nnx
 
+from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
 from transformer.model.config import ModelConfig
@@ -144,10 +145,10 @@ def test_causal_only_encodings_are_refused_in_a_bidirectional_stack(name):
   make_positional_encoding(name, 8, 2, 16, causal=True, rngs=nnx.Rngs(0))
   with pytest.raises(ConfigError, match=re.escape(message)):
     make_positional_encoding(name, 8, 2, 16, causal=False, rngs=nnx.Rngs(0))
-  tiny = dict(vocab_size=8, d_model=8, num_heads=2, d_ff=8, position=name, num_classes=2)
   for arch in ARCHS:
     build = lambda a=arch: nnx.eval_shape(  # noqa: E731
-        lambda: make_model(ModelConfig(**tiny, arch=a), rngs=nnx.Rngs(0)))
+        lambda: make_model(ModelConfig(**TINY_MODEL, position=name, num_classes=2, arch=a),
+                           rngs=nnx.Rngs(0)))
     if arch == "decoder":
       build()
     else:
@@ -229,9 +230,10 @@ def _alibi_encoder(offset: float, seed: int = 0):
   (slopes 1/2, 1/4): the offset's logit shift, m·offset, is large enough to learn from in a
   few hundred steps."""
   alibi = ALiBi.Settings(max_bias=2.0, bidirectional_offset=offset)
-  cfg = ModelConfig(vocab_size=12, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-                    dropout=0.0, max_len=8, position="alibi", arch="encoder", pooling="mean",
-                    num_classes=2, position_settings=PositionSettings(alibi=alibi))
+  # 12 tokens, max_len 8: the size the accuracies after 300 steps below were measured at
+  cfg = ModelConfig(**{**TINY_MODEL, "vocab_size": 12, "max_len": 8}, position="alibi",
+                    arch="encoder", pooling="mean", num_classes=2,
+                    position_settings=PositionSettings(alibi=alibi))
   return make_model(cfg, rngs=nnx.Rngs(seed))
 
 

@@ -27,6 +27,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
+from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig
@@ -214,8 +215,8 @@ class CausalRecording(Recording):
   causal = True
 
 
-TINY = dict(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=3,
-            num_decoder_layers=3, dropout=0.0, max_len=8)
+# 3 layers a stack: per_batch draws each layer's positions
+TINY = {**TINY_MODEL, "num_encoder_layers": 3, "num_decoder_layers": 3, "max_len": 8}
 SEG = jnp.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]])
 POS = jnp.array([[0, 1, 2, 3, 4, 0], [0, 1, 2, 3, 4, 0], [0, 1, 2, 0, 0, 0]])
 

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 from scipy import stats
 
-from tests.test_decoding import BATCH, MAX_LEN, TINY, _cached_logits, _full_logits
-from tests.test_training import _params, _records
+from tests.support import DECODE_BATCH, DECODE_LEN, TINY_MODEL, cached_logits, checkpoint_params
+from tests.support import full_logits, read_records
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
 from transformer.model.blocks import CausalLayer
@@ -28,6 +28,7 @@ from transformer.model.stack import Stack
 from transformer.run.config import parse
 from transformer.run.training import train_and_evaluate
 
+TINY = {**TINY_MODEL, "num_decoder_layers": 2}  # two layers of cached decoding
 TAKES_POSITIONS = sorted(name for name, cls in POSITIONS.items() if cls.takes_positions)
 # Packed rows: segments of 3, 2 and 4 tokens with padding between and after.
 SEGMENTS = np.array([[1, 1, 1, 2, 2, 0, 3, 3, 3, 3, 0, 0]])
@@ -128,9 +129,9 @@ def test_the_learned_table_covers_max_position_and_the_switch_changes_the_model(
   assert model.encoder.position.table.embedding[...].shape == (40, TINY["d_model"])
   plain = EncoderDecoder(ModelConfig(**{**TINY, "max_len": 40}, position="learned"),
                          rngs=nnx.Rngs(0))
-  targets = jnp.full((2, MAX_LEN), 4, jnp.int32)
-  assert not np.allclose(_full_logits(model, BATCH, targets), _full_logits(plain, BATCH, targets),
-                         atol=1e-3)
+  targets = jnp.full((2, DECODE_LEN), 4, jnp.int32)
+  assert not np.allclose(full_logits(model, DECODE_BATCH, targets),
+                         full_logits(plain, DECODE_BATCH, targets), atol=1e-3)
 
 
 # per_batch's rotations: the generation test below, and each layer's draw of a decoding step:
@@ -140,9 +141,9 @@ def test_cached_decoding_equals_the_full_pass_at_the_drawn_positions(position, d
   """Decoding draws its max_len slots' positions (per_batch: each layer's, or its sampled
   offsets) as a full pass of max_len tokens does."""
   model = EncoderDecoder(_config(position, random_positions_draw=draw), rngs=nnx.Rngs(0))
-  targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, MAX_LEN)), jnp.int32)
-  np.testing.assert_allclose(_cached_logits(model, BATCH, targets),
-                             _full_logits(model, BATCH, targets), rtol=1e-4, atol=1e-4)
+  targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, DECODE_LEN)), jnp.int32)
+  np.testing.assert_allclose(cached_logits(model, DECODE_BATCH, targets),
+                             full_logits(model, DECODE_BATCH, targets), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("draw", ["per_row", "per_batch"])
@@ -174,8 +175,9 @@ def test_a_run_trains_evaluates_and_resumes_exactly(tmp_path, tiny_config):
   assert train_and_evaluate(parse(config), resumed,
                             should_stop=lambda: calls.append(1) or len(calls) == 18) == 17
   assert train_and_evaluate(parse(config), resumed) == 40
-  jax.tree.map(np.testing.assert_array_equal, _params(straight, 40), _params(resumed, 40))
-  records = _records(straight)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint_params(straight, 40),
+               checkpoint_params(resumed, 40))
+  records = read_records(straight)
   train = [r for r in records if r["split"] == "train"]
   assert train[-1]["loss"] < 0.7 * train[0]["loss"], train  # it learns (2.25 -> 1.37)
   final = {r["split"]: r for r in records if r["split"] != "train"}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.conftest import make_tiny_config, passkey_lm_config
+from tests.support import make_tiny_config, passkey_lm_config
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED

@@ -1,6 +1,6 @@
-"""RoPE's scalings and partial rotation (transformer/model/positions/rotary.py) against the
-papers' definitions, and evaluating a trained run under them (eval.py --config.FIELD=VALUE,
-transformer/run/overrides.py) without retraining and as the same run."""
+"""RoPE's scalings and partial rotation (transformer/model/positions/rope_scaling.py,
+rotary.py) against the papers' definitions, and evaluating a trained run under them (eval.py
+--config.FIELD=VALUE, transformer/run/overrides.py) without retraining and as the same run."""
 
 import dataclasses
 import json
@@ -15,15 +15,15 @@ import pytest
 from flax import nnx
 
 from tests.clirun import CliRunner
-from tests.test_bad_input import write_lm_config  # a tiny language model on files
+from tests.support import TINY_MODEL, write_lm_config
 from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import make_model
 from transformer.model.positions import PositionSettings, Rotary, XPos
-from transformer.model.positions.rotary import (SCALINGS, Frequencies, rope, rotate_pairs,
-                                                xpos_scale, yarn_interpolation)
+from transformer.model.positions.rope_scaling import SCALINGS, Frequencies, yarn_interpolation
+from transformer.model.positions.rotary import rope, rotate_pairs, xpos_scale
 from transformer.run import config as config_lib
 from transformer.run import overrides
 from transformer.run import workdir as workdir_lib
@@ -185,8 +185,7 @@ def test_scaling_none_is_todays_rotary_and_xpos_bit_for_bit():
 
 # --------------------------------------------------------------------------- decoding
 
-TINY = dict(vocab_size=19, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-            num_decoder_layers=2, dropout=0.0, max_len=64, arch="decoder")
+TINY = {**TINY_MODEL, "num_decoder_layers": 2, "max_len": 64, "arch": "decoder"}
 SCALED = {"linear": dict(scaling="linear", factor=2.0, rotated_fraction=0.5),
           "ntk": dict(scaling="ntk", factor=3.0, rotated_fraction=0.5, partial="p_rope"),
           "yarn": dict(scaling="yarn", factor=4.0, original_length=4)}

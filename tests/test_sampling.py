@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 from scipy import stats
 
+from tests.support import TINY_MODEL
 from transformer.core.fields import FieldError
 from transformer.core.vocab import EOS_ID, PAD_ID
 from transformer.model.attention import AttentionConfig
@@ -192,8 +193,6 @@ def test_a_key_repeats_its_tokens_and_another_key_draws_others():
 
 # --------------------------------------------------------------------------- decoding
 
-TINY = dict(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
-            num_decoder_layers=1, dropout=0.0, max_len=16)
 PROMPTS = jnp.asarray(np.random.default_rng(1).integers(3, 13, (4, 4)), jnp.int32)
 LENGTHS = jnp.array([1, 2, 4, 3])
 generate_jit = nnx.jit(generate, static_argnums=(3, 4))
@@ -201,7 +200,7 @@ decode_jit = nnx.jit(greedy_decode, static_argnums=(2, 3))
 
 
 def _language_model(seed=0):
-  cfg = ModelConfig(**TINY, arch="decoder", attention=AttentionConfig())
+  cfg = ModelConfig(**TINY_MODEL, arch="decoder", attention=AttentionConfig())
   return make_model(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -222,7 +221,7 @@ def test_generation_at_temperature_to_zero_or_top_1_is_greedy_and_a_key_repeats(
 
 
 def test_encoder_decoder_decoding_at_top_1_is_greedy_and_sampled_rows_end_at_eos():
-  model = EncoderDecoder(ModelConfig(**TINY, attention=AttentionConfig()), rngs=nnx.Rngs(0))
+  model = EncoderDecoder(ModelConfig(**TINY_MODEL, attention=AttentionConfig()), rngs=nnx.Rngs(0))
   batch = {"inputs": jnp.concatenate([PROMPTS, jnp.full((4, 1), EOS_ID, jnp.int32)], 1)}
   greedy = decode_jit(model, batch, 8)
   np.testing.assert_array_equal(decode_jit(model, batch, 8, Sampling(1.0, top_k=1)), greedy)

@@ -14,7 +14,7 @@ from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
-from tests.conftest import make_tiny_config
+from tests.support import make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.model.families import EncoderDecoder
 from transformer.model.positions import ALiBi, PositionSettings, T5Bias, make_positional_encoding

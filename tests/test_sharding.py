@@ -2,11 +2,7 @@
 and the optimizer state's, a sharded 8-device run equal to the 1-device run, restoring onto
 another mesh, gradient accumulation equal to the large batch."""
 
-import json
-import os
 import re
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -15,34 +11,13 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.conftest import restore_and_evaluate
+from tests.support import TINY_CONFIG_MODEL, restore_and_evaluate, sharded_matches_single, train_losses
 from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.run import experiment, sharding
 from transformer.run.config import parse
 from transformer.run.training import train_and_evaluate
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-SHARDED_RUN = """
-import json, sys
-import jax
-from tests.conftest import make_tiny_config
-from transformer.run import sharding
-from transformer.run.config import parse
-from transformer.run.training import train_and_evaluate
-config = make_tiny_config(**json.loads(sys.argv[2]))
-train_and_evaluate(parse(config), sys.argv[1])
-mesh = sharding.make_mesh(config.mesh.to_dict())
-print("MESH", dict(mesh.shape), "DEVICES", jax.device_count())
-"""
-
-
-def _train_losses(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [r["loss"] for r in map(json.loads, f) if r["split"] == "train"]
-
 
 # The path rules the declarations replaced, kept as the reference they must reproduce:
 # (regex searched in a leaf's path, mesh axis per dimension); the first match of the same rank
@@ -92,8 +67,9 @@ def test_declared_specs_of_the_base_model_equal_the_old_path_rules(share_embeddi
 
 
 def test_fires_output_layer_is_replicated_and_the_vocabulary_projection_split():
-  model = _abstract_model(vocab_size=9, d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
-                          num_decoder_layers=1, position="fire", share_embeddings=False)
+  # The tiny config's model, with its copy task's vocabulary (9 tokens).
+  model = _abstract_model(**TINY_CONFIG_MODEL, vocab_size=9, position="fire",
+                          share_embeddings=False)
   specs = sharding.param_specs(model)
   fire = specs["encoder"]["position"]
   assert fire["output"] == {"kernel": P(), "bias": P()}  # [width, heads]: not the vocabulary
@@ -140,26 +116,6 @@ def test_mesh_shape_errors_name_the_mesh():
     sharding.make_mesh({"model": 1})
 
 
-def sharded_matches_single(tmp_path, overrides: dict, mesh: dict) -> tuple[str, str]:
-  """Trains make_tiny_config(**overrides) on one device and, in a subprocess of 8 CPU
-  devices, with `mesh` (and any other overrides) added; asserts the 2x2x2 mesh was used and
-  the training losses agree. Returns (single workdir, sharded workdir)."""
-  from tests.conftest import make_tiny_config  # noqa: PLC0415
-
-  single = str(tmp_path / "single")
-  train_and_evaluate(parse(make_tiny_config(**overrides)), single)
-  sharded = str(tmp_path / "sharded")
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded,
-                         json.dumps({**overrides, **mesh})],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert "MESH {'data': 2, 'fsdp': 2, 'tensor': 2} DEVICES 8" in proc.stdout
-  np.testing.assert_allclose(_train_losses(sharded), _train_losses(single), rtol=1e-5)
-  return single, sharded
-
-
 def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_path):
   overrides = {"model.dropout": 0.0, "train.num_steps": 20, "train.log_every": 5}
   # The sharded run also scans its layers: the stacked layer states shard as the loop's do.
@@ -190,7 +146,7 @@ def test_gradient_accumulation_matches_the_large_batch(tmp_path, tiny_config):
   whole, micro = str(tmp_path / "whole"), str(tmp_path / "micro")
   train_and_evaluate(parse(tiny_config(**overrides)), whole)
   train_and_evaluate(parse(tiny_config(**overrides, **{"train.accumulation_steps": 4})), micro)
-  np.testing.assert_allclose(_train_losses(micro), _train_losses(whole), rtol=1e-5)
+  np.testing.assert_allclose(train_losses(micro), train_losses(whole), rtol=1e-5)
   with pytest.raises(ConfigError, match=r"batch_size \(32\) must be a multiple of .* "
                                         r"train.accumulation_steps \(3\)"):
     train_and_evaluate(parse(tiny_config(**{"train.accumulation_steps": 3})), str(tmp_path / "bad"))

@@ -12,7 +12,7 @@ import grain
 import numpy as np
 import pytest
 
-from tests.conftest import make_tiny_config, restore_and_evaluate
+from tests.support import make_tiny_config, restore_and_evaluate
 from transformer.core.fields import Chosen
 from transformer.data import Targets
 from transformer.data.base import DataSource, Split

@@ -16,13 +16,10 @@ import pytest
 import sacrebleu
 from scipy import stats as scipy_stats
 
-from tests.conftest import make_tiny_config
-from tests.test_decoder_cast import _config as decoder_cast_config
+from tests.support import chomsky_tiny_config, fake_run, write_evaluation
 from transformer.core.errors import ConfigError
-from transformer.run import config as config_lib
 from transformer.run import experiment
 from transformer.run.config import parse
-from transformer.run import workdir as workdir_lib
 from transformer.core import metrics as metrics_lib
 from transformer.core.metrics import METRICS
 from transformer.data.sources import SOURCES
@@ -80,31 +77,6 @@ def test_success_thresholds():
   for bad in ("valid/exact_match=0.9", "valid/exact_match>=high", ">=0.9", "x>=nan"):
     with pytest.raises(ConfigError, match="expected METRIC>=VALUE"):
       stats.parse_threshold(bad)
-
-
-def fake_run(path, exact: float, seed: int = 0, steps: int = 40, final: bool = True,
-             examples: dict | None = None, **overrides) -> str:
-  """A run's workdir as training leaves it, without training: config.json and
-  metrics.jsonl (training losses; the final evaluation unless not `final`) of the tiny
-  config with `overrides`, its valid exact match `exact` (`examples`: the valid split's
-  per-example results, as the final evaluation records them)."""
-  cfg = config_lib.parse(make_tiny_config(**{"seed": seed, "train.num_steps": steps,
-                                             **overrides}))
-  path = str(path)
-  os.makedirs(path, exist_ok=True)
-  workdir_lib.write_config(cfg, path)
-  workdir_lib.append_metrics(path, *({"step": s, "split": "train", "loss": 2.0 - exact * s / steps}
-                                     for s in range(10, steps + 1, 10)))
-  if final:
-    valid = {"step": steps, "split": "valid", "loss": 1.0 - exact, "accuracy": 0.5 + exact / 2,
-             "exact_match": exact, "exact_match_by_length": {"3": exact}, "examples": 64}
-    if examples is not None:
-      valid[PER_EXAMPLE] = examples
-    workdir_lib.append_metrics(
-        path, valid,
-        {"step": steps, "split": "longer", "loss": 2.0 - exact, "accuracy": exact / 2,
-         "exact_match": exact / 4, "exact_match_by_length": {"6": exact / 4}, "examples": 64})
-  return path
 
 
 EXACT = {"sinusoidal": [0.50, 0.60, 0.55], "rotary": [0.70, 0.75, 0.80], "alibi": [0.90]}
@@ -265,17 +237,6 @@ def test_runs_that_cannot_be_compared_are_refused(runs, tmp_path):
   with pytest.raises(ConfigError, match="holds another report"):
     compare.compare(runs, str(sweep_report))
   assert os.listdir(sweep_report) == ["report.md"]
-
-
-def write_evaluation(path, hypotheses: list[str], references: list[str]) -> str:
-  """eval.py's output for a text split `valid`: the metrics JSON and the files beside it."""
-  hyp_path, ref_path = text_paths(str(path), "valid")
-  for file, lines in ((hyp_path, hypotheses), (ref_path, references)):
-    with open(file, "w", encoding="utf-8") as f:
-      f.write("".join(line + "\n" for line in lines))
-  path.write_text(json.dumps({"step": 10, "splits": {"valid": {"bleu": 0.0,
-                                                               "predictions": hyp_path}}}))
-  return str(path)
 
 
 REFERENCES = ["the cat sat on the mat", "a dog runs in the park", "hello world",
@@ -585,7 +546,7 @@ def test_per_example_results_give_an_evaluations_metrics_again(cast, arch):
   evaluated: answers generated after their prompts (decoder) and one pass (slots), the
   algorithmic tasks' mean accuracy by length too (a decoded split's: test_sweep.py; every
   source's: test_sources.py)."""
-  cfg = parse(decoder_cast_config(cast=cast, arch=arch, max_len=3, test_max_len=5))
+  cfg = parse(chomsky_tiny_config(cast=cast, arch=arch, max_len=3, test_max_len=5))
   exp = experiment.build(cfg)
   results, _ = Evaluator(exp).evaluate(exp.init()["params"], exp.source.eval_splits(),
                                        per_example=True)

@@ -3,7 +3,6 @@ corpus, predictions and pictures all go through etils.epath. gs:// is mocked her
 local folder (etils.epath.testing), which also proves no code path opens a URL with
 `open`/`os` (it would find no such file)."""
 
-import contextlib
 import gzip
 import json
 import os
@@ -11,41 +10,15 @@ import os
 import numpy as np
 import pytest
 from etils import epath
-from etils.epath import testing as epath_testing
 
-from tests.conftest import make_tiny_config
+from tests.support import fake_bucket, make_tiny_config
 from transformer.core import storage
 from transformer.data import text
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 from transformer.run import lock
 from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
-from transformer.study import pictures
-
-
-@contextlib.contextmanager
-def fake_bucket(root):
-  """gs://NAME/... is ROOT/NAME/... for every epath call; writing an object makes its folder."""
-
-  def local(path):
-    path = os.fspath(path)
-    return os.path.join(root, path[len("gs://"):]) if path.startswith("gs://") else path
-
-  def one(fn, path, *args, **kwargs):
-    return fn(local(path), *args, **kwargs)
-
-  def two(fn, path, destination, *args, **kwargs):
-    return fn(local(path), local(destination), *args, **kwargs)
-
-  def open_object(fn, path, mode, *args, **kwargs):  # an object store has no folders to make
-    if any(m in mode for m in "wax"):
-      os.makedirs(os.path.dirname(local(path)), exist_ok=True)
-    return fn(local(path), mode, *args, **kwargs)
-
-  with epath_testing.mock_epath(
-      open=open_object, exists=one, glob=one, isdir=one, listdir=one, makedirs=one, mkdir=one,
-      remove=one, rmtree=one, stat=one, walk=one, rename=two, replace=two, copy=two):
-    yield
+from transformer.study import figures
 
 
 def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path):
@@ -70,8 +43,8 @@ def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path
       ids = Tokenizer(model).encode("the cat sat")
       assert Tokenizer(model).decode(ids) == "the cat sat"
       storage.write(storage.join(run, "eval.valid.txt"), "hypothesis\n")
-      fig, _ = pictures.pyplot().subplots()
-      pictures.save(fig, storage.join(run, "plots", "a.png"))
+      fig, _ = figures.pyplot().subplots()
+      figures.save(fig, storage.join(run, "plots", "a.png"))
     assert not (bucket / lock.LOCK_FILE).exists()
     corpus = storage.join("gs://bucket/corpus", "train.en.gz")
     storage.write(corpus, gzip.compress("a b\nc d\n".encode()))

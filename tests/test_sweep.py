@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from tests.clirun import CliRunner
-from tests.conftest import make_tiny_config
-from tests.test_stats import fake_run
+from tests.support import fake_run, make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
 from transformer.run.evaluator import PER_EXAMPLE
@@ -27,7 +26,6 @@ from transformer.study import report, report_plots, results, sweep, sweep_record
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SWEEP_CONFIG = """
-from tests.conftest import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -154,7 +152,6 @@ def test_sweep_argument_is_checked():
 
 
 FAILING_SWEEP = """
-from tests.conftest import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -266,7 +263,7 @@ def test_a_run_whose_data_cannot_be_prepared_is_recorded_and_the_sweep_goes_on(t
 
 def test_the_same_run_twice_is_refused(tmp_path):
   config_path = tmp_path / "twice.py"
-  body = ("from tests.conftest import make_tiny_config\n"
+  body = ("from tests.support import make_tiny_config\n"
           "def get_config():\n  return make_tiny_config()\n"
           "def get_sweep():\n  return {}\n")
   for runs, message in [
@@ -323,7 +320,6 @@ def test_metric_order_and_curve_style():
 
 
 GRID = """
-from tests.conftest import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -431,7 +427,6 @@ def test_what_a_record_completes_and_what_it_refuses(tmp_path, monkeypatch):
 
 
 NARROWED = """
-from tests.conftest import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.clirun import CliRunner
-from tests.test_bad_input import write_lm_config
+from tests.support import write_lm_config
 from transformer.core.errors import ConfigError
 from transformer.run.state import run_state
 from transformer.study import stats, sweep_eval

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import multi30k
-from tests.conftest import make_tiny_config, restore_and_evaluate
+from tests.support import TINY_CONFIG_MODEL, make_tiny_config, restore_and_evaluate
 from transformer.core.errors import ConfigError
 from transformer.data.tokenizer import RECORD_FILE, TOKENIZER_FILE, UNK_ID
 from transformer.run import checkpoint, experiment
@@ -52,8 +52,7 @@ def _config(tmp_path, corpus=None):
   config.data.update(dir=str(tmp_path), train_source="train.en", train_target="train.de",
                      valid_source="valid.en", valid_target="valid.de", test_source="test.en",
                      test_target="test.de", vocab_size=32, max_len=16)
-  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
-                      num_decoder_layers=1, dropout=0.0)
+  config.model.update(**TINY_CONFIG_MODEL, dropout=0.0)
   config.model.attention.dropout = 0.0
   config.train.update(batch_size=16, num_steps=20, warmup_steps=10, log_every=10,
                       eval_every=0, checkpoint_every=10)

@@ -12,6 +12,7 @@ import pytest
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
+from tests.support import TINY_CONFIG_MODEL
 from configs import wmt14_base  # noqa: E402
 from transformer.core.errors import ConfigError  # noqa: E402
 from transformer.run import experiment  # noqa: E402
@@ -46,8 +47,7 @@ def _config(data_dir):
   config = wmt14_base.get_config()
   config.data.update(tfds_name="tiny_translate", tfds_dir=data_dir, vocab_size=40,
                      tokenizer_type="unigram", max_len=16, decode_offset=5)
-  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
-                      num_decoder_layers=1, dropout=0.0)
+  config.model.update(**TINY_CONFIG_MODEL, dropout=0.0)
   config.train.update(batch_size=4, num_steps=6, warmup_steps=2, log_every=3, eval_every=0,
                       checkpoint_every=3, eval_examples=0)
   config.eval.update(num_examples=0, batch_size=8)

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.support import fake_bucket
 from transformer.core.errors import ConfigError, RunError
 from transformer.run import checkpoint, summaries, tracking
 from transformer.run.config import parse
@@ -24,7 +25,7 @@ from transformer.run.workdir import read_metrics
 from transformer.study import sweep
 
 SWEEP_CONFIG = """
-from tests.conftest import make_tiny_config
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis
 
 def get_config():
@@ -291,8 +292,6 @@ def test_without_wandb_installed_a_run_logging_to_it_is_refused_before_writing(
 
 
 def test_a_bucket_workdir_keeps_its_run_id_in_the_bucket(tmp_path, fake_wandb, tiny_config):
-  from tests.test_storage import fake_bucket  # noqa: PLC0415 - gs:// onto tmp_path
-
   cfg = parse(tiny_config(**{"train.wandb_project": "p"}))
   with fake_bucket(tmp_path):
     tracking.WandB(cfg, "gs://bucket/runs/one").close()

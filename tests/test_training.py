@@ -7,10 +7,9 @@ import os
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from tests.conftest import restore_and_evaluate
+from tests.support import checkpoint_params, read_records, restore_and_evaluate
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import cross_entropy, language_model_metrics
 from transformer.run import checkpoint, evaluator, experiment, logs, sharding
@@ -19,17 +18,6 @@ from transformer.run.optim import rsqrt_schedule
 from transformer.run.progress import log_eval
 from transformer.run.training import train_and_evaluate
 from transformer.run.workdir import METRICS_FILE
-
-
-def _records(workdir):
-  with open(os.path.join(workdir, METRICS_FILE)) as f:
-    return [json.loads(line) for line in f]
-
-
-def _params(workdir, step):
-  mngr = checkpoint.manager(workdir, read_only=True)
-  items = ocp.args.Composite(state=ocp.args.StandardRestore())
-  return mngr.restore(step, args=items)["state"]["params"]
 
 
 def test_rsqrt_schedule_matches_paper_formula():
@@ -56,7 +44,7 @@ def test_tiny_model_learns_copy_and_eval_restores_it(tmp_path, tiny_config):
   config = tiny_config(**{"train.num_steps": 300, "train.log_every": 50,
                           "train.checkpoint_every": 100})
   assert train_and_evaluate(parse(config), workdir) == 300
-  records = _records(workdir)
+  records = read_records(workdir)
   train = [r for r in records if r["split"] == "train"]
   assert train[-1]["loss"] < 0.25 * train[0]["loss"]
   final = {r["split"]: r for r in records if r["split"] != "train"}
@@ -75,11 +63,11 @@ def test_bfloat16_with_fused_attention_learns_copy(tmp_path, tiny_config):
   config = tiny_config(**{"train.num_steps": 300, "train.checkpoint_every": 300,
                           "model.dtype": "bfloat16", "model.attention.kernel": "xla"})
   train_and_evaluate(parse(config), str(tmp_path))
-  final = {r["split"]: r for r in _records(str(tmp_path)) if r["split"] != "train"}
+  final = {r["split"]: r for r in read_records(str(tmp_path)) if r["split"] != "train"}
   # Whole strings right, not just tokens: 0.84 on this project's 2-core AMD machines, above
   # 0.9 on others (XLA:CPU's float results differ between CPUs); chance is ~0.
   assert final["valid"]["accuracy"] >= 0.9 and final["valid"]["exact_match"] >= 0.75, final
-  params = _params(str(tmp_path), 300)
+  params = checkpoint_params(str(tmp_path), 300)
   assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype("float32")}
 
 
@@ -93,10 +81,10 @@ def test_resume_reaches_the_same_parameters(tmp_path, tiny_config):
   assert stopped == 17
   assert checkpoint.manager(resumed, read_only=True).latest_step() == 17
   assert train_and_evaluate(parse(config), resumed) == 40
-  a, b = _params(straight, 40), _params(resumed, 40)
+  a, b = checkpoint_params(straight, 40), checkpoint_params(resumed, 40)
   jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
   # The run actually moved: final parameters differ from the first checkpoint's.
-  first = _params(straight, 10)
+  first = checkpoint_params(straight, 10)
   assert not all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(first), jax.tree.leaves(a)))
 
 
@@ -109,7 +97,7 @@ def test_checkpoint_average_is_the_mean_of_the_last_checkpoints(tmp_path, tiny_c
   shardings = sharding.param_shardings(abstract, exp.param_specs, sharding.make_mesh())
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, 30, 3)
   assert steps == [10, 20, 30]
-  expected = jax.tree.map(lambda *p: (p[0] + p[1] + p[2]) / 3, *(_params(workdir, s) for s in steps))
+  expected = jax.tree.map(lambda *p: (p[0] + p[1] + p[2]) / 3, *(checkpoint_params(workdir, s) for s in steps))
   for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
   with pytest.raises(ConfigError, match=r"cannot average 5 checkpoints: .* holds 4 \(that "
@@ -188,13 +176,13 @@ def test_the_log_explains_the_waits_and_a_finished_run(tmp_path, tiny_config, lo
   assert "already finished at step 20; nothing to do" in log_lines()
   assert not any(m.startswith(("compiling", "evaluating")) for m in log_lines())
 
-  records = _records(workdir)  # as if a stop had interrupted the final evaluation
+  records = read_records(workdir)  # as if a stop had interrupted the final evaluation
   with open(os.path.join(workdir, METRICS_FILE), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in records if r["split"] == "train")
   caplog.clear()
   train_and_evaluate(parse(config), workdir)
   assert "already finished at step 20; evaluating" in log_lines()
-  assert _records(workdir) == records
+  assert read_records(workdir) == records
 
   caplog.clear()
   train_and_evaluate(parse(tiny_config(**{"train.num_steps": 10})), workdir)

@@ -10,7 +10,8 @@ import grain
 import numpy as np
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import as_saved, check
+from transformer.core.fields import check
+from transformer.core.migration import as_saved
 from transformer.data import SourceArgs, pipeline
 from transformer.data.base import DataSource, Split
 from transformer.data.casts import Cast

@@ -18,7 +18,7 @@ cast maps them to token ids. An answer is a string of output_length(n) symbols: 
 classification (a label), n aligned with the input for a labelling.
 
 A field that changes what a task computes is declared with `changed(new, old=...)`
-(core/fields.py): a run saved before the field existed keeps `old`, what the code then did
+(core/migration.py): a run saved before the field existed keeps `old`, what the code then did
 (GeneratedSource.saved); a config written since gets `new`.
 """
 

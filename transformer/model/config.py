@@ -6,8 +6,9 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from transformer.core.fields import (AT_LEAST_1, FRACTION, USED_IF, changed, check, check_ranges,
-                                     derived, execution)
+from transformer.core.fields import (AT_LEAST_1, FRACTION, USED_IF, check, check_ranges, derived,
+                                     execution)
+from transformer.core.migration import changed
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
 from transformer.model.attention import AttentionConfig

@@ -8,11 +8,15 @@ encoding, and the layer's scorer and dropout:
 seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
 evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
-query's whole row of logits. KERNELS maps a name to a Kernel: how to make the function, and
-its declared capabilities, which transformer/model/kernel_choice.py compares once, when a
-layer is made, with what the layer needs (its scorer, dropout, encoding, dtype, ...); a new
-kernel is one function and its line in KERNELS, and tests/test_kernel_conformance.py runs it
-against the reference kernel over everything it declares.
+query's whole row of logits. The functions: the formula computed whole
+(reference_attention.py) or in blocks (blockwise_attention.py), and here XLA's or cuDNN's
+fused attention and Pallas' flash attention (pallas_attention.py), wrapped.
+
+KERNELS maps a name to a Kernel: how to make the function, and its declared capabilities,
+which transformer/model/kernel_choice.py compares once, when a layer is made, with what the
+layer needs (its scorer, dropout, encoding, dtype, ...); a new kernel is one function and its
+line in KERNELS, and tests/test_kernel_conformance.py runs it against the reference kernel
+over everything it declares.
 
 A kernel declaring `softcap` is made with `softcap=c` when the layer caps its logits
 (model.attention.logit_softcap = c > 0): the scorer's logits become c·tanh(score / c), and
@@ -29,43 +33,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from transformer.core.errors import ConfigError
-from transformer.model.layers import Dropout
+from transformer.model.blockwise_attention import blockwise_kernel
 from transformer.model.log_once import log_once
-from transformer.model.masks import Mask, masked_softmax
 from transformer.model.pallas_attention import flash_attention
-
-
-def repeat_heads(x: jax.Array, heads: int) -> jax.Array:
-  """x [b, t, kv_heads, d] with each kv head repeated for its heads / kv_heads query heads:
-  [b, t, heads, d] (head i is kv head i // (heads / kv_heads)); x itself when kv_heads = heads."""
-  return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
-
-
-def soft_cap(logits: jax.Array, cap: float) -> jax.Array:
-  """cap · tanh(logits / cap) in float32; the logits themselves when cap is 0 (off)."""
-  return cap * jnp.tanh(logits.astype(jnp.float32) / cap) if cap else logits
-
-
-def attention_weights(q, k, mask: Mask, encoding, score, softcap: float = 0.0) -> jax.Array:
-  """softmax(cap(score(q, k)) + bias + content bias) over the unmasked keys: [b, h, tq, tk]
-  float32, cap = soft_cap(·, softcap). k may have fewer heads than q (repeat_heads). The
-  content bias sees the logits before it, −inf at the masked keys."""
-  visible = mask.dense()
-  k = repeat_heads(k, q.shape[2])
-  logits = soft_cap(score(q, k), softcap) + encoding.bias(mask.q_positions, mask.k_positions)
-  if encoding.content_biases:  # otherwise no pass over the logits for a zero
-    logits = jnp.where(visible, logits.astype(jnp.float32), -jnp.inf)
-    logits = logits + encoding.content_bias(q, logits)
-  return masked_softmax(logits, visible)
-
-
-def reference_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *,
-                     softcap: float = 0.0):
-  """The formula, any scorer and every seam: softmax(cap(score(q, k)) + bias + content bias)
-  over unmasked keys, dropout, ·V."""
-  weights = attention_weights(q, k, mask, encoding, score, softcap).astype(v.dtype)
-  weights = dropout(weights, deterministic=rngs is None, rngs=rngs)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, repeat_heads(v, q.shape[2]))
+from transformer.model.reference_attention import reference_kernel, repeat_heads
 
 
 def fused_kernel(implementation: str):
@@ -175,73 +146,6 @@ def equal_head_dims(q, k, v, multiple: int = 8):
   dim = -max(dq, dv) // multiple * -multiple
   pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, dim - x.shape[-1])])  # noqa: E731
   return pad(q), pad(k), pad(v)
-
-
-def _pad_time(x, before: int, after: int):
-  return jnp.pad(x, [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2))
-
-
-def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, *, block: int,
-                     softcap: float = 0.0):
-  """Memory-bounded attention, any scorer: queries in blocks of `block`, each block's softmax
-  accumulated online over key blocks (flash-attention style, in plain JAX), and each query
-  block rematerialised in the backward pass, so no [tq, tk] array exists, only
-  [block, block] ones. With a local window a query block reads only the keys within the
-  window of it: O(L·(block + 2w)) work and memory instead of O(L²). Fully masked rows give
-  0, as the reference does; no attention dropout, and no content bias (no block sees a
-  query's whole row of logits). The logits are capped (soft_cap) before the bias."""
-  del dropout, rngs
-  b, tq, h, d = q.shape
-  tk = k.shape[1]
-  if tq == 1 or (tq <= block and tk <= block):
-    return reference_kernel(q, k, v, mask, encoding, score, Dropout(0.0), None, softcap=softcap)
-  k, v = repeat_heads(k, h), repeat_heads(v, h)
-  local = mask.window is not None and tq == tk  # self-attention: keys at the queries' indices
-  q_pad = -tq % block
-  span = block + 2 * mask.window if local else block
-  k_before = mask.window if local else 0
-  k_after = (tq + q_pad + mask.window - tk) if local else -tk % block
-  q, k, v = _pad_time(q, 0, q_pad), _pad_time(k, k_before, k_after), _pad_time(v, k_before, k_after)
-  mask = dataclasses.replace(  # padding has segment 0: masked
-      mask, q_segments=_pad_time(mask.q_segments, 0, q_pad),
-      q_positions=_pad_time(mask.q_positions, 0, q_pad),
-      k_segments=_pad_time(mask.k_segments, k_before, k_after),
-      k_positions=_pad_time(mask.k_positions, k_before, k_after))
-  num_key_blocks = 1 if local else k.shape[1] // block
-
-  def key_block(carry, q_start, k_start, q_blk):
-    top, total, acc = carry  # running max [b,h,bq], normaliser [b,h,bq], output [b,h,bq,d]
-    m = mask.block(q_start, block, k_start, span)
-    k_blk = jax.lax.dynamic_slice_in_dim(k, k_start, span, axis=1)
-    v_blk = jax.lax.dynamic_slice_in_dim(v, k_start, span, axis=1)
-    visible = m.dense()
-    bias = encoding.bias(m.q_positions, m.k_positions)
-    logits = (soft_cap(score(q_blk, k_blk), softcap) + bias).astype(jnp.float32)
-    logits = jnp.where(visible, logits, -jnp.inf)
-    new_top = jnp.maximum(top, logits.max(-1))
-    safe_top = jnp.where(jnp.isfinite(new_top), new_top, 0.0)
-    p = jnp.where(visible, jnp.exp(logits - safe_top[..., None]), 0.0)
-    rescale = jnp.exp(jnp.where(jnp.isfinite(top), top - safe_top, -jnp.inf))
-    acc = acc * rescale[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), v_blk,
-                                                preferred_element_type=jnp.float32)
-    return new_top, total * rescale + p.sum(-1), acc
-
-  @jax.checkpoint
-  def query_block(q_start):
-    q_blk = jax.lax.dynamic_slice_in_dim(q, q_start, block, axis=1)
-    carry = (jnp.full((b, h, block), -jnp.inf, jnp.float32), jnp.zeros((b, h, block), jnp.float32),
-             jnp.zeros((b, h, block, d), jnp.float32))
-    if local:  # padded keys start `window` before the queries: this block's span
-      carry = key_block(carry, q_start, q_start, q_blk)
-    else:
-      step = jax.checkpoint(lambda c, j: (key_block(c, q_start, j * block, q_blk), None))
-      carry = jax.lax.scan(step, carry, jnp.arange(num_key_blocks))[0]
-    _, total, acc = carry
-    out = acc / jnp.where(total > 0, total, 1.0)[..., None]  # no visible key: 0
-    return jnp.swapaxes(out, 1, 2).astype(v.dtype)  # [b, block, h, d]
-
-  blocks = jax.lax.map(query_block, jnp.arange(0, tq + q_pad, block))  # [n, b, block, h, d]
-  return jnp.moveaxis(blocks, 0, 1).reshape(b, tq + q_pad, h, d)[:, :tq]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ dataclass its registry entry declares), `task` (the source's task section, None 
 source without one), `model` (model.config.ModelConfig with its attention and settings sections),
 `train`, `eval` and `mesh`. Parsing checks every value (types, ranges, names against their
 registries: ConfigErrors naming the field and what it allows) and moves the fields of older
-layouts to today's places (fields.migrate, from the fields' own `moved_from` declarations).
+layouts to today's places (migration.migrate, from the fields' own `moved_from` declarations).
 
 The dataclasses are the schema: `schema(source)` is the ConfigDict of every field with its
 default, the data and task sections those of a data source; a config file returns it (or
@@ -19,7 +19,7 @@ from typing import Any
 
 import ml_collections
 
-from transformer.core import fields, storage
+from transformer.core import fields, migration, storage
 from transformer.core.errors import ConfigError
 from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, check,
                                      check_ranges, dataclass_from, execution, identity_field)
@@ -201,12 +201,12 @@ def parse(config: ml_collections.ConfigDict | Mapping[str, Any], saved: bool = F
 
 
 def migrate(raw: dict[str, Any], saved: bool = False) -> dict[str, Any]:
-  """A whole config (nested dicts) of any older layout in today's (fields.migrate); a run's
+  """A whole config (nested dicts) of any older layout in today's (migration.migrate); a run's
   `saved` config also with the values that keep its meaning for fields added since
-  (fields.as_saved for the model's, DataSource.saved for the source's)."""
-  raw = fields.migrate(raw, ModelConfig, ("model",))
+  (migration.as_saved for the model's, DataSource.saved for the source's)."""
+  raw = migration.migrate(raw, ModelConfig, ("model",))
   if saved and isinstance(raw.get("model"), Mapping):
-    raw = {**raw, "model": fields.as_saved(ModelConfig, raw["model"])}
+    raw = {**raw, "model": migration.as_saved(ModelConfig, raw["model"])}
   data = raw.get("data")
   name = data.get("source") if saved and isinstance(data, Mapping) else None
   return SOURCES[name].saved(raw) if isinstance(name, str) and name in SOURCES else raw

@@ -22,7 +22,8 @@ from transformer.data import SourceArgs
 from transformer.data.base import DataSource
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, ModelFamily
-from transformer.model.kernel_choice import Target, kernel_choices, kernel_warnings
+from transformer.model.kernel_choice import Target
+from transformer.model.kernel_log import kernel_choices, kernel_warnings
 from transformer.model.positions import CausalOnly
 from transformer.run import optim, sharding, tracking
 from transformer.run.config import Config, EvalConfig, TrainConfig

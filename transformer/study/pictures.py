@@ -1,5 +1,6 @@
 """Pictures of a trained model: attention maps for given sentences and positional-encoding
-heatmaps, as PNG files (eval.py --sentence ... --plot_dir DIR).
+heatmaps (transformer/study/position_pictures.py), as PNG files (eval.py --sentence ...
+--plot_dir DIR).
 
 Attention maps come from a teacher-forced pass over (sentence, the model's greedy
 translation of it, or a sampled one: eval.py --temperature) in which every attention layer's
@@ -10,7 +11,6 @@ pictures.
 """
 
 import functools
-import io
 import logging
 import re
 import textwrap
@@ -27,13 +27,14 @@ from transformer.core.vocab import BOS_ID, EOS_ID
 from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.model.attention import MultiHeadAttention
-from transformer.model.kernels import attention_weights as formula_weights
-from transformer.model.kernels import repeat_heads
-from transformer.model.positions import PositionalEncoding
+from transformer.model.reference_attention import attention_weights as formula_weights
+from transformer.model.reference_attention import repeat_heads
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.model.stack import Stack
 from transformer.run.evaluation import Run, sentence_predictions
 from transformer.run.evaluator import Evaluator
+from transformer.study.figures import pyplot, save
+from transformer.study.position_pictures import draw_positions
 
 KINDS = {"encoder": "encoder self-attention", "decoder": "decoder self-attention",
          "cross": "decoder-encoder (cross) attention"}
@@ -111,9 +112,9 @@ def earlier_pictures(plot_dir: str) -> list[epath.Path]:
 
 def recording_kernel(layer: MultiHeadAttention):
   """A kernel for `layer` that computes the attention weights by the formula
-  (kernels.attention_weights: every seam of the encoding, whatever the run's kernel), sows
-  them on the layer as nnx.Intermediate `weights` [b, h, tq, tk] and returns their output,
-  the reference kernel's without dropout (pictures are deterministic)."""
+  (reference_attention.attention_weights: every seam of the encoding, whatever the run's
+  kernel), sows them on the layer as nnx.Intermediate `weights` [b, h, tq, tk] and returns
+  their output, the reference kernel's without dropout (pictures are deterministic)."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
@@ -202,66 +203,6 @@ def draw_self_attention(model, source, sentences: list[str], encoded: list[np.nd
   return paths
 
 
-def position_panels(encoding: PositionalEncoding, length: int, d_model: int,
-                    num_heads: int) -> list[tuple[str, np.ndarray]]:
-  """What an encoding does at each of its seams, over positions 0..length-1, as titled
-  [rows, columns] arrays; empty for the identity (`none`)."""
-  positions = jnp.arange(length, dtype=jnp.int32)[None]
-  panels = []
-  added = np.asarray(encoding.embed(jnp.zeros((1, length, d_model)), positions)[0])
-  if np.any(added):
-    panels += [("embed: vector added at position p [p, feature]", added),
-               ("cosine similarity of those vectors [p, p']", _cosine(added))]
-  head_dim = d_model // num_heads
-  ones = jnp.ones((1, length, 1, head_dim))
-  queries = np.asarray(encoding.rotate_queries(ones, positions)[0, :, 0])
-  keys = np.asarray(encoding.rotate_keys(ones, positions)[0, :, 0])
-  if not (np.allclose(queries, 1.0) and np.allclose(keys, 1.0)):
-    panels += [("rotate: a query of ones at p [p, feature]", queries),
-               ("⟨rot_q(1, p), rot_k(1, p')⟩ / d [p, p']", queries @ keys.T / head_dim)]
-  bias = np.asarray(jnp.broadcast_to(encoding.bias(positions, positions),
-                                     (1, num_heads, length, length))[0])
-  if np.any(bias):
-    panels += [(f"bias head {h} [query, key]", bias[h]) for h in range(num_heads)]
-  return panels
-
-
-def _cosine(x: np.ndarray) -> np.ndarray:
-  unit = x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
-  return unit @ unit.T
-
-
-def draw_positions(model, length: int, path: str) -> str | None:
-  """positions.png: each stack's position panels (encoder, decoder; under a layer-wise
-  pattern a row per entry); None for `none`."""
-  cfg = model.cfg
-  rows = [(name if len(stack.encodings()) == 1 else f"{name} {entry}",
-           position_panels(encoding, length, cfg.d_model, cfg.num_heads))
-          for name, stack in model.stacks().items()
-          for entry, encoding in stack.encodings().items()]
-  rows = [(name, panels) for name, panels in rows if panels]
-  if not rows:
-    return None
-  plt = pyplot()
-  columns = max(len(panels) for _, panels in rows)
-  fig, axes = plt.subplots(len(rows), columns, figsize=(3.6 * columns, 3.4 * len(rows)),
-                           squeeze=False)
-  for r, (name, panels) in enumerate(rows):
-    for c in range(columns):
-      ax = axes[r, c]
-      if c >= len(panels):
-        ax.axis("off")
-        continue
-      title, values = panels[c]
-      image = ax.imshow(values, aspect="auto", cmap="RdBu_r", interpolation="nearest")
-      fig.colorbar(image, ax=ax, fraction=0.046)
-      ax.set_title(f"{name} {title}", fontsize=7)
-  fig.suptitle(f"position '{cfg.position}', positions 0..{length - 1}")
-  fig.tight_layout()
-  save(fig, path, dpi=110)
-  return path
-
-
 def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: str,
           path: str, *, xlabel: str, ylabel: str) -> None:
   """maps: per layer [heads, tq, tk]; one image per (layer, head)."""
@@ -288,19 +229,3 @@ def _grid(maps: list[np.ndarray], queries: list[str], keys: list[str], title: st
                fontsize=8)
   fig.tight_layout()
   save(fig, path, dpi=110)
-
-
-def save(fig, path: str, **savefig_kwargs) -> None:
-  """Writes a matplotlib figure as PNG to `path` (local or a URL) and closes it."""
-  png = io.BytesIO()
-  fig.savefig(png, format="png", **savefig_kwargs)
-  pyplot().close(fig)
-  storage.write(path, png.getvalue())
-
-
-def pyplot():
-  """matplotlib.pyplot drawing to files (imported only by what draws)."""
-  import matplotlib  # noqa: PLC0415
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415
-  return plt

@@ -12,7 +12,7 @@ import numpy as np
 from transformer.core import storage
 from transformer.data.base import Grid
 from transformer.data.sources import SOURCES
-from transformer.study import pictures, stats
+from transformer.study import figures, stats
 
 _ANNOTATED = 12  # heatmaps up to this many rows and columns show their values
 
@@ -104,7 +104,7 @@ def plot(out_dir: str, finals: dict[str, list[dict]]) -> list[str]:
 
 
 def _plot_grid(path: str, grid: Grid, key: str, finals: dict[str, list[dict]]) -> None:
-  plt = pictures.pyplot()
+  plt = figures.pyplot()
   variants = [v for v, runs in finals.items() if any(values(runs, key))]
   n = len(variants) + 1  # a heatmap each, then the row means
   ncols = min(3, n)
@@ -156,4 +156,4 @@ def _plot_grid(path: str, grid: Grid, key: str, finals: dict[str, list[dict]]) -
   ax.set_xticks(ticks, labels, fontsize=7)
   ax.minorticks_off()
   ax.legend(fontsize=6)
-  pictures.save(fig, path, dpi=120, bbox_inches="tight")
+  figures.save(fig, path, dpi=120, bbox_inches="tight")

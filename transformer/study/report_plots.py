@@ -13,7 +13,7 @@ from etils import epath
 from transformer.core import storage
 from transformer.core.metrics import METRICS, Metric
 from transformer.run import workdir as workdir_lib
-from transformer.study import pictures, stats
+from transformer.study import figures, stats
 from transformer.study.results import grid
 from transformer.study.stats import CONFIDENCE
 
@@ -44,7 +44,7 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
   within the range `metrics` declares), and for language models perplexity.png and
   position_loss.png (plot_lengths); each only with curves of several points. Removes the
   PLOTS it does not write. Returns the names written."""
-  plt = pictures.pyplot()
+  plt = figures.pyplot()
   written = []
   means = {}
   for variant, dirs in workdirs.items():
@@ -60,7 +60,7 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
            title="Learning curves")
     ax.xaxis.get_major_locator().set_params(integer=True)  # steps, not 3.5
     ax.legend(fontsize=7)
-    pictures.save(fig, storage.join(out_dir, "curves.png"), dpi=120, bbox_inches="tight")
+    figures.save(fig, storage.join(out_dir, "curves.png"), dpi=120, bbox_inches="tight")
     written.append("curves.png")
 
   if main:
@@ -77,7 +77,7 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
     ax.set(ylabel=f"{name} ({'lower' if lower else 'higher'} is better)",
            title=f"Final held-out metric: mean (bar), seeds (dots), {CONFIDENCE:.0%} t interval "
            "(within the metric's range)")
-    pictures.save(fig, storage.join(out_dir, "final.png"), dpi=120, bbox_inches="tight")
+    figures.save(fig, storage.join(out_dir, "final.png"), dpi=120, bbox_inches="tight")
     written.append("final.png")
 
   curve = next((key for key in BY_LENGTH if len({length for runs in finals.values()
@@ -144,7 +144,7 @@ def plot_by_length(plt, out_dir, finals, key, train_length, metric: Metric = sta
            title=f"Length extrapolation{': ' + title if title else ''}",
            ylim=(-0.02, 1.02))  # a fraction: a wide interval (2 seeds) is clipped, not scaled
     ax.legend(fontsize=7)
-  pictures.save(fig, storage.join(out_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
+  figures.save(fig, storage.join(out_dir, "extrapolation.png"), dpi=120, bbox_inches="tight")
 
 
 def plot_lengths(plt, out_dir, finals, train_length) -> list[str]:
@@ -169,7 +169,7 @@ def plot_lengths(plt, out_dir, finals, train_length) -> list[str]:
     ax.set(xlabel="evaluation length (tokens)", ylabel="perplexity (mean over seeds)",
            xscale="log", yscale="log", title="Length extrapolation")
     ax.legend(fontsize=6, ncol=2)
-    pictures.save(fig, storage.join(out_dir, "perplexity.png"), dpi=120, bbox_inches="tight")
+    figures.save(fig, storage.join(out_dir, "perplexity.png"), dpi=120, bbox_inches="tight")
     written.append("perplexity.png")
 
   curves = {}
@@ -188,7 +188,7 @@ def plot_lengths(plt, out_dir, finals, train_length) -> list[str]:
     ax.set(xlabel="position in the window", ylabel="loss (nats, mean over seeds)",
            title="Loss by position, longest evaluation windows")
     ax.legend(fontsize=7)
-    pictures.save(fig, storage.join(out_dir, "position_loss.png"), dpi=120,
+    figures.save(fig, storage.join(out_dir, "position_loss.png"), dpi=120,
                   bbox_inches="tight")
     written.append("position_loss.png")
   return written

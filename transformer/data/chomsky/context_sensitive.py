@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from transformer.core.fields import changed
+from transformer.core.migration import changed
 from transformer.core.registry import lookup
 from transformer.data.chomsky.base import StringTask, Task, strings, uniform_int, up_to_termination
 from transformer.data.task import Answer

@@ -4,7 +4,8 @@ import dataclasses
 
 import numpy as np
 
-from transformer.core.fields import Range, changed, check_ranges
+from transformer.core.fields import Range, check_ranges
+from transformer.core.migration import changed
 from transformer.core.registry import lookup
 from transformer.data.chomsky.base import ModularTask, Task, strings
 

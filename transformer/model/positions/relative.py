@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, changed, check,
-                                     check_ranges)
+from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, check, check_ranges
+from transformer.core.migration import changed
 from transformer.model.layers import Dense
 from transformer.model.positions.base import BiasSpec, PositionalEncoding
 
