@@ -13,9 +13,9 @@ import pytest  # noqa: E402
 
 
 def _share_compilations() -> None:
-  """One JAX persistent compilation cache for the session's processes (this one, the CLI
-  forkserver's children, the multi-process tests' subprocesses: all inherit the
-  environment). Most tests compile the same tiny model; on the 2-core machine a tiny
+  """One JAX persistent compilation cache for the session's processes (this one, pytest-xdist's
+  workers, the CLI forkserver's children, the multi-process tests' subprocesses: all inherit
+  the environment). Most tests compile the same tiny model; on the 2-core machine a tiny
   train-and-evaluate takes 10.9 s cold and 2.6 s once the cache is warm. Fresh per session
   (nothing from another checkout is reused) and removed at exit; a cached executable is the
   one XLA would compile, so no result changes. JAX_COMPILATION_CACHE_DIR set by the caller

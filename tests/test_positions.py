@@ -141,7 +141,7 @@ def test_causal_only_encodings_are_refused_in_a_bidirectional_stack(name):
   from transformer.model.families import ARCHS, make_model  # noqa: PLC0415
   message = (f"position '{name}' is defined for causal self-attention only (decoder stacks; "
              "keys never after the query), and this model has a bidirectional (encoder) stack: "
-             "use model.arch=decoder or another position")
+             "use another position, or a decoder-only model (model.arch=decoder) on data it learns")
   make_positional_encoding(name, 8, 2, 16, causal=True, rngs=nnx.Rngs(0))
   with pytest.raises(ConfigError, match=re.escape(message)):
     make_positional_encoding(name, 8, 2, 16, causal=False, rngs=nnx.Rngs(0))

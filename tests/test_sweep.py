@@ -26,6 +26,7 @@ from transformer.study import report, report_plots, results, sweep, sweep_record
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SWEEP_CONFIG = """
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -152,6 +153,7 @@ def test_sweep_argument_is_checked():
 
 
 FAILING_SWEEP = """
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -320,6 +322,7 @@ def test_metric_order_and_curve_style():
 
 
 GRID = """
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
@@ -427,6 +430,7 @@ def test_what_a_record_completes_and_what_it_refuses(tmp_path, monkeypatch):
 
 
 NARROWED = """
+from tests.support import make_tiny_config
 from transformer.study.sweep import axis, product
 
 def get_config():
