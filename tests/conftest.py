@@ -45,6 +45,11 @@ def _offline_hugging_face() -> None:
 
 _offline_hugging_face()
 
+# On a GPU the suite's processes (pytest-xdist's workers, the CLIs' subprocesses) share one
+# device: each allocates what it uses instead of JAX's default 75% of the device's memory,
+# which the second process would not find. The caller's setting is kept.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 from tests.support import make_tiny_config  # noqa: E402 - after the environment is set
 
 
