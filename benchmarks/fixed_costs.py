@@ -150,7 +150,7 @@ def report() -> None:
         runs = pieces(start, lines) if what == "sweep" else [(what, start, lines)]
         for name, begun, own in runs:
           row = phases(begun, own)
-          total = (own[-1][0] - begun) if what == "quickstart" else float("nan")
+          total = own[-1][0] - begun  # a sweep's run: to its last line (the sweep: below)
           print(f"{name:<22}{cache_pass:<7}" + "".join(
               f"{value:{w}.1f}" for value, w in zip([*row.values(), total], (14, 10, 12, 9)))
               + f"{load:7.2f}")
