@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.support import TINY_MODEL, family_batch, listops_config, make_tiny_config
+from tests.support import (ROOT, TINY_MODEL, eight_devices, family_batch, listops_config,
+                           make_tiny_config, train_losses)
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import macro_f1
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
@@ -386,21 +387,15 @@ train_and_evaluate(parse(listops_config(**json.loads(sys.argv[2]))), sys.argv[1]
 
 
 def test_sharded_encoder_run_matches_one_device(tmp_path):
-  import os  # noqa: E401, PLC0415
-  import subprocess
-  import sys
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
   single, sharded = str(tmp_path / "single"), str(tmp_path / "sharded")
   training.train_and_evaluate(parse(listops_config()), single)
   mesh = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2, "model.scan_layers": True}
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-         "JAX_PLATFORMS": "cpu"}
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded, json.dumps(mesh)], cwd=root,
-                        env=env, capture_output=True, text=True, timeout=600)
+  proc = subprocess.run([sys.executable, "-c", SHARDED_RUN, sharded, json.dumps(mesh)], cwd=ROOT,
+                        env=eight_devices(), capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  losses = lambda w: [r["loss"] for r in map(json.loads, open(f"{w}/metrics.jsonl"))  # noqa: E731
-                      if r["split"] == "train"]
-  np.testing.assert_allclose(losses(sharded), losses(single), rtol=1e-5)
+  np.testing.assert_allclose(train_losses(sharded), train_losses(single), rtol=1e-5)
 
 
 def test_lra_sized_listops_config_builds():
