@@ -14,7 +14,7 @@ from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
-from tests.support import make_tiny_config
+from tests.support import ROOT, make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.model.families import EncoderDecoder
 from transformer.model.positions import ALiBi, PositionSettings, T5Bias, make_positional_encoding
@@ -23,8 +23,6 @@ from transformer.run import config as config_lib
 from transformer.run import experiment, workdir
 from transformer.run.config import parse
 from transformer.study import sweep
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _model_config(config):

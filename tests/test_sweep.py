@@ -16,14 +16,13 @@ import numpy as np
 import pytest
 
 from tests.clirun import CliRunner
-from tests.support import fake_run, make_tiny_config
+from tests.support import ROOT, fake_run, make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.data.sources import SOURCES
 from transformer.run.evaluator import PER_EXAMPLE
 from transformer.run.state import read_failure, run_state
 from transformer.study import report, report_plots, results, sweep, sweep_record, sweep_workers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SWEEP_CONFIG = """
 from tests.support import make_tiny_config
