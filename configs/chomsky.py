@@ -12,7 +12,7 @@ longer ones, score the accuracy per test length averaged over the lengths.
 
 The model is the papers' (DeepMind's code): an encoder of 5 post-LN layers, d_model 64,
 8 heads, feed-forward 256, dropout 0.1, reading the input followed by one answer slot per
-output symbol (data/algorithmic.py); Adam at a constant rate; one training length per
+output symbol (data/tasks/algorithmic.py); Adam at a constant rate; one training length per
 batch (task.train_lengths). Randomized positions are drawn as Ruoss et al.'s code draws them
 (model.random_positions_draw=per_batch: per batch, per layer, relative encodings at sampled
 offsets, evaluation afresh per batch) from [0, 2048) (their noise_max_length); ALiBi has
@@ -26,7 +26,7 @@ seeds. The remaining differences from the papers' protocol are listed in docs/ta
 """
 
 from configs import default
-from transformer.data.chomsky import TASKS
+from transformer.data.tasks.chomsky import TASKS
 from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
 

@@ -40,7 +40,7 @@ def get_config(arg: str = ""):
   config.train.update(batch_size=32, num_steps=800, learning_rate=1.0, warmup_steps=200,
                       label_smoothing=0.0, eval_every=0, log_every=100, loss_chunks=4)
   config.eval.update(num_examples=16, batch_size=32)
-  # passkey retrieval at each length: 10 keys × 5 depths (transformer/data/passkey.py)
+  # passkey retrieval at each length: 10 keys × 5 depths (transformer/data/lm/passkey.py)
   config.data.passkey.examples = 10
   return config
 

@@ -11,8 +11,8 @@ import numpy as np
 from flax import nnx
 
 from transformer.core.errors import ConfigError
-from transformer.model.kernel_choice import Needs, check
-from transformer.model.kernels import KERNELS
+from transformer.model.kernels.choice import Needs, check
+from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionSettings, make_positional_encoding

@@ -77,7 +77,7 @@ def passkey_lm_config(directory, **passkey_fields) -> dict:
   """A tiny language model (a raw config dict: config.parse makes it typed) trained 2 steps
   at L = 64, evaluated at 64 and 128, on a corpus written into `directory` whose vocabulary
   writes the passkey prompt's words whole; data.passkey is `passkey_fields`."""
-  from transformer.data import passkey  # noqa: PLC0415 - support stays light to import
+  from transformer.data.lm import passkey  # noqa: PLC0415 - support stays light to import
 
   corpus = [passkey.FILLER, passkey.HEAD + " 12345", passkey.REMEMBER, passkey.TAIL,
             passkey.QUESTION + " 4096"]

@@ -1,4 +1,4 @@
-"""data.source "algorithmic" (data/algorithmic.py) and the tasks of data/chomsky (every
+"""data.source "algorithmic" (data/tasks/algorithmic.py) and the tasks of data/chomsky (every
 task's shapes, ranges and determinism: tests/test_tasks.py): the six tasks of the CPU
 protocol against direct references and their papers' examples; the row layout, the splits
 and the per-length accuracy against a direct computation; and configs/chomsky.py end to end
@@ -16,11 +16,11 @@ from configs import chomsky
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs, Targets
-from transformer.data.algorithmic import AlgorithmicData, AlgorithmicSource, length_accuracy
+from transformer.data.tasks.algorithmic import AlgorithmicData, AlgorithmicSource, length_accuracy
 from transformer.data.base import Split
-from transformer.data.casts import CASTS
-from transformer.data.chomsky import TASKS as PAPERS_TASKS
-from transformer.data.chomsky.base import up_to_termination
+from transformer.data.tasks.casts import CASTS
+from transformer.data.tasks.chomsky import TASKS as PAPERS_TASKS
+from transformer.data.tasks.chomsky.base import up_to_termination
 from transformer.model.families import ARCHS
 from transformer.run import optim
 from transformer.run import workdir as workdir_lib

@@ -12,8 +12,8 @@ from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
-from transformer.model.kernels import KERNELS
-from transformer.model.reference_attention import attention_weights, reference_kernel
+from transformer.model.kernels.registry import KERNELS
+from transformer.model.kernels.reference import attention_weights, reference_kernel
 from transformer.model.masks import (WINDOWS, Mask, causal_mask, local_window, masked_softmax,
                                      segment_mask)
 from transformer.model.positions import (ALiBi, PositionalEncoding)

@@ -19,7 +19,7 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import EncoderDecoder, make_model
-from transformer.model.reference_attention import attention_weights, soft_cap
+from transformer.model.kernels.reference import attention_weights, soft_cap
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionalEncoding, make_positional_encoding
 from transformer.model.qk_norm import EPSILON

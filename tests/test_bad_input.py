@@ -12,9 +12,9 @@ import pytest
 from tests.clirun import ROOT, CliRunner
 from tests.support import TINY_FLAGS, fake_run, write_evaluation, write_lm_config
 from transformer.data.sources import SOURCES
-from transformer.data.synthetic import TASKS as SYNTHETIC_TASKS
+from transformer.data.tasks.synthetic import TASKS as SYNTHETIC_TASKS
 from transformer.model.feedforward import FFNS
-from transformer.model.kernels import KERNELS
+from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import NORMS
 from transformer.model.masks import WINDOWS
 from transformer.model.positions import POSITIONS

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from transformer.core.errors import ConfigError
-from transformer.data.chomsky import TASKS
-from transformer.data.chomsky.base import uniform_int
-from transformer.data.chomsky.context_free import (ModularArithmeticBrackets, SolveEquation,
+from transformer.data.tasks.chomsky import TASKS
+from transformer.data.tasks.chomsky.base import uniform_int
+from transformer.data.tasks.chomsky.context_free import (ModularArithmeticBrackets, SolveEquation,
                                                    StackManipulation, bracket_expression)
-from transformer.data.chomsky.context_sensitive import BinaryMultiplication, ComputeSqrt, OddsFirst
+from transformer.data.tasks.chomsky.context_sensitive import BinaryMultiplication, ComputeSqrt, OddsFirst
 
 NAMES = ("stack_manipulation", "modular_arithmetic_brackets", "solve_equation",
          "binary_multiplication", "compute_sqrt")

@@ -1,4 +1,4 @@
-"""The regular tasks of Delétang et al. 2023 (data/chomsky/regular.py): the papers' and
+"""The regular tasks of Delétang et al. 2023 (data/tasks/chomsky/regular.py): the papers' and
 DeepMind's examples through a direct computation of each answer, and every sampled example
 (lengths 1, 2, 3, … 100) checked against that computation; modular_arithmetic's inputs as
 DeepMind's code draws them (an even length n: an expression of n − 1 symbols) and, for runs
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer.core.errors import ConfigError
-from transformer.data.chomsky import TASKS, regular
+from transformer.data.tasks.chomsky import TASKS, regular
 
 # ----------------------------------------------------------------- reference answers
 

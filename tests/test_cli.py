@@ -210,7 +210,7 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   fields and the ranges of numeric ones, as the registries and checks say."""
   from configs import listops  # noqa: PLC0415
   from transformer.core import fields  # noqa: PLC0415
-  from transformer.data.labelled import TASKS  # noqa: PLC0415
+  from transformer.data.tasks.labelled import TASKS  # noqa: PLC0415
   from transformer.data.sources import SOURCES  # noqa: PLC0415
   from transformer.model.families import ARCHS  # noqa: PLC0415
   from transformer.model.positions import POSITIONS  # noqa: PLC0415

@@ -13,7 +13,7 @@ from flax import nnx
 
 from transformer.core import fields
 from transformer.core.errors import ConfigError
-from transformer.data import algorithmic
+from transformer.data.tasks import algorithmic
 from transformer.data.base import SourceSection
 from transformer.data.sources import SOURCES
 from transformer.model.config import ModelConfig

@@ -18,7 +18,7 @@ from tests.support import TINY_MODEL, make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.reference_attention import reference_kernel
+from transformer.model.kernels.reference import reference_kernel
 from transformer.model.masks import Mask
 from transformer.model.positions import CoPE, PositionSettings, make_positional_encoding
 from transformer.model.scores import ScaledDot

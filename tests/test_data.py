@@ -9,7 +9,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs
 from transformer.data.base import SourceSection
-from transformer.data.synthetic import TASKS, SyntheticSource
+from transformer.data.tasks.synthetic import TASKS, SyntheticSource
 
 
 def _strip(row):

@@ -1,4 +1,4 @@
-"""The decoder cast of the generated tasks (data/casts.py DecoderAnswer, data.cast=decoder):
+"""The decoder cast of the generated tasks (data/tasks/casts.py DecoderAnswer, data.cast=decoder):
 its rows against a hand-built example; evaluation's greedy, KV-cached answers against oracle
 models (right: every metric 1.0; wrong at one answer symbol: the error cascades through the
 generated answer as it must, not under teacher forcing); a cast that does not fit the arch
@@ -18,9 +18,9 @@ from tests.support import chomsky_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import NUM_RESERVED
 from transformer.data import Targets
-from transformer.data.algorithmic import TASKS
-from transformer.data.casts import CASTS
-from transformer.data.task import Instance
+from transformer.data.tasks.algorithmic import TASKS
+from transformer.data.tasks.casts import CASTS
+from transformer.data.tasks.problem import Instance
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment
 from transformer.run.config import parse, replace

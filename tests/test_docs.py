@@ -166,7 +166,7 @@ def test_readme_is_short():
 
 def tour_names(text: str) -> set[str]:
   """The paths that the first column of the README's "Tour of the wings" table names: a
-  name not from the root (`parallel_text.py`, `chomsky/`) is in the folder of the last one
+  name not from the root (`translation/text.py`, `chomsky/`) is in the folder of the last one
   from the root before it in its cell."""
   section = text.split("## Tour of the wings", 1)[1].split("\n## ", 1)[0]
   named = set()
@@ -183,9 +183,9 @@ def tour_names(text: str) -> set[str]:
 
 def test_the_tour_names_every_module():
   """Every module of transformer/ and every config file (less __init__.py) is in the README's
-  tour, itself or its folder (`transformer/data/chomsky/`), and every name there exists."""
+  tour, itself or its folder (`transformer/data/tasks/chomsky/`), and every name there exists."""
   named = tour_names((ROOT_PATH / "README.md").read_text(encoding="utf-8"))
-  assert {"transformer/data/passkey.py", "transformer/data/chomsky"} <= named, "tour not parsed"
+  assert {"transformer/data/lm/passkey.py", "transformer/data/tasks/chomsky"} <= named, "tour not parsed"
   missing = sorted(name for name in named if not (ROOT_PATH / name).exists())
   assert not missing, f"README.md's tour of the wings names what does not exist: {missing}"
   modules = sorted(str(p.relative_to(ROOT_PATH)) for pattern in ("transformer/**/*.py",

@@ -11,7 +11,8 @@ import pytest
 
 from configs import multi30k
 from transformer.core.errors import ConfigError
-from transformer.data import encoded, translation
+from transformer.data import encoded
+from transformer.data.translation import base as translation
 from transformer.data.encoded_corpus import EncodedCorpus
 from transformer.data.pipeline import permute
 from transformer.data.tokenizer import sample

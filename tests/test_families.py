@@ -16,10 +16,13 @@ from tests.support import (ROOT, TINY_MODEL, eight_devices, family_batch, listop
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import macro_f1
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
-from transformer.data import SourceArgs, Targets, corpora, listops, lm
+from transformer.data import SourceArgs, Targets
+from transformer.data.lm import corpora
+from transformer.data.lm import source as lm
+from transformer.data.tasks import listops
 from transformer.data.base import SourceSection
-from transformer.data.casts import label_batch
-from transformer.data.labelled import LabelledSource
+from transformer.data.tasks.casts import label_batch
+from transformer.data.tasks.labelled import LabelledSource
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate, greedy_decode

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from transformer.model.kernels import KERNELS, equal_head_dims
-from transformer.model.reference_attention import reference_kernel
+from transformer.model.kernels.registry import KERNELS, equal_head_dims
+from transformer.model.kernels.reference import reference_kernel
 from transformer.model.masks import Mask
 from transformer.model.positions import make_positional_encoding
 from transformer.model.scores import Gaussian

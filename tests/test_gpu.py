@@ -11,8 +11,8 @@ from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
-from transformer.model.kernels import KERNELS
-from transformer.model.reference_attention import reference_kernel
+from transformer.model.kernels.registry import KERNELS
+from transformer.model.kernels.reference import reference_kernel
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionalEncoding, make_positional_encoding
 from transformer.model.scores import Gaussian, ScaledDot

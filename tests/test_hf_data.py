@@ -19,8 +19,8 @@ from tests.support import make_tiny_config  # noqa: E402
 from transformer.core import fields
 from transformer.core.errors import ConfigError  # noqa: E402
 from transformer.data import encoded, hf_datasets  # noqa: E402
-from transformer.data.hf import HfData  # noqa: E402
-from transformer.data.lm import LMData  # noqa: E402
+from transformer.data.translation.hf import HfData  # noqa: E402
+from transformer.data.lm.source import LMData  # noqa: E402
 from transformer.run import config as config_lib  # noqa: E402
 from transformer.run import experiment
 from transformer.run.config import parse  # noqa: E402

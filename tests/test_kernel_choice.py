@@ -1,7 +1,7 @@
-"""Kernel choice (transformer/model/kernel_choice.py): a layer's Needs from its parts; each
+"""Kernel choice (transformer/model/kernels/choice.py): a layer's Needs from its parts; each
 kernel refused exactly what it does not declare; `auto` per layer, the first kernel of the
 backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log (kernel_log.py), one line per distinct choice.
+training and replaced in evaluation; the log (transformer/model/kernels/log.py), one line per distinct choice.
 The kernels' values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
@@ -17,20 +17,20 @@ from flax import nnx
 
 from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
-from transformer.model import kernels
+from transformer.model.kernels import registry as kernels
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.kernel_choice import (AUTO, AUTO_ORDER, KernelChoice, Needs, Target,
+from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Needs, Target,
                                              check, choose, offered)
-from transformer.model.kernel_log import kernel_choices, kernel_warnings
-from transformer.model.kernels import KERNELS, Kernel
+from transformer.model.kernels.log import kernel_choices, kernel_warnings
+from transformer.model.kernels.registry import KERNELS, Kernel
 from transformer.model.layers import Dropout
-from transformer.model.log_once import log_once
+from transformer.model.kernels.log_once import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets
-from transformer.model.reference_attention import reference_kernel
+from transformer.model.kernels.reference import reference_kernel
 from transformer.model.scores import SCORES, make_score
 from transformer.run import experiment
 from transformer.run.config import parse

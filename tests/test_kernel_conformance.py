@@ -35,8 +35,8 @@ from flax import nnx
 from tests.kernel_cases import BLOCK, DTYPES, H, MASKS, SAMPLED, Case, case_inputs, cases
 from tests.kernel_cases import runs_here
 from tests.support import ROOT, eight_devices
-from transformer.model.kernels import KERNELS
-from transformer.model.reference_attention import reference_kernel
+from transformer.model.kernels.registry import KERNELS
+from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.scores import SCORES
 

@@ -2,7 +2,7 @@
 `cuda` and `tpu` (jax.jit(f).trace(*args).lower(lowering_platforms=(p,))), from abstract
 shapes, without the hardware.
 
-- The Pallas flash attention (transformer/model/pallas_attention.py), its gradient (the
+- The Pallas flash attention (transformer/model/kernels/pallas/attention.py), its gradient (the
   forward kernel and both backward ones) with no bias and every encoding's BiasSpec ×
   {causal, bidirectional, local window}, the forward alone with each causal, and head dims
   from 8 to 256, lowers to compiled Pallas calls (Triton's `__gpu$xla.gpu.triton` custom
@@ -57,9 +57,9 @@ from transformer.core.metrics import token_metrics
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, make_model
-from transformer.model.kernel_choice import KernelChoice, Needs, Target, check
-from transformer.model.kernels import KERNELS
-from transformer.model.pallas_attention import flash_attention
+from transformer.model.kernels.choice import KernelChoice, Needs, Target, check
+from transformer.model.kernels.registry import KERNELS
+from transformer.model.kernels.pallas.attention import flash_attention
 from transformer.model.positions import POSITIONS, PositionSettings
 from transformer.model.positions.relative import Fire, T5Bias
 from transformer.run import step as step_lib

@@ -1,4 +1,4 @@
-"""The Pallas flash-attention kernel (transformer/model/pallas_attention.py; Pallas' interpret mode
+"""The Pallas flash-attention kernel (transformer/model/kernels/pallas/attention.py; Pallas' interpret mode
 on the CPU) against the reference kernel: outputs and gradients (of q, k, v, the scorers'
 parameters and the bias encodings' parameters) for every dot-product scorer × every
 bias-declaring encoding (and rotary, which biases nothing) × {causal, bidirectional, local
@@ -32,12 +32,12 @@ from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.kernels import KERNELS
-from transformer.model.reference_attention import reference_kernel
+from transformer.model.kernels.registry import KERNELS
+from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
-from transformer.model.pallas_attention import flash_attention
-from transformer.model.pallas_layouts import LAYOUTS
+from transformer.model.kernels.pallas.attention import flash_attention
+from transformer.model.kernels.pallas.layouts import LAYOUTS
 from transformer.model.positions import POSITIONS, Fire, T5Bias
 from transformer.model.positions.base import spec_bias
 from transformer.model.scores import SCORES, Dot, make_score

@@ -1,4 +1,4 @@
-"""Passkey rows in a language model's training batches (data/passkey_mix.py,
+"""Passkey rows in a language model's training batches (data/lm/passkey_mix.py,
 data.passkey.train_fraction): none at the default, the batches then bit for bit the windows
 of (seed, 0, i); the expected share of passkey rows, each the prompt at L of a training key;
 training keys and evaluation keys disjoint; a batch a pure function of its step (resume
@@ -16,8 +16,9 @@ from tests.support import passkey_lm_config
 from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import BOS_ID
-from transformer.data import SourceArgs, passkey, passkey_mix
-from transformer.data.lm import LanguageModelSource, window_batch
+from transformer.data import SourceArgs
+from transformer.data.lm import passkey, passkey_mix
+from transformer.data.lm.source import LanguageModelSource, window_batch
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
 from transformer.run.training import train_and_evaluate

@@ -154,7 +154,7 @@ def _labelled(task, pooling):
 
 def _lm(corpus):
   """The LM source's own example corpus, at one evaluation length."""
-  from transformer.data.lm import LanguageModelSource  # noqa: PLC0415
+  from transformer.data.lm.source import LanguageModelSource  # noqa: PLC0415
 
   config = make_tiny_config()
   config.data = {**LanguageModelSource.example(str(corpus)).sections["data"], "max_factor": 1}

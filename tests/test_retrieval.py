@@ -1,5 +1,5 @@
-"""Retrieval evaluations of the decoder-only family: passkey retrieval (data/passkey.py, the
-LM source's lenW_passkey splits) and MQAR (data/mqar.py, a data source). The generators
+"""Retrieval evaluations of the decoder-only family: passkey retrieval (data/lm/passkey.py, the
+LM source's lenW_passkey splits) and MQAR (data/lm/mqar.py, a data source). The generators
 against direct computations; metrics that score a model given the answer 1.0 and a random
 one near chance; greedy retrieval from one teacher-forced pass = KV-cached greedy decoding;
 a tiny model trained and evaluated end to end, its metrics in the report's table, grid and
@@ -18,9 +18,10 @@ from tests.support import make_tiny_config, passkey_lm_config
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
-from transformer.data import SourceArgs, mqar, passkey
+from transformer.data import SourceArgs
+from transformer.data.lm import mqar, passkey
 from transformer.data.base import Split
-from transformer.data.mqar import MQARData, MQARSource
+from transformer.data.lm.mqar import MQARData, MQARSource
 from transformer.model.decoding import generate
 from transformer.run import config as config_lib
 from transformer.run import evaluation

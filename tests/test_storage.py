@@ -13,7 +13,7 @@ from etils import epath
 
 from tests.support import fake_bucket, make_tiny_config
 from transformer.core import storage
-from transformer.data import text
+from transformer.data import text_files
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 from transformer.run import lock
 from transformer.run import workdir as workdir_lib
@@ -48,7 +48,7 @@ def test_a_bucket_workdir_round_trips_config_metrics_lock_and_tokenizer(tmp_path
     assert not (bucket / lock.LOCK_FILE).exists()
     corpus = storage.join("gs://bucket/corpus", "train.en.gz")
     storage.write(corpus, gzip.compress("a b\nc d\n".encode()))
-    assert text.read_lines(corpus) == ["a b", "c d"]
+    assert text_files.read_lines(corpus) == ["a b", "c d"]
   # Everything landed in the bucket's folder, nothing in the working directory.
   assert json.loads((bucket / "config.json").read_text())["seed"] == 3
   assert len((bucket / "metrics.jsonl").read_text().splitlines()) == 2

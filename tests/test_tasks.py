@@ -1,4 +1,4 @@
-"""Conformance of every generated task (data/tasks.py TASKS) under every source that draws it
+"""Conformance of every generated task (data/tasks/registry.py TASKS) under every source that draws it
 (each source's splits rule: its task.name registry) and every cast that presents it: instances
 a pure function of (seed, split, index); symbols, lengths and tokens within what the task and
 the cast declare; held-out inputs never in training where the rule holds some out; rows that
@@ -10,11 +10,11 @@ import pytest
 
 from transformer.core.errors import ConfigError
 from transformer.data import Targets
-from transformer.data.casts import CASTS
-from transformer.data.generated import GeneratedSource
+from transformer.data.tasks.casts import CASTS
+from transformer.data.tasks.generated import GeneratedSource
 from transformer.data.sources import SOURCES
-from transformer.data.task import Answer
-from transformer.data.tasks import TASKS
+from transformer.data.tasks.problem import Answer
+from transformer.data.tasks.registry import TASKS
 from transformer.model.families import ARCHS
 
 GENERATED = {name: source for name, source in SOURCES.items()

@@ -9,7 +9,7 @@ import pytest
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import BOS_ID, EOS_ID, PAD_ID
 from transformer.data.pipeline import PackedStream
-from transformer.data.text import read_parallel
+from transformer.data.text_files import read_parallel
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
@@ -175,7 +175,7 @@ def test_lm_token_bound_holds_for_any_tokenizer(tmp_path):
   of spaces, empty lines and characters the tokenizer never saw."""
   import sentencepiece as spm  # noqa: PLC0415
 
-  from transformer.data.lm import encode_documents, max_tokens  # noqa: PLC0415
+  from transformer.data.lm.source import encode_documents, max_tokens  # noqa: PLC0415
   from transformer.data.tokenizer import train_model  # noqa: PLC0415
 
   documents = ["def f(x):\n    return x\n\n", "ﬁne ﬂow ﬀ ① ㎏ ﷺ", "e\u0301 a\u0308 İstanbul ß",

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import check
-from transformer.data import encoded, text
+from transformer.data import encoded, text_files
 
 LOCAL_BUILDERS = ("arrow", "csv", "json", "parquet")
 LOCAL_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # files: split names
@@ -69,7 +69,7 @@ def is_local(data) -> bool:
 
 def describe(data, split: str) -> str:
   if is_local(data):
-    files = text.split_files(data, split)
+    files = text_files.split_files(data, split)
     named = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     return (f"the {data.hf_path} files data.{split}_files={getattr(data, f'{split}_files')!r}"
             f" ({named})")
@@ -84,7 +84,7 @@ def load(data, split: str, what: str):
   datasets = _datasets(what)
   if is_local(data):
     name = LOCAL_SPLITS[split]
-    kwargs = dict(path=data.hf_path, data_files={name: text.split_files(data, split)}, split=name)
+    kwargs = dict(path=data.hf_path, data_files={name: text_files.split_files(data, split)}, split=name)
   else:
     kwargs = dict(path=data.hf_path, name=data.hf_name or None, split=getattr(
         data, f"{split}_split"), revision=data.hf_revision or None)
@@ -204,7 +204,7 @@ def identity(data, split: str, columns: list[str], what: str) -> dict:
   out = {"hf_path": data.hf_path, "columns": list(columns)}
   if is_local(data):
     return out | {"split": split, "files": [encoded.file_identity(f)
-                                            for f in text.split_files(data, split)]}
+                                            for f in text_files.split_files(data, split)]}
   try:
     builder = _datasets(what).load_dataset_builder(
         data.hf_path, data.hf_name or None, revision=data.hf_revision or None,

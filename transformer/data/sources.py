@@ -1,15 +1,10 @@
 """The data-source registry: `config.data.source` names one of SOURCES. Every entry meets
 data.base.DataSource; tests/test_sources.py checks each against it."""
 
-from transformer.data.algorithmic import AlgorithmicSource
 from transformer.data.base import DataSource
-from transformer.data.hf import HfSource
-from transformer.data.labelled import LabelledSource
-from transformer.data.lm import LanguageModelSource
-from transformer.data.mqar import MQARSource
-from transformer.data.parallel_text import ParallelTextSource
-from transformer.data.synthetic import SyntheticSource
-from transformer.data.tfds_translation import TfdsSource
+from transformer.data.lm import LanguageModelSource, MQARSource
+from transformer.data.tasks import AlgorithmicSource, LabelledSource, SyntheticSource
+from transformer.data.translation import HfSource, ParallelTextSource, TfdsSource
 
 SOURCES: dict[str, type[DataSource]] = {
     "synthetic": SyntheticSource,  # a generated task over held-out strings, seq2seq

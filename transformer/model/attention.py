@@ -2,7 +2,7 @@
 
 The layer's parts come from their registries, chosen once here: the scorer
 (transformer/model/scores.py), the kernel computing softmax(score + bias)·V
-(transformer/model/kernels.py), the norm of each head's queries and keys (transformer/model/qk_norm.py);
+(transformer/model/kernels/registry.py), the norm of each head's queries and keys (transformer/model/qk_norm.py);
 masks (transformer/model/masks.py) and the positional encoding are
 handed to each call, and the layer hands the encoding on to the kernel, which calls its
 logit seams. With num_kv_heads < num_heads (grouped-query attention; 1: multi-query) the
@@ -20,7 +20,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
-from transformer.model.kernel_choice import Needs, Target, check_kernel_name, choose
+from transformer.model.kernels import Needs, Target, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.positions import PositionalEncoding
@@ -37,7 +37,7 @@ class AttentionConfig:
   window_size: int = 16  # `local`: each query sees keys within ±window_size positions
   dropout: float = 0.0  # on the attention weights
   # a key of KERNELS, how softmax(score + bias)·V is computed, or "auto": per layer the
-  # fastest that can (transformer/model/kernel_choice.py)
+  # fastest that can (transformer/model/kernels/choice.py)
   kernel: str = execution("auto")
   block_size: int = execution(512)  # `blockwise`: queries and keys per block
   qk_norm: str = "none"  # a key of QK_NORMS: none | rmsnorm | layernorm, per head
@@ -92,7 +92,7 @@ class MultiHeadAttention(nnx.Module):
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
-    self.needs = Needs.of(  # what it asks of its kernel (kernel_choice.py)
+    self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
         self.score, encoding or PositionalEncoding(), score=cfg.score, dropout=cfg.dropout,
         softcap=cfg.logit_softcap, position=position,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,

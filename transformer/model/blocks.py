@@ -15,7 +15,7 @@ from transformer.core.registry import lookup
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig, compute_dtype
 from transformer.model.feedforward import FFNS
-from transformer.model.kernel_choice import Target
+from transformer.model.kernels import Target
 from transformer.model.positions import PositionalEncoding
 from transformer.model.residual import RESIDUALS, PostNorm
 

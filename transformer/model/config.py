@@ -17,7 +17,7 @@ from transformer.model.layers import NORMS
 from transformer.model.masks import WINDOWS
 from transformer.model.pooling import POOLINGS
 from transformer.model.positions import PositionSettings, check_position
-from transformer.model.positions.randomized import DRAWS
+from transformer.model.positions import DRAWS
 from transformer.model.residual import RESIDUALS
 
 

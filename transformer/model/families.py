@@ -27,7 +27,7 @@ from transformer.model.blocks import NO_POSITION, CausalLayer, DecoderLayer, Enc
 from transformer.model.config import ModelConfig, compute_dtype
 from transformer.model.embeddings import (Embeddings, default_positions, default_segments,
                                           inputs_mask)
-from transformer.model.kernel_choice import Target
+from transformer.model.kernels import Target
 from transformer.model.layers import Dense
 from transformer.model.masks import Mask
 from transformer.model.pooling import pool_segments

@@ -14,11 +14,11 @@ from transformer.core.registry import lookup
 from transformer.model import layer_pattern
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig, compute_dtype
-from transformer.model.kernel_choice import Target
+from transformer.model.kernels import Target
 from transformer.model.layers import Dropout
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.positions import PositionalEncoding, make_positional_encoding
-from transformer.model.positions.randomized import DRAWS
+from transformer.model.positions import DRAWS
 from transformer.model.residual import RESIDUALS, make_norm
 
 

@@ -2,7 +2,7 @@
 family, optimizer, mesh — and checks the constraints between sections: the family learns
 what the source's batches hold, the batch splits over the mesh, the positional encoding
 covers the longest sequences; each attention layer's kernel is chosen for this backend and
-mesh (transformer/model/kernel_choice.py). The model is traced once abstractly, which runs
+mesh (transformer/model/kernels/choice.py). The model is traced once abstractly, which runs
 its constructors' checks. Nothing is written.
 """
 
@@ -22,8 +22,7 @@ from transformer.data import SourceArgs
 from transformer.data.base import DataSource
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, ModelFamily
-from transformer.model.kernel_choice import Target
-from transformer.model.kernel_log import kernel_choices, kernel_warnings
+from transformer.model.kernels import Target, kernel_choices, kernel_warnings
 from transformer.model.positions import CausalOnly
 from transformer.run import optim, sharding, tracking
 from transformer.run.config import Config, EvalConfig, TrainConfig
@@ -64,7 +63,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
   """Checks `cfg` (module docstring) and returns its parts; writes nothing. `evaluating`: the
   run is evaluated here, not trained, so the execution choices of its training need not
   hold on this machine: the mesh is every device on `data`, a kernel refused or emulated
-  here is replaced (kernel_choice.py), and its trackers (W&B) need not be installed.
+  here is replaced (transformer/model/kernels/choice.py), and its trackers (W&B) need not be installed.
   `announce`: log the attention kernels chosen, once per distinct choice (off for a sweep
   that only checks its runs)."""
   source = make_source(cfg, workdir)

@@ -27,8 +27,8 @@ from transformer.core.vocab import BOS_ID, EOS_ID
 from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.model.attention import MultiHeadAttention
-from transformer.model.reference_attention import attention_weights as formula_weights
-from transformer.model.reference_attention import repeat_heads
+from transformer.model.kernels import attention_weights as formula_weights
+from transformer.model.kernels import repeat_heads
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.model.stack import Stack
 from transformer.run.evaluation import Run, sentence_predictions

@@ -12,7 +12,7 @@ An encoding acts at up to four seams, and the layers call all of them on every e
   * `content_bias(q, logits)`: added to the attention logits too, but a function of the
     queries and of the logits before it (CoPE, whose positions count the keys the query
     attends to); an encoding that adds one declares `content_biases = True`, and only the
-    kernels declaring `content_bias` (transformer/model/kernels.py) can add it, since it needs
+    kernels declaring `content_bias` (transformer/model/kernels/registry.py) can add it, since it needs
     each query's whole row of logits.
 The base class is the identity at each seam; built without arguments it is the identity
 encoding. Every registry entry has one constructor, `(d_model, num_heads, max_len, *, causal,
@@ -39,11 +39,12 @@ from transformer.core.registry import lookup, settings_of, settings_sections
 from transformer.model import layer_pattern
 from transformer.model.positions import absolute, base, contextual, relative, rotary
 from transformer.model.positions.absolute import Learned, Sinusoidal, sinusoid
-from transformer.model.positions.base import NoPosition, PositionalEncoding
+from transformer.model.positions.base import BiasSpec, NoPosition, PositionalEncoding, spec_bias
 from transformer.model.positions.contextual import CoPE
 from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, alibi_slopes,
                                                   relative_position_bucket)
 from transformer.model.positions.rotary import Rotary, XPos, rotate_half_pairs, xpos_scale
+from transformer.model.positions.randomized import DRAWS
 
 __all__ = ["ALiBi", "CausalOnly", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "PER_LAYER",
            "POSITIONS", "PositionPattern", "PositionSettings", "PositionalEncoding", "Rotary",

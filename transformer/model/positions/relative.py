@@ -1,7 +1,7 @@
 """Relative positions as a logit bias (the `bias` seam): ALiBi, T5's buckets, KERPLE and
 FIRE. Each declares its bias as a BiasSpec (one head's bias on a block of positions, from
 that head's parameters), which bias() evaluates on whole arrays and the Pallas kernel on
-blocks inside the kernel (transformer/model/pallas_attention.py), so the two cannot drift.
+blocks inside the kernel (transformer/model/kernels/pallas/attention.py), so the two cannot drift.
 ALiBi, T5 and KERPLE declare `relative`: their bias is a function of the offset k − q alone,
 so randomized positions can feed them sampled offsets (positions/randomized.py)."""
 

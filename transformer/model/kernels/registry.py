@@ -1,0 +1,229 @@
+"""Attention kernels: ways to compute softmax(score(q, k) + bias)·V, and what each supports.
+
+A kernel computes the heads' outputs [b, tq, h, d] from q [b, tq, h, d], k, v
+[b, tk, kv_heads, d] (kv_heads divides h: query head i reads kv head i // (h / kv_heads),
+grouped-query attention; kv_heads = h is multi-head attention), a Mask, the positional
+encoding, and the layer's scorer and dropout:
+`kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
+seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
+evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
+declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
+query's whole row of logits. The functions: the formula computed whole
+(kernels/reference.py) or in blocks (kernels/blockwise.py), and here XLA's or cuDNN's
+fused attention and Pallas' flash attention (kernels/pallas/attention.py), wrapped.
+
+KERNELS maps a name to a Kernel: how to make the function, and its declared capabilities,
+which transformer/model/kernels/choice.py compares once, when a layer is made, with what the
+layer needs (its scorer, dropout, encoding, dtype, ...); a new kernel is one function and its
+line in KERNELS, and tests/test_kernel_conformance.py runs it against the reference kernel
+over everything it declares.
+
+A kernel declaring `softcap` is made with `softcap=c` when the layer caps its logits
+(model.attention.logit_softcap = c > 0): the scorer's logits become c·tanh(score / c), and
+the positional biases are added after the cap, so distance biases (ALiBi, T5) are not
+bounded by c.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from transformer.core.errors import ConfigError
+from transformer.model.kernels.blockwise import blockwise_kernel
+from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.pallas import flash_attention
+from transformer.model.kernels.reference import reference_kernel, repeat_heads
+
+
+def fused_kernel(implementation: str):
+  """jax.nn.dot_product_attention (XLA's fused attention, or cuDNN's flash attention on
+  NVIDIA GPUs) for the scorers declaring a dot product, whose transforms and scale it
+  applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V, the bias computed beforehand
+  from positions alone; no dropout on the weights, no content bias, and not the declared
+  row_term (softmax ignores it). A query row with no visible key (padding) attends to every
+  key instead of none, so it stays finite (no NaN to leak into later layers); the loss
+  never reads it. Fewer key/value heads than query heads are attended natively
+  (grouped-query attention), without repeating them, unless the key transform is per
+  query head (DotProduct.keys_per_head)."""
+
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
+    del dropout, rngs
+    product = score.dot_product
+    dense = mask.dense()
+    dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
+    bias = encoding.bias(mask.q_positions, mask.k_positions)
+    bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
+    impl = implementation
+    if q.shape[1] == 1 and implementation == "cudnn":  # cuDNN has no 1-query decode step
+      impl = "xla"
+      log_once("kernel cudnn: one query per row (a decoding step) runs XLA's attention "
+               f"over the row [b, h, 1, {k.shape[1]}], not cuDNN's")
+    if product.keys_per_head:  # each query head's own key transform: one key head each
+      k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+    qt, kt, vt = equal_head_dims(product.queries(q).astype(v.dtype),
+                                 product.keys(k).astype(v.dtype), v)
+    out = jax.nn.dot_product_attention(qt, kt, vt, bias=bias, mask=dense, scale=product.scale,
+                                       implementation=impl)
+    return out[..., :v.shape[-1]]
+
+  return kernel
+
+
+def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None):
+  """flash_attention (transformer/model/kernels/pallas/attention.py) for a scorer declaring a dot product
+  (its transforms applied before, its scale passed in) and the encoding's BiasSpec, computed
+  in-kernel; blocks of block_size queries and keys. Fewer key/value heads than query heads
+  are read by their query heads in-kernel (grouped-query attention), unless the key
+  transform is per query head (DotProduct.keys_per_head). On a mesh of several devices it
+  runs on each device's shard (per_device): XLA does not partition a pallas_call."""
+
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
+    del dropout, rngs
+    spec = encoding.bias_spec()
+    if spec is None and encoding.biases:
+      raise ConfigError(f"attention.kernel 'pallas' needs a BiasSpec of the positional "
+                        f"encoding {type(encoding).__name__}, which declares none; use kernel "
+                        "'reference' or 'blockwise'")
+    product = score.dot_product
+    if product.keys_per_head:  # each query head's own key transform: one key head each
+      k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+
+    def attend(q, k, v, ids, params):
+      return flash_attention(
+          q, k, v, q_segments=ids[0], k_segments=ids[1], q_positions=ids[2],
+          k_positions=ids[3], causal=mask.causal, window=mask.window,
+          bias_spec=None if spec is None else dataclasses.replace(spec, params=params),
+          scale=product.scale, block_q=block_size, block_k=block_size)
+
+    ids = (mask.q_segments, mask.k_segments, mask.q_positions, mask.k_positions)
+    params = {} if spec is None else dict(spec.params)
+    return per_device(attend, mesh)(product.queries(q), product.keys(k), v, ids, params)
+
+  return kernel
+
+
+def per_device(attend: Callable, mesh: jax.sharding.AbstractMesh | None) -> Callable:
+  """attend(q, k, v, ids, params) run by jax.shard_map on each device's shard of a mesh of
+  several devices (itself on one): the rows over the mesh's batch axes, `data` and `fsdp`,
+  and the heads over `tensor` (the axes of transformer/run/sharding.py), each where it
+  divides them (otherwise that dimension is whole on every device). q [b, t, h, d], k, v
+  [b, t, kv_heads, d] and the output split by rows and heads (a device's query heads read
+  its own key/value heads: both split alike, or neither), the ids ([b, t] segments and
+  positions) by rows, the params ({name: [h, size]}, a BiasSpec's) by heads. Each device's
+  rows and heads are independent attentions, so no collective is needed; the gradients of
+  the params, which the rows share, are summed over the batch axes by shard_map's
+  transpose."""
+  if mesh is None or mesh.size == 1:
+    return attend
+
+  def sharded(q, k, v, ids, params):
+    rows = ("data", "fsdp")
+    rows = rows if q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
+    tensor = mesh.shape["tensor"]
+    heads = "tensor" if q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
+    x, t = P(rows, None, heads, None), P(rows, None)
+    in_specs = (x, x, x, (t,) * len(ids), jax.tree.map(lambda _: P(heads, None), params))
+    # check_vma=False: a pallas_call's out_shape (kernels/pallas/attention.py) declares no varying
+    # mesh axes, which the check requires; the tests compare values and gradients with one
+    # device's (test_sharding: the losses of a 2x2x2 mesh).
+    return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=x,
+                         check_vma=False)(q, k, v, ids, params)
+
+  return sharded
+
+
+def equal_head_dims(q, k, v, multiple: int = 8):
+  """q, k [b, t, h, d'] and v [b, t, h, d] padded with zeros to one head dim, a multiple of
+  `multiple` (cuDNN's), when d' ≠ d: jax.nn.dot_product_attention needs q, k and v of one
+  head dim. Zeros change no dot product, and v's zero columns give output columns to drop."""
+  dq, dv = q.shape[-1], v.shape[-1]
+  if dq == dv:
+    return q, k, v
+  dim = -max(dq, dv) // multiple * -multiple
+  pad = lambda x: jnp.pad(x, [(0, 0)] * 3 + [(0, dim - x.shape[-1])])  # noqa: E731
+  return pad(q), pad(k), pad(v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """A way to compute softmax(score + bias)·V, and what it supports: one declaration per
+  field of what a layer may need (kernel_choice.Needs), which kernel_choice.check compares.
+  Every kernel adds an encoding's positional bias (its `bias` seam) and takes padding,
+  packing and causal masks."""
+
+  # make(block_size=, softcap=, mesh=) -> the kernel function: blocks of block_size queries
+  # and keys, logits capped at softcap (declared `softcap`; others get 0), for the mesh the
+  # model runs on (jax.sharding.AbstractMesh; None: one device)
+  make: Callable[..., Callable]
+  any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
+  dropout: bool  # dropout on the attention weights
+  # adds an encoding's content_bias, a function of each query's whole row of logits
+  content_bias: bool = False
+  softcap: bool = False  # caps the scorer's logits (make's softcap)
+  # gives the gradient of a positional bias with parameters (an encoding declaring
+  # learned_bias: T5, KERPLE, FIRE)
+  learned_bias: bool = True
+  # adds a bias read from a table at each pair (an encoding declaring gathered_bias:
+  # relative encodings at randomized offsets drawn per batch)
+  gathered_bias: bool = True
+  local_window: bool = True  # masks with a local window (|query − key position| ≤ w)
+  grouped_query: bool = True  # fewer key/value heads than query heads
+  dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
+  backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
+  # a kernel computing the same function on any backend, which evaluation uses where this
+  # one does not run (or, slow_on, runs only emulated)
+  stand_in: str | None = None
+  slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
+  # runs on a mesh of several devices: XLA partitions it, or its function does (per_device)
+  multi_device: bool = True
+  # `auto` offers it only to a layer whose encoding adds a positional bias (kernel_choice)
+  auto_only_with_bias: bool = False
+
+
+def _reference(block_size, softcap=0.0, mesh=None):
+  del block_size, mesh
+  return functools.partial(reference_kernel, softcap=softcap)
+
+
+def _blockwise(block_size, softcap=0.0, mesh=None):
+  del mesh
+  return functools.partial(blockwise_kernel, block=block_size, softcap=softcap)
+
+
+def _fused(implementation: str):
+  def make(block_size, softcap=0.0, mesh=None):
+    del block_size, softcap, mesh
+    return fused_kernel(implementation)
+  return make
+
+
+def _pallas(block_size, softcap=0.0, mesh=None):
+  del softcap
+  return pallas_kernel(block_size, mesh)
+
+
+KERNELS: dict[str, Kernel] = {
+    "reference": Kernel(_reference, any_score=True, dropout=True, content_bias=True,
+                        softcap=True),
+    "xla": Kernel(_fused("xla"), any_score=False, dropout=False),
+    # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
+    # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
+    # #32242: none, or NaN): it is refused for a learned bias.
+    "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
+                    stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
+    "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
+    # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (kernels/pallas/attention.py);
+    # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where its
+    # in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
+    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
+                     gathered_bias=False, auto_only_with_bias=True),
+}
+
+
+def able(capable: Callable[[Kernel], bool]) -> str:
+  """The kernels with a capability, for an error line: "'reference' or 'xla'"."""
+  return " or ".join(repr(key) for key, kernel in KERNELS.items() if capable(kernel))
