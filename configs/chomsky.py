@@ -26,7 +26,7 @@ seeds. The remaining differences from the papers' protocol are listed in docs/ta
 """
 
 from configs import default
-from transformer.data.tasks.chomsky import TASKS
+from transformer.data.tasks.chomsky import PROBLEMS
 from transformer.run.config import with_source
 from transformer.study.sweep import axis, product
 
@@ -74,5 +74,5 @@ def encodings(names: list[str]) -> list[dict]:
 def get_sweep(arg: str = ""):
   if arg == "cpu":
     return product(axis("task.name", CPU_TASKS), encodings(CPU_ENCODINGS), axis("seed", [0, 1, 2]))
-  return product(axis("task.name", sorted(TASKS)), encodings(ENCODINGS),
+  return product(axis("task.name", sorted(PROBLEMS)), encodings(ENCODINGS),
                  axis("train.learning_rate", [1e-4, 3e-4, 5e-4]), axis("seed", [0, 1, 2]))

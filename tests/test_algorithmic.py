@@ -19,7 +19,7 @@ from transformer.data import SourceArgs, Targets
 from transformer.data.tasks.algorithmic import AlgorithmicData, AlgorithmicSource, length_accuracy
 from transformer.data.base import Split
 from transformer.data.tasks.casts import CASTS
-from transformer.data.tasks.chomsky import TASKS as PAPERS_TASKS
+from transformer.data.tasks.chomsky import PROBLEMS as PAPERS_PROBLEMS
 from transformer.data.tasks.chomsky.base import up_to_termination
 from transformer.model.families import ARCHS
 from transformer.run import optim
@@ -366,9 +366,9 @@ def test_modular_arithmetic_even_lengths_are_reported_at_their_length():
 def test_the_protocol_sweeps_cover_the_papers_grid():
   full, cpu = chomsky.get_sweep(), chomsky.get_sweep("cpu")
   # none takes no positions to randomize: plain only
-  assert len(full) == len(PAPERS_TASKS) * (5 * 2 + 1) * 3 * 3
+  assert len(full) == len(PAPERS_PROBLEMS) * (5 * 2 + 1) * 3 * 3
   assert len(cpu) == 5 * (3 * 2 + 1) * 3
-  assert {run["task.name"] for run in cpu} <= set(PAPERS_TASKS)
+  assert {run["task.name"] for run in cpu} <= set(PAPERS_PROBLEMS)
   for arg in ("", "cpu"):
     config = chomsky.get_config(arg)
     for run in chomsky.get_sweep(arg)[:: 37]:

@@ -12,7 +12,7 @@ import pytest
 from tests.clirun import ROOT, CliRunner
 from tests.support import TINY_FLAGS, fake_run, write_evaluation, write_lm_config
 from transformer.data.sources import SOURCES
-from transformer.data.tasks.synthetic import TASKS as SYNTHETIC_TASKS
+from transformer.data.tasks.synthetic import SyntheticSource
 from transformer.model.feedforward import FFNS
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import NORMS
@@ -302,7 +302,7 @@ CASES = [
      ["task.heldout_modulus=1", "≥ 2"]),
     ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
      ["task: no", "input of copy of lengths 1..1"]),
-    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(SYNTHETIC_TASKS)]),
+    ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(SyntheticSource.Task.registry)]),
     ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
     ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),

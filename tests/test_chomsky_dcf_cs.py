@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from transformer.core.errors import ConfigError
-from transformer.data.tasks.chomsky import TASKS
+from transformer.data.tasks.chomsky import PROBLEMS
 from transformer.data.tasks.chomsky.base import uniform_int
 from transformer.data.tasks.chomsky.context_free import (ModularArithmeticBrackets, SolveEquation,
                                                    StackManipulation, bracket_expression)
@@ -147,7 +147,7 @@ def test_binary_examples():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_random_examples_match_the_direct_answer(name):
-  task = TASKS[name]()
+  task = PROBLEMS[name]()
   assert task.name == name
   assert len(task.pieces()) == task.input_size == len(set(task.pieces()))
   for n in LENGTHS:
@@ -162,7 +162,7 @@ def test_random_examples_match_the_direct_answer(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_same_seed_same_example_and_no_global_randomness(name):
-  task = TASKS[name]()
+  task = PROBLEMS[name]()
   np.random.seed(1)
   random.seed(1)
   global_state, python_state = np.random.get_state()[1].copy(), random.getstate()
@@ -185,7 +185,7 @@ def test_output_lengths():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_accuracy_mask(name):
-  task = TASKS[name]()
+  task = PROBLEMS[name]()
   terminated = name in ("stack_manipulation", "binary_multiplication")
   for n in (1, 2, 3, 8, 30):
     for seed in range(5):
@@ -224,7 +224,7 @@ def test_length_500():
   """One example of each at length 500; the recursive expression generator is at most
   n/4 + 1 calls deep, also when every left part is a single digit (its deepest)."""
   for name in NAMES:
-    task = TASKS[name]()
+    task = PROBLEMS[name]()
     symbols, answer = task.sample(np.random.default_rng([3, 500]), 500)
     assert symbols.shape == (500,) and answer.shape == (task.output_length(500),)
     assert answer.tolist() == ANSWERS[name](symbols)

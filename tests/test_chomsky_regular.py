@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer.core.errors import ConfigError
-from transformer.data.tasks.chomsky import TASKS, regular
+from transformer.data.tasks.chomsky import PROBLEMS, regular
 
 # ----------------------------------------------------------------- reference answers
 
@@ -86,8 +86,8 @@ def expression(text, modulus=5):
 
 
 def test_registry():
-  assert {name: TASKS[name] for name in REFERENCES} == regular.TASKS
-  for name, cls in regular.TASKS.items():
+  assert {name: PROBLEMS[name] for name in REFERENCES} == regular.PROBLEMS
+  for name, cls in regular.PROBLEMS.items():
     assert cls().name == name
 
 
@@ -119,7 +119,7 @@ LENGTHS = (1, 2, 3, 4, 5, 6, 7, 10, 41, 100)
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_samples_match_reference(name):
-  task, reference = TASKS[name](), REFERENCES[name]
+  task, reference = PROBLEMS[name](), REFERENCES[name]
   for length in LENGTHS:
     for seed in range(40):
       symbols, answer = task.sample(np.random.default_rng([seed, length]), length)
@@ -170,7 +170,7 @@ def test_other_fields():
 
 @pytest.mark.parametrize("name", sorted(REFERENCES))
 def test_pure_function_of_seed(name):
-  task = TASKS[name]()
+  task = PROBLEMS[name]()
   for length in (1, 2, 17, 100):
     a = task.sample(np.random.default_rng([3, length]), length)
     b = task.sample(np.random.default_rng([3, length]), length)
@@ -185,7 +185,7 @@ def test_pure_function_of_seed(name):
     ("cycle_navigation", 40), ("modular_arithmetic", 3), ("modular_arithmetic", 40)])
 def test_every_class_occurs(name, length):
   """Uniform inputs give every class, each far from rare (loose: ≥ 1/3 of its share)."""
-  task = TASKS[name]()
+  task = PROBLEMS[name]()
   answers = [int(task.sample(np.random.default_rng([seed, length]), length)[1][0])
              for seed in range(300)]
   counts = np.bincount(answers, minlength=task.output_size)

@@ -210,7 +210,7 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   fields and the ranges of numeric ones, as the registries and checks say."""
   from configs import listops  # noqa: PLC0415
   from transformer.core import fields  # noqa: PLC0415
-  from transformer.data.tasks.labelled import TASKS  # noqa: PLC0415
+  from transformer.data.tasks.labelled import LabelledSource  # noqa: PLC0415
   from transformer.data.sources import SOURCES  # noqa: PLC0415
   from transformer.model.families import ARCHS  # noqa: PLC0415
   from transformer.model.positions import POSITIONS  # noqa: PLC0415
@@ -237,7 +237,7 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   assert shown["model.position"] == ("'rotary'", choices(POSITIONS))
   assert shown["model.attention.score"][1] == choices(SCORES)
   assert shown["data.source"][1] == choices(SOURCES)
-  assert shown["task.name"][1] == choices(TASKS)
+  assert shown["task.name"][1] == choices(LabelledSource.Task.registry)
   assert shown["model.arch"] == ("'encoder'", choices(ARCHS))
   assert shown["train.batch_size"][1] == "≥ 1"
   assert shown["model.dropout"][1] == "in [0, 1)"

@@ -132,8 +132,8 @@ def test_a_field_added_to_a_dataclass_is_in_every_config(monkeypatch):
   monkeypatch.setattr(SOURCES["synthetic"], "Data", wider_data)
   wider_task = dataclasses.make_dataclass(
       "WiderReverse", [("other_knob", float, dataclasses.field(default=0.5))],
-      bases=(algorithmic.TASKS["reverse_string"],), frozen=True)
-  monkeypatch.setitem(algorithmic.TASKS, "reverse_string", wider_task)
+      bases=(algorithmic.AlgorithmicSource.Task.registry["reverse_string"],), frozen=True)
+  monkeypatch.setitem(algorithmic.AlgorithmicSource.Task.registry, "reverse_string", wider_task)
   for name, path, value in (("default.py", "data.new_knob", 7),
                             ("positions.py", "data.new_knob", 7),
                             ("chomsky.py", "task.other_knob", 0.5)):

@@ -1,6 +1,6 @@
-"""data.source "synthetic": targets of reverse/copy/sort (and their former names), batches a
-pure function of seed and step, held-out strings, the longer split, bad settings; and the
-batching of generated rows."""
+"""data.source "synthetic": targets of reverse/copy/sort (and the names `reverse` and `sort`),
+batches a pure function of seed and step, held-out strings, the longer split, bad settings;
+and the batching of generated rows."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs
 from transformer.data.base import SourceSection
-from transformer.data.tasks.synthetic import TASKS, SyntheticSource
+from transformer.data.tasks.synthetic import SyntheticSource
 
 
 def _strip(row):
@@ -30,7 +30,7 @@ def _batch(source, step):
 
 
 @pytest.mark.parametrize("name,fn", [("reverse_string", lambda s: s[::-1]),
-                                     ("reverse", lambda s: s[::-1]),  # its former name
+                                     ("reverse", lambda s: s[::-1]),  # read as reverse_string
                                      ("copy", lambda s: s), ("bucket_sort", sorted),
                                      ("sort", sorted)])
 def test_targets_follow_the_task(name, fn):
@@ -92,7 +92,7 @@ def test_exact_match_by_length_counts_whole_answers():
 
 def test_bad_task_settings():
   with pytest.raises(ConfigError, match="unknown task 'revers'; choose one of: "
-                     + ", ".join(sorted(TASKS))):
+                     + ", ".join(sorted(SyntheticSource.Task.registry))):
     _source("revers")
   with pytest.raises(ValueError, match="min_len"):
     _source("copy", min_len=5, max_len=3)

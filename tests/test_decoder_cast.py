@@ -18,7 +18,7 @@ from tests.support import chomsky_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import NUM_RESERVED
 from transformer.data import Targets
-from transformer.data.tasks.algorithmic import TASKS
+from transformer.data.tasks.algorithmic import AlgorithmicSource
 from transformer.data.tasks.casts import CASTS
 from transformer.data.tasks.problem import Instance
 from transformer.model.sampling import GREEDY, Sampling
@@ -29,6 +29,7 @@ from transformer.run.evaluator import Evaluator
 from transformer.run.step import make_train_step
 
 DECODER = CASTS["decoder"]
+TASKS = AlgorithmicSource.Task.registry
 
 
 # --------------------------------------------------------------------------- rows

@@ -27,11 +27,9 @@ from transformer.core.registry import lookup
 from transformer.data.base import Example, Split, SplitResult
 from transformer.data.tasks.casts import CASTS, Cast
 from transformer.data.tasks.generated import GeneratedSource
-from transformer.data.tasks.splits import LengthSplits
 from transformer.data.tasks.problem import TaskChoice, drawn_by
-from transformer.data.tasks.registry import TASKS as ALL_TASKS
-
-TASKS = drawn_by(LengthSplits, ALL_TASKS)  # config.task.name's choices
+from transformer.data.tasks.registry import TASKS
+from transformer.data.tasks.splits import LengthSplits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +72,8 @@ class AlgorithmicSource(GeneratedSource):
   """data.source "algorithmic" (module docstring)."""
 
   Data = AlgorithmicData
-  Task = TaskChoice(TASKS, "name", "algorithmic task")
+  rule = LengthSplits
+  Task = TaskChoice(drawn_by(rule, TASKS), "name", "algorithmic task")
   what = "a generated task"
   own_metrics = {"mean_accuracy": Metric(0.0, 1.0, parts=("hits", "scored"), stratum="length"),
                  "accuracy_by_length": Metric(0.0, 1.0)}  # {length: accuracy}

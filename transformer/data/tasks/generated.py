@@ -1,7 +1,8 @@
-"""The data source of every generated task: a task of data/tasks/registry.py (config.task.name) drawn
-by the source's splits rule (data/tasks/splits.py) and presented by a cast (data/tasks/casts.py). The
-registered sources ("synthetic", "labelled", "algorithmic") are this class with their own
-rule, their way of choosing the cast, and their metrics."""
+"""The data source of every generated task: a problem of data/tasks/registry.py
+(config.task.name) drawn by the source's splits rule (data/tasks/splits.py) and presented by
+a cast (data/tasks/casts.py). The registered sources ("synthetic", "labelled",
+"algorithmic") are this class with their own rule, their way of choosing the cast, and their
+metrics."""
 
 import abc
 from typing import Any, ClassVar
@@ -15,14 +16,15 @@ from transformer.core.migration import as_saved
 from transformer.data import SourceArgs, pipeline
 from transformer.data.base import DataSource, Split
 from transformer.data.tasks.casts import Cast
-from transformer.data.tasks.problem import TaskChoice
+from transformer.data.tasks.problem import SplitsRule, TaskChoice
 
 
 class GeneratedSource(DataSource):
-  """A generated task presented by a cast (module docstring). Subclasses set Task (a
-  TaskChoice over task.drawn_by(their splits rule, TASKS)), `what` (how an error names the
-  task), and cast_of."""
+  """A generated task presented by a cast (module docstring). Subclasses set `rule`, Task
+  (a TaskChoice over drawn_by(rule, TASKS), or the part of it they take), `what` (how an
+  error names the task), and cast_of."""
 
+  rule: ClassVar[type[SplitsRule]]  # the splits rule the source's tasks are drawn by
   Task: ClassVar[TaskChoice]
   what: ClassVar[str]  # e.g. "a synthetic task"
 

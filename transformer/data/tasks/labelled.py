@@ -1,18 +1,18 @@
-"""data.source "labelled": a task of data/tasks/registry.py for an encoder (model.arch=encoder), over
-held-out inputs (data/tasks/splits.py HeldOutSplits: training never sees 1/heldout_modulus of input
-space; `valid` holds only it), cast as the task's answers say: one label per input at a CLS
-token (cast `label`, e.g. ListOps; model.pooling cls or mean), else one per input symbol
-(cast `token_labels`, e.g. duplicates; pooling none). Besides loss and accuracy, each split
-reports the macro-F1 of the scored labels."""
+"""data.source "labelled": a task of data/tasks/registry.py for an encoder
+(model.arch=encoder), over held-out inputs (data/tasks/splits.py HeldOutSplits: training
+never sees 1/heldout_modulus of input space; `valid` holds only it), cast as the task's
+answers say: one label per input at a CLS token (cast `label`, e.g. ListOps; model.pooling
+cls or mean), else one per input symbol (cast `token_labels`, e.g. duplicates; pooling none).
+Besides loss and accuracy, each split reports the macro-F1 of the scored labels."""
 
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import macro_f1
 from transformer.data.base import Example, SplitResult
 from transformer.data.tasks.casts import CASTS
 from transformer.data.tasks.generated import GeneratedSource
-from transformer.data.tasks.splits import HeldOutSplits
 from transformer.data.tasks.problem import TaskChoice, drawn_by
-from transformer.data.tasks.registry import TASKS as ALL_TASKS
+from transformer.data.tasks.registry import TASKS
+from transformer.data.tasks.splits import HeldOutSplits
 
 CAST_NAMES = ("label", "token_labels")  # the first that presents the task
 
@@ -21,15 +21,13 @@ def _labels(task) -> bool:
   return any(CASTS[name].unfit(task) is None for name in CAST_NAMES)
 
 
-# config.task.name's choices: the tasks whose answers are labels (with their defaults)
-TASKS = {name: task for name, task in drawn_by(HeldOutSplits, ALL_TASKS).items()
-         if _labels(task())}
-
-
 class LabelledSource(GeneratedSource):
   """data.source "labelled" (module docstring)."""
 
-  Task = TaskChoice(TASKS, "name", "labelled task")
+  rule = HeldOutSplits
+  # the tasks whose answers are labels (with their defaults)
+  Task = TaskChoice({name: task for name, task in drawn_by(rule, TASKS).items()
+                     if _labels(task())}, "name", "labelled task")
   what = "a labelled task"
 
   @classmethod

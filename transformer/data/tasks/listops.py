@@ -10,7 +10,7 @@ import numpy as np
 from transformer.core.errors import ConfigError
 from transformer.core.fields import Range, check_ranges
 from transformer.core.vocab import BOS_ID, NUM_RESERVED
-from transformer.data.tasks.problem import Instance, Task
+from transformer.data.tasks.problem import Instance, Problem
 
 OPERATORS = {
     "[MAX": max,
@@ -23,7 +23,7 @@ _EXAMPLE = '"[MAX 2 9 [MIN 4 7 ] 0 ]"'
 
 
 @dataclasses.dataclass(frozen=True)
-class ListOps(Task):
+class ListOps(Problem):
   """Nested MAX/MIN/MED/SM over digits; the answer is the value (10 classes). Trees as
   LRA's generator draws them: below max_depth a node is an operator with probability
   `branch_prob` (else a digit), with 2..max_args arguments; the root is always an operator.

@@ -1,15 +1,15 @@
 """The seam every generated task meets (reverse, copy, sort, the 15 tasks of Delétang et al.,
 ListOps, duplicates): a task is a *problem* — what is asked, its alphabets and answers —
 drawn into splits by a *splits rule* — the lengths of each split, whether a slice of inputs is
-held out, how example i of a split is drawn. Composed (drawn_by), the two give a generated
-task: `example(seed, split, index)` is a pure function of its arguments, so batches are
-resumable and identical on any number of processes.
+held out, how example i of a split is drawn. Composed (drawn_by), the two are the task a
+config.task section parses to: `example(seed, split, index)` is a pure function of its
+arguments, so batches are resumable and identical on any number of processes.
 
-  Task         the problem (this module): `sample(rng, n)` draws an input of length n and its
-               answer, or `draw(rng, lengths)` one of a length in `lengths`; the registry of
-               every problem, one name each: data/tasks/registry.py.
-  Splits       the splits rule (data/tasks/splits.py): the papers' length splits, or held-out
-               slices of input space.
+  Problem      what is asked (this module): `sample(rng, n)` draws an input of length n and
+               its answer, or `draw(rng, lengths)` one of a length in `lengths`; every task's
+               problem, by the task's name: TASKS, data/tasks/registry.py.
+  SplitsRule   how instances are drawn into splits (data/tasks/splits.py): the papers'
+               length splits, or held-out slices of input space.
   Cast         how an instance becomes a row a model family reads (data/tasks/casts.py): answer
                slots, seq2seq, a label per sequence, a label per token.
 
@@ -18,8 +18,8 @@ cast maps them to token ids. An answer is a string of output_length(n) symbols: 
 classification (a label), n aligned with the input for a labelling.
 
 A field that changes what a task computes is declared with `changed(new, old=...)`
-(core/migration.py): a run saved before the field existed keeps `old`, what the code then did
-(GeneratedSource.saved); a config written since gets `new`.
+(core/migration.py): a saved run whose config lacks the field reads `old`
+(GeneratedSource.saved); every config file and override gets `new`.
 """
 
 import abc
@@ -35,8 +35,10 @@ from transformer.core.errors import ConfigError
 from transformer.core.fields import Chosen
 from transformer.core.vocab import NUM_RESERVED
 
+
+
 class Answer(enum.Enum):
-  """What a task's answers are (Task.answer): which casts can present them."""
+  """What a problem's answers are (Problem.answer): which casts can present them."""
 
   LABEL = "one label: output_length(n) = 1"
   PER_SYMBOL = "one symbol per input symbol: output_length(n) = input_length(n)"
@@ -44,7 +46,7 @@ class Answer(enum.Enum):
 
 
 class Instance(NamedTuple):
-  """One instance of a task: input symbols [input_length(length)], answer symbols
+  """One instance of a problem: input symbols [input_length(length)], answer symbols
   [output_length(length)] (int32) and the length it was drawn at (the by-length metrics'
   key)."""
 
@@ -54,10 +56,10 @@ class Instance(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Section:
-  """The root of Task and Splits, the parts of a config.task section: its `name` (the task's
-  registry key) comes first; each __post_init__ checks its fields and calls its parent's, so
-  a task composed of both checks both."""
+class TaskPart:
+  """The root of Problem and SplitsRule, the two parts of a config.task section: its `name`
+  (the task's key in TASKS) comes first; each __post_init__ checks its fields and calls its
+  parent's, so a task composed of both checks both."""
 
   name: str
 
@@ -66,9 +68,9 @@ class Section:
 
 
 @dataclasses.dataclass(frozen=True)
-class Task(Section, abc.ABC):
+class Problem(TaskPart, abc.ABC):
   """A problem (config.task, with its splits rule's fields): subclasses set `name`'s default
-  to their registry key, their alphabets (input_size, output_size) and answers."""
+  to their key in TASKS, their alphabets (input_size, output_size) and answers."""
 
   answer: ClassVar[Answer] = Answer.LABEL  # consistent with output_length (a test checks)
   sized: ClassVar[bool] = True  # sample(rng, n) draws at any given length n
@@ -124,21 +126,20 @@ class Task(Section, abc.ABC):
 
   def heldout_hash(self, inputs: np.ndarray) -> int:
     """The hash whose residue decides whether an input is held out: CRC32 of its token ids
-    (symbol + NUM_RESERVED, int32), as the sources computed it before the seam (the same
-    strings stay held out)."""
+    (symbol + NUM_RESERVED, int32). Saved runs' held-out slices are this hash's: it stays."""
     return zlib.crc32((np.asarray(inputs) + NUM_RESERVED).astype(np.int32).tobytes())
 
 
 @dataclasses.dataclass(frozen=True)
-class Splits(Section, abc.ABC):
-  """A splits rule (data/tasks/splits.py): its fields join the task's in config.task."""
+class SplitsRule(TaskPart, abc.ABC):
+  """A splits rule (data/tasks/splits.py): its fields join the problem's in config.task."""
 
   split_fields: ClassVar[dict[str, str]]  # held-out split -> config.task field of its longest
 
   @classmethod
-  def draws(cls, task: type[Task]) -> bool:
-    """Whether this rule can draw the problem `task`."""
-    del task
+  def draws(cls, problem: type[Problem]) -> bool:
+    """Whether this rule can draw `problem`."""
+    del problem
     return True
 
   @abc.abstractmethod
@@ -179,18 +180,25 @@ class Splits(Section, abc.ABC):
     return list(self.splits()).index(split)
 
 
-def drawn_by(splits: type[Splits], tasks: Mapping[str, type[Task]]) -> dict[str, type]:
-  """config.task's registry for a source whose splits rule is `splits`: each problem of
-  `tasks` it can draw, as one frozen dataclass with the fields of both (a field both declare,
-  e.g. ListOps's lengths, keeps the problem's default). Built once, so a parsed config
-  compares equal to itself parsed again."""
+def drawn_by(rule: type[SplitsRule], problems: Mapping[str, type[Problem]]) -> dict[str, type]:
+  """config.task's choices for a source whose splits rule is `rule`: each problem it can
+  draw, composed with it into one frozen dataclass with the fields of both (a field both
+  declare, e.g. ListOps's lengths, keeps the problem's default) and named for both:
+  `LengthSplits[ReverseString]` is ReverseString drawn by LengthSplits. Built once, so a
+  parsed config compares equal to itself parsed again.
+
+  Generated, not written out: a task is then one problem class and its registry line, and
+  every rule that can draw it offers it (written out, each new problem would need a class per
+  rule); tests/test_tasks.py lists every generated class against its two parts.
+  """
   out = {}
-  for name, task in tasks.items():
-    if splits.draws(task):
-      namespace = {"__module__": task.__module__, "__qualname__": task.__qualname__,
-                   "__doc__": task.__doc__}
-      out[name] = dataclasses.dataclass(frozen=True)(type(task.__name__, (task, splits),
-                                                          namespace))
+  for name, problem in problems.items():
+    if rule.draws(problem):
+      qualname = f"{rule.__name__}[{problem.__name__}]"
+      doc = (f"{problem.__qualname__} ({problem.__module__}) drawn by {rule.__qualname__} "
+             f"({rule.__module__}).")
+      namespace = {"__module__": __name__, "__qualname__": qualname, "__doc__": doc}
+      out[name] = dataclasses.dataclass(frozen=True)(type(qualname, (problem, rule), namespace))
   return out
 
 

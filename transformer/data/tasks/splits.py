@@ -1,5 +1,5 @@
-"""Splits rules (task.Splits): how a generated task's instances are drawn into splits. Each
-source of generated tasks draws by one rule; its fields join the task's in config.task.
+"""Splits rules (problem.SplitsRule): how a generated task's instances are drawn into splits. Each
+source of generated tasks draws by one rule; its fields join the problem's in config.task.
 
   LengthSplits    the papers' length generalisation (Delétang et al. 2023, Ruoss et al.
                   2023): train on lengths min_len..max_len, test on max_len+1..test_max_len;
@@ -21,7 +21,7 @@ import numpy as np
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges
-from transformer.data.tasks.problem import Instance, Splits
+from transformer.data.tasks.problem import Instance, SplitsRule
 
 MAX_DRAWS = 10_000  # a split with no input of its kind is an error, not a hang
 
@@ -35,7 +35,7 @@ TRAIN_LENGTHS = ("per_row", "per_batch")  # LengthSplits.train_lengths
 
 
 @dataclasses.dataclass(frozen=True)
-class LengthSplits(Splits):
+class LengthSplits(SplitsRule):
   """The papers' protocol (module docstring). Training rows draw their length uniformly from
   min_len..max_len, from a generator of their own: one per row (`train_lengths` per_row), or
   one per batch, shared by its rows (per_batch: the papers' curriculum, a length per
@@ -50,8 +50,8 @@ class LengthSplits(Splits):
   split_fields = {"valid": "max_len", "test": "test_max_len"}
 
   @classmethod
-  def draws(cls, task) -> bool:
-    return task.sized
+  def draws(cls, problem) -> bool:
+    return problem.sized
 
   def __post_init__(self):
     super().__post_init__()
@@ -94,7 +94,7 @@ class LengthSplits(Splits):
 
 
 @dataclasses.dataclass(frozen=True)
-class HeldOutSplits(Splits):
+class HeldOutSplits(SplitsRule):
   """A held-out slice of input space (module docstring): `valid` draws held-out inputs of
   the training lengths. An instance draws (length, input) again until it falls on its
   split's side of the slice."""

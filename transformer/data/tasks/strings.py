@@ -1,16 +1,17 @@
 """String problems beyond the papers' 15: copy (the quick start's seq2seq task) and
-duplicates (a label per token that needs context from both sides). Interface: data/tasks/problem.py."""
+duplicates (a label per token that needs context from both sides). Interface:
+data/tasks/problem.py; PROBLEMS: both, by task name (data/tasks/registry.py registers them)."""
 
 import dataclasses
 
 import numpy as np
 
 from transformer.core.fields import Range, check_ranges
-from transformer.data.tasks.chomsky import StringTask, strings
+from transformer.data.tasks.chomsky import StringProblem, strings
 
 
 @dataclasses.dataclass(frozen=True)
-class Copy(StringTask):
+class Copy(StringProblem):
   """s → s."""
 
   name: str = "copy"
@@ -21,7 +22,7 @@ class Copy(StringTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class Duplicates(StringTask):
+class Duplicates(StringProblem):
   """Strings over num_symbols symbols; each symbol's label is how many other symbols of the
   string equal it, capped at num_labels − 1 (with 2 labels: "does it occur elsewhere?").
   The occurrences may lie on either side, so a label needs context from both: a causal
@@ -47,4 +48,4 @@ class Duplicates(StringTask):
     return s, np.minimum(others, self.num_labels - 1).astype(np.int32)
 
 
-TASKS = {"copy": Copy, "duplicates": Duplicates}
+PROBLEMS = {"copy": Copy, "duplicates": Duplicates}

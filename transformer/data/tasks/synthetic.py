@@ -1,11 +1,12 @@
-"""data.source "synthetic": the offline quick start. A task of data/tasks/registry.py (reverse_string,
-copy, bucket_sort, or any other drawn at a given length) over held-out strings (data/tasks/splits.py
-HeldOutLonger: training never sees 1/heldout_modulus of input space; `valid` and `longer`
-hold only it), cast seq2seq: an encoder-decoder reads the input and decodes the answer.
-Besides loss, accuracy and exact match, each split reports exact match by input length.
+"""data.source "synthetic": the offline quick start. A task of data/tasks/registry.py
+(reverse_string, copy, bucket_sort, or any other drawn at a given length) over held-out
+strings (data/tasks/splits.py HeldOutLonger: training never sees 1/heldout_modulus of input
+space; `valid` and `longer` hold only it), cast seq2seq: an encoder-decoder reads the input
+and decodes the answer. Besides loss, accuracy and exact match, each split reports exact
+match by input length.
 
-The names `reverse` and `sort` (of configs written before the tasks had one registry) are
-read as reverse_string and bucket_sort, the same problems: a saved run restores unchanged.
+task.name `reverse` and `sort` are read as reverse_string and bucket_sort (the same
+problems), so configs and saved runs that use those names restore unchanged.
 """
 
 import numpy as np
@@ -14,18 +15,18 @@ from transformer.core.metrics import exact_match_by_length
 from transformer.data.base import Example, SplitResult
 from transformer.data.tasks.casts import CASTS
 from transformer.data.tasks.generated import GeneratedSource
-from transformer.data.tasks.splits import HeldOutLonger
 from transformer.data.tasks.problem import TaskChoice, drawn_by
-from transformer.data.tasks.registry import TASKS as ALL_TASKS
+from transformer.data.tasks.registry import TASKS
+from transformer.data.tasks.splits import HeldOutLonger
 
-TASKS = drawn_by(HeldOutLonger, ALL_TASKS)  # config.task.name's choices
 RENAMED = {"reverse": "reverse_string", "sort": "bucket_sort"}
 
 
 class SyntheticSource(GeneratedSource):
   """data.source "synthetic" (module docstring)."""
 
-  Task = TaskChoice(TASKS, "name", "task", RENAMED)
+  rule = HeldOutLonger
+  Task = TaskChoice(drawn_by(rule, TASKS), "name", "task", RENAMED)
   what = "a synthetic task"
 
   @classmethod

@@ -1,7 +1,7 @@
 """The problems of Delétang et al. 2023 ("Neural Networks and the Chomsky Hierarchy") and
 Ruoss et al. 2023 ("Randomized Positional Encodings Boost Length Generalization of
-Transformers"), on the interface of data/tasks/problem.py: a task maps an input string of length n
-over `input_size` symbols to an answer of `output_length(n)` symbols over `output_size`
+Transformers"), on the interface of data/tasks/problem.py: a problem maps an input string of
+length n over `input_size` symbols to an answer of `output_length(n)` symbols over `output_size`
 symbols, and `sample(rng, n)` draws one instance from a numpy Generator. The papers' splits
 (train on 1..40, test on 41..500) are data/tasks/splits.py's LengthSplits.
 
@@ -10,7 +10,7 @@ randomized_positional_encodings), read to match them; where its docstrings say o
 the code is followed (it produced the papers' numbers) and the task's docstring says so.
 The tests check every task against a direct computation of its answer.
 
-Each task is a frozen dataclass (its fields join config.task): its own fields (an alphabet
+Each problem is a frozen dataclass (its fields join config.task): its own fields (an alphabet
 size, a modulus), with the papers' values as defaults.
 """
 
@@ -20,12 +20,12 @@ from typing import ClassVar
 import numpy as np
 
 from transformer.core.fields import AT_LEAST_1, Range, check_ranges
-from transformer.data.tasks.problem import Answer, Task
+from transformer.data.tasks.problem import Answer, Problem
 
 
 @dataclasses.dataclass(frozen=True)
-class StringTask(Task):
-  """A task over strings of num_symbols symbols whose output has those symbols too, one
+class StringProblem(Problem):
+  """A problem over strings of num_symbols symbols whose output has those symbols too, one
   per input symbol unless a subclass says otherwise."""
 
   num_symbols: int = 2
@@ -48,8 +48,8 @@ class StringTask(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModularTask(Task):
-  """A task over digits 0..modulus−1 followed by the symbols OPERATORS names, whose answer
+class ModularProblem(Problem):
+  """A problem over digits 0..modulus−1 followed by the symbols OPERATORS names, whose answer
   is a value modulo `modulus` (the papers: 5)."""
 
   modulus: int = 5

@@ -5,12 +5,13 @@ import dataclasses
 import numpy as np
 
 from transformer.core.fields import check
-from transformer.data.tasks.chomsky.base import ModularTask, StringTask, Task, strings, up_to_termination
-from transformer.data.tasks.problem import Answer
+from transformer.data.tasks.chomsky.base import (ModularProblem, StringProblem, strings,
+                                                 up_to_termination)
+from transformer.data.tasks.problem import Answer, Problem
 
 
 @dataclasses.dataclass(frozen=True)
-class ReverseString(StringTask):
+class ReverseString(StringProblem):
   """s_1 … s_n → s_n … s_1 (the papers: binary strings)."""
 
   name: str = "reverse_string"
@@ -21,7 +22,7 @@ class ReverseString(StringTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class StackManipulation(Task):
+class StackManipulation(Problem):
   """A binary stack bottom to top (1..n−1 symbols 0, 1) and the actions POP (2), PUSH0 (3),
   PUSH1 (4) filling the n symbols → the final stack top to bottom (a POP of the empty stack
   does nothing), the termination symbol 2 and zeros to n+1 symbols; the accuracy counts up to
@@ -77,7 +78,7 @@ def bracket_expression(rng: np.random.Generator, n: int, modulus: int, operators
 
 
 @dataclasses.dataclass(frozen=True)
-class ModularArithmeticBrackets(ModularTask):
+class ModularArithmeticBrackets(ModularProblem):
   """An expression of n symbols (bracket_expression: digits 0..modulus−1, then +, −, *, (, ),
   and x, which never occurs, as in DeepMind's alphabet) → its value mod modulus. Lengths 1..4
   are d, −d, (d), (−d), as in DeepMind's code. The papers: modulus 5 with * (their
@@ -99,7 +100,7 @@ class ModularArithmeticBrackets(ModularTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class SolveEquation(ModularTask):
+class SolveEquation(ModularProblem):
   """An expression of n−2 symbols (bracket_expression with + and − only) with one digit
   replaced by x, then "=" and the expression's value (digits 0..modulus−1, then +, −, (, ),
   x, =, DeepMind's alphabet) → the replaced digit, the one solution (x occurs once, with
@@ -124,6 +125,6 @@ class SolveEquation(ModularTask):
     return np.array(symbols + [self.symbol("="), value], np.int32), np.array([answer], np.int32)
 
 
-TASKS = {"reverse_string": ReverseString, "stack_manipulation": StackManipulation,
-         "modular_arithmetic_brackets": ModularArithmeticBrackets,
-         "solve_equation": SolveEquation}
+PROBLEMS = {"reverse_string": ReverseString, "stack_manipulation": StackManipulation,
+            "modular_arithmetic_brackets": ModularArithmeticBrackets,
+            "solve_equation": SolveEquation}

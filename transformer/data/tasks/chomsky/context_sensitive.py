@@ -7,12 +7,13 @@ import numpy as np
 
 from transformer.core.migration import changed
 from transformer.core.registry import lookup
-from transformer.data.tasks.chomsky.base import StringTask, Task, strings, uniform_int, up_to_termination
-from transformer.data.tasks.problem import Answer
+from transformer.data.tasks.chomsky.base import (StringProblem, strings, uniform_int,
+                                                 up_to_termination)
+from transformer.data.tasks.problem import Answer, Problem
 
 
 @dataclasses.dataclass(frozen=True)
-class DuplicateString(StringTask):
+class DuplicateString(StringProblem):
   """s → s s (the papers: binary strings)."""
 
   name: str = "duplicate_string"
@@ -33,7 +34,7 @@ INDEXINGS = {  # task.indexing of odds_first: which positions count as odd
 
 
 @dataclasses.dataclass(frozen=True)
-class OddsFirst(StringTask):
+class OddsFirst(StringProblem):
   """s → its symbols at odd positions, then those at even ones (the papers: binary).
   `indexing` says which are odd. DeepMind's docstring (s_1 s_3 s_5 … s_2 s_4 …, and its
   examples 00110101 → 0100 0111) counts from 1; its code (tasks/cs/odds_first.py:
@@ -54,7 +55,7 @@ class OddsFirst(StringTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class BucketSort(StringTask):
+class BucketSort(StringProblem):
   """s → its symbols in increasing order (the papers: 5 symbols)."""
 
   name: str = "bucket_sort"
@@ -66,7 +67,7 @@ class BucketSort(StringTask):
 
 
 @dataclasses.dataclass(frozen=True)
-class MissingDuplicate(Task):
+class MissingDuplicate(Problem):
   """A binary string w of length n//2 written twice, w w, with one symbol replaced by the
   placeholder 2 (and, for odd n, the padding symbol 3 at the end); the answer is the
   replaced symbol. Length 1 (no w) is the input "1" with answer 1, as in DeepMind's code."""
@@ -100,7 +101,7 @@ def big_endian(value: int, width: int = 0) -> list[int]:
 
 
 @dataclasses.dataclass(frozen=True)
-class BinaryAddition(Task):
+class BinaryAddition(Problem):
   """"a+b" in little-endian binary (n symbols in all, "+" is 2; a and b have 1..n−2 and
   n−1−len(a) digits, no zero value) → a+b in little-endian binary without leading zeros, the
   termination symbol 2, and zeros to n+1 symbols; the accuracy counts up to the
@@ -135,7 +136,7 @@ class BinaryAddition(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class BinaryMultiplication(Task):
+class BinaryMultiplication(Problem):
   """"a*b" in little-endian binary (n symbols in all, "*" is 2; a and b have 1..n−2 and
   n−1−len(a) digits, no zero value) → a·b in little-endian binary without leading zeros, the
   termination symbol 2, and zeros to n symbols; the accuracy counts up to the termination.
@@ -170,7 +171,7 @@ class BinaryMultiplication(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class ComputeSqrt(Task):
+class ComputeSqrt(Problem):
   """A number in 1..2^n − 1 in big-endian binary of n digits (leading zeros kept) → the floor
   of its square root in big-endian binary of ⌈n/2⌉ digits."""
 
@@ -189,7 +190,7 @@ class ComputeSqrt(Task):
             np.array(big_endian(math.isqrt(value), self.output_length(n)), np.int32))
 
 
-TASKS = {"duplicate_string": DuplicateString, "odds_first": OddsFirst,
-         "bucket_sort": BucketSort, "missing_duplicate_string": MissingDuplicate,
-         "binary_addition": BinaryAddition, "binary_multiplication": BinaryMultiplication,
-         "compute_sqrt": ComputeSqrt}
+PROBLEMS = {"duplicate_string": DuplicateString, "odds_first": OddsFirst,
+            "bucket_sort": BucketSort, "missing_duplicate_string": MissingDuplicate,
+            "binary_addition": BinaryAddition, "binary_multiplication": BinaryMultiplication,
+            "compute_sqrt": ComputeSqrt}

@@ -7,11 +7,12 @@ import numpy as np
 from transformer.core.fields import Range, check_ranges
 from transformer.core.migration import changed
 from transformer.core.registry import lookup
-from transformer.data.tasks.chomsky.base import ModularTask, Task, strings
+from transformer.data.tasks.chomsky.base import ModularProblem, strings
+from transformer.data.tasks.problem import Problem
 
 
 @dataclasses.dataclass(frozen=True)
-class EvenPairs(Task):
+class EvenPairs(Problem):
   """A binary string → 1 if it has an odd number of unequal neighbours (01 and 10 pairs),
   else 0; i.e. whether its first and last symbols differ (length 1: always 0)."""
 
@@ -26,7 +27,7 @@ class EvenPairs(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class ParityCheck(Task):
+class ParityCheck(Problem):
   """A binary string → its number of 1s modulo 2."""
 
   name: str = "parity_check"
@@ -40,7 +41,7 @@ class ParityCheck(Task):
 
 
 @dataclasses.dataclass(frozen=True)
-class CycleNavigation(Task):
+class CycleNavigation(Problem):
   """Moves on a cycle of cycle_length positions, symbol s moving by s − 1 (0: one step
   back, 1: stay, 2: one step forward) → the final position, starting at 0."""
 
@@ -87,7 +88,7 @@ EVEN_LENGTHS = {  # task.even_lengths of modular_arithmetic: an input of even le
 
 
 @dataclasses.dataclass(frozen=True)
-class ModularArithmetic(ModularTask):
+class ModularArithmetic(ModularProblem):
   """An expression of numbers 0..modulus−1 (symbols 0..modulus−1) alternating with
   operators + − × (modulus, modulus+1, modulus+2), all uniform → its value modulo modulus,
   multiplications first. Expressions have odd lengths: DeepMind's code draws one of n − 1
@@ -115,5 +116,5 @@ class ModularArithmetic(ModularTask):
     return expression, np.array([evaluate(expression, self.modulus)], np.int32)
 
 
-TASKS = {"even_pairs": EvenPairs, "modular_arithmetic": ModularArithmetic,
-         "parity_check": ParityCheck, "cycle_navigation": CycleNavigation}
+PROBLEMS = {"even_pairs": EvenPairs, "modular_arithmetic": ModularArithmetic,
+            "parity_check": ParityCheck, "cycle_navigation": CycleNavigation}
