@@ -11,9 +11,8 @@ import pytest
 
 from configs import multi30k
 from transformer.core.errors import ConfigError
-from transformer.data import encoded
+from transformer.data import encoded_corpus
 from transformer.data.translation import base as translation
-from transformer.data.encoded_corpus import EncodedCorpus
 from transformer.data.pipeline import permute
 from transformer.data.tokenizer import sample
 from transformer.run import experiment
@@ -110,7 +109,7 @@ def test_a_changed_corpus_or_tokenizer_rebuilds_the_cache_with_a_log_line(tmp_pa
 def test_a_damaged_cache_is_rebuilt_or_refused_never_trained_on(tmp_path, caplog):
   _corpus(tmp_path / "corpus")
   cache = tmp_path / "run" / translation.ENCODED_DIR
-  shard = cache / encoded.shard_name(0)
+  shard = cache / encoded_corpus.shard_name(0)
   want = _sentences(_source(tmp_path), _source(tmp_path).train_batches().rows(0, 0))
   data = shard.read_bytes()
   shard.write_bytes(data[:len(data) // 2])  # truncated: detected by its size, rebuilt
@@ -118,7 +117,7 @@ def test_a_damaged_cache_is_rebuilt_or_refused_never_trained_on(tmp_path, caplog
     source = _source(tmp_path)
     assert _sentences(source, source.train_batches().rows(0, 0)) == want
   assert "the manifest says" in caplog.text and "rebuilding" in caplog.text
-  (cache / encoded.MANIFEST).write_text("{not json")  # unreadable manifest: rebuilt
+  (cache / encoded_corpus.MANIFEST).write_text("{not json")  # unreadable manifest: rebuilt
   assert len(_source(tmp_path).encoded_corpus()) == 64
   intact = shard.read_bytes()
   damaged = bytearray(intact)  # same size, a block header's byte flipped: opening it fails
@@ -136,7 +135,7 @@ def test_a_damaged_cache_is_rebuilt_or_refused_never_trained_on(tmp_path, caplog
     dataset = _source(tmp_path).train_batches()
     for window in range(dataset.num_windows):
       dataset.rows(0, window)
-  manifest = json.loads((cache / encoded.MANIFEST).read_text())
+  manifest = json.loads((cache / encoded_corpus.MANIFEST).read_text())
   assert manifest["records"] == 64 and manifest["shards"][0]["bytes"] == len(damaged)
 
 
@@ -175,11 +174,11 @@ def test_a_manifest_that_disagrees_with_itself_or_its_shards_is_rebuilt(
     tmp_path, caplog, field, value, signed, why):
   _corpus(tmp_path / "corpus")
   want = _sentences(_source(tmp_path), _source(tmp_path).train_batches().rows(0, 0))
-  path = tmp_path / "run" / translation.ENCODED_DIR / encoded.MANIFEST
+  path = tmp_path / "run" / translation.ENCODED_DIR / encoded_corpus.MANIFEST
   manifest = json.loads(path.read_text())
   _set(manifest, field, value)
   if signed:
-    manifest["checksum"] = encoded.checksum(manifest)
+    manifest["checksum"] = encoded_corpus.checksum(manifest)
   path.write_text(json.dumps(manifest))
   with caplog.at_level(logging.INFO):
     source = _source(tmp_path)
@@ -187,7 +186,7 @@ def test_a_manifest_that_disagrees_with_itself_or_its_shards_is_rebuilt(
     assert _sentences(source, source.train_batches().rows(0, 0)) == want
   assert why in caplog.text and "rebuilding it" in caplog.text, caplog.text
   rebuilt = json.loads(path.read_text())
-  assert rebuilt["records"] == 64 and rebuilt["checksum"] == encoded.checksum(rebuilt)
+  assert rebuilt["records"] == 64 and rebuilt["checksum"] == encoded_corpus.checksum(rebuilt)
 
 
 def test_a_disagreeing_cache_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_path,
@@ -195,9 +194,9 @@ def test_a_disagreeing_cache_that_cannot_be_rebuilt_is_refused_in_one_line(tmp_p
   _corpus(tmp_path / "corpus")
   _source(tmp_path).encoded_corpus()
   cache = tmp_path / "run" / translation.ENCODED_DIR
-  manifest = json.loads((cache / encoded.MANIFEST).read_text())
-  (cache / encoded.MANIFEST).write_text(json.dumps(manifest | {"records": 100}))
-  monkeypatch.setattr(encoded.storage, "writable_directory",
+  manifest = json.loads((cache / encoded_corpus.MANIFEST).read_text())
+  (cache / encoded_corpus.MANIFEST).write_text(json.dumps(manifest | {"records": 100}))
+  monkeypatch.setattr(encoded_corpus.storage, "writable_directory",
                       lambda path: f"{path} is not writable")  # a shared read-only cache
   with pytest.raises(ConfigError) as error:
     _source(tmp_path).encoded_corpus()
@@ -226,9 +225,9 @@ def test_a_corpus_error_while_encoding_leaves_no_shards(tmp_path):
     raise ConfigError("train.en:41: not valid UTF-8")
   encode = lambda sentences: [[5] * len(s) for s in sentences]  # noqa: E731
   with pytest.MonkeyPatch.context() as patch:
-    patch.setattr(encoded, "CHUNK", 16)  # two shards written before the error
+    patch.setattr(encoded_corpus, "CHUNK", 16)  # two shards written before the error
     with pytest.raises(ConfigError, match="not valid UTF-8"):
-      encoded.build(str(tmp_path / "cache"), {"k": 1}, failing(), encode, 100)
+      encoded_corpus.build(str(tmp_path / "cache"), {"k": 1}, failing(), encode, 100)
   assert not (tmp_path / "cache").exists()
 
 
@@ -251,7 +250,7 @@ def test_resume_mid_window_and_across_epochs_gives_identical_batches(tmp_path):
 
 
 def test_two_processes_share_the_encoding_and_wait_only_for_each_other(tmp_path, monkeypatch):
-  monkeypatch.setattr(encoded, "CHUNK", 16)  # 64 pairs: 4 chunks, 2 per process
+  monkeypatch.setattr(encoded_corpus, "CHUNK", 16)  # 64 pairs: 4 chunks, 2 per process
   barrier, results, encoders = threading.Barrier(2, timeout=60), [None, None], [set(), set()]
   pairs = [(s, s.upper()) for s in SOURCES]
 
@@ -259,15 +258,16 @@ def test_two_processes_share_the_encoding_and_wait_only_for_each_other(tmp_path,
     def encode(sentences):
       encoders[index].update(sentences)
       return [[4 + len(w) for w in s.split()] for s in sentences]
-    results[index] = encoded.build(str(tmp_path / "cache"), {"k": 1}, iter(pairs), encode, 100,
-                                   index, 2, barrier=lambda name: barrier.wait())
+    results[index] = encoded_corpus.build(str(tmp_path / "cache"), {"k": 1}, iter(pairs),
+                                          encode, 100, index, 2,
+                                          barrier=lambda name: barrier.wait())
   threads = [threading.Thread(target=process, args=(i,)) for i in range(2)]
   [t.start() for t in threads], [t.join() for t in threads]
   assert results[0] == results[1] and results[0]["records"] == 64
   assert [s["records"] for s in results[0]["shards"]] == [16] * 4
   assert not encoders[0] & encoders[1]  # each encoded its own chunks: 0 and 2, 1 and 3
   assert encoders[0] | encoders[1] == {s for pair in pairs for s in pair}
-  corpus = EncodedCorpus(str(tmp_path / "cache"), results[0])
+  corpus = encoded_corpus.EncodedCorpus(str(tmp_path / "cache"), results[0])
   tokens, starts, lengths = corpus.read(np.array([63, 0, 17]))
   for k, (source, target) in enumerate((pairs[63], pairs[0], pairs[17])):
     want = [4 + len(w) for w in source.split()] + [2]

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from tests.support import make_tiny_config  # noqa: E402
 from transformer.core import fields
 from transformer.core.errors import ConfigError  # noqa: E402
-from transformer.data import encoded, hf_datasets  # noqa: E402
+from transformer.data import encoded_corpus, hf_datasets  # noqa: E402
 from transformer.data.translation.hf import HfData  # noqa: E402
 from transformer.data.lm.source import LMData  # noqa: E402
 from transformer.run import config as config_lib  # noqa: E402
@@ -148,8 +148,8 @@ def test_a_changed_file_rebuilds_the_encoded_cache(tmp_path):
                            cache_dir=str(tmp_path / "run")), tmp_path / "run")
   assert again.corpus_identity() != before
   again.load()
-  key = encoded.make_key(again.tokenizer.proto, again.corpus_identity())
-  assert encoded.check(again.cache_dir, key, np.uint16) is None  # stale: to be rebuilt
+  key = encoded_corpus.make_key(again.tokenizer.proto, again.corpus_identity())
+  assert encoded_corpus.check(again.cache_dir, key, np.uint16) is None  # stale: to be rebuilt
   again.prepare()
   assert records(again) == shuffled
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import check
-from transformer.data import encoded, text_files
+from transformer.data import text_files
 
 LOCAL_BUILDERS = ("arrow", "csv", "json", "parquet")
 LOCAL_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # files: split names
@@ -203,7 +203,7 @@ def identity(data, split: str, columns: list[str], what: str) -> dict:
   or for a local dataset directory a hash of its files' paths and mtimes)."""
   out = {"hf_path": data.hf_path, "columns": list(columns)}
   if is_local(data):
-    return out | {"split": split, "files": [encoded.file_identity(f)
+    return out | {"split": split, "files": [text_files.file_identity(f)
                                             for f in text_files.split_files(data, split)]}
   try:
     builder = _datasets(what).load_dataset_builder(

@@ -1,7 +1,7 @@
 """Text corpora: parallel files with one sentence per line, a source and a target file per
 split, plain or gzip, local or a URL; the files of a split named by a glob; and prepared
-TFDS datasets. Bad input fails with a ConfigError naming the file (and line) or saying how
-to prepare the dataset."""
+TFDS datasets; what identifies a corpus file (file_identity). Bad input fails with a
+ConfigError naming the file (and line) or saying how to prepare the dataset."""
 
 import contextlib
 import gzip
@@ -12,6 +12,12 @@ from etils import epath
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError
+
+
+def file_identity(path: str) -> dict:
+  """What identifies a corpus file's contents cheaply: its path, size and mtime."""
+  stat = epath.Path(path).stat()
+  return {"path": storage.absolute(path), "size": stat.length, "mtime": int(stat.mtime)}
 
 
 def split_files(data, split: str) -> list[str]:

@@ -32,7 +32,7 @@ from etils import epath
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError
-from transformer.data import encoded, hf_datasets, text_files
+from transformer.data import hf_datasets, text_files
 
 _SKIP_DIRS = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})
 
@@ -96,7 +96,7 @@ CORPORA = {"stdlib": stdlib_documents, "files": file_documents, "tfds": tfds_doc
 
 def _files_identity(paths) -> dict:
   """The files' paths, sizes and mtimes; of many files (the stdlib's), a digest of them."""
-  identities = [encoded.file_identity(str(p)) for p in paths]
+  identities = [text_files.file_identity(str(p)) for p in paths]
   if len(identities) <= 8:
     return {"files": identities}
   return {"files": {"count": len(identities), "first": identities[0]["path"],

@@ -1,8 +1,8 @@
-"""Translation data, whatever the pairs' source (parallel text files: translation/text.py; a
-prepared TFDS dataset: translation/tfds.py; a Hugging Face dataset: hf.py): a
+"""Translation data, whatever the pairs' source (parallel text files: text.py; a prepared
+TFDS dataset: tfds.py; a Hugging Face dataset: hf.py): a
 sentencepiece vocabulary trained on a sample of the training pairs into the workdir (or an
 existing model, data.tokenizer). The training pairs are encoded once into data.cache_dir
-(default: the tokenizer's directory; encoded.py) and streamed from there in packed batches,
+(default: the tokenizer's directory; data/encoded_corpus.py) and streamed from there in packed batches,
 each process reading its own part.
 
 load() reads what can be wrong before anything is written: the held-out splits, and the
@@ -27,7 +27,7 @@ from transformer.core.fields import AT_LEAST_0, Range, check_ranges, execution
 from transformer.core.metrics import text_scores
 from transformer.core.registry import lookup
 from transformer.core.vocab import NUM_RESERVED
-from transformer.data import SourceArgs, Targets, encoded, pipeline, text_files
+from transformer.data import SourceArgs, Targets, encoded_corpus, pipeline, text_files
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Split, SplitResult
 from transformer.data.encoded_corpus import EncodedCorpus
@@ -126,13 +126,13 @@ class TranslationSource(DataSource):
     """The encoded training corpus, encoded first (by all processes) if the cache is
     missing, stale or damaged."""
     if self.corpus is None:
-      key = encoded.make_key(self.tokenizer.proto, self.corpus_identity())
-      dtype = encoded.dtype_for(self.data.vocab_size)
-      manifest = encoded.check(self.cache_dir, key, dtype)
+      key = encoded_corpus.make_key(self.tokenizer.proto, self.corpus_identity())
+      dtype = encoded_corpus.dtype_for(self.data.vocab_size)
+      manifest = encoded_corpus.check(self.cache_dir, key, dtype)
       if jax.process_count() > 1:  # no process rebuilds while another still checks
         multihost_utils.sync_global_devices("encoded_check")
       if manifest is None:
-        manifest = encoded.build(
+        manifest = encoded_corpus.build(
             self.cache_dir, key, self.train_pairs(), self.tokenizer.encode_batch,
             self.data.vocab_size, jax.process_index(), jax.process_count(),
             barrier=multihost_utils.sync_global_devices if jax.process_count() > 1

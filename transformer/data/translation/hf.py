@@ -3,12 +3,12 @@ from the hub or from local files (where the rows are, and how they are read:
 hf_datasets.py). A language model on a Hugging Face dataset is data.source "lm" with
 data.corpus "hf".
 
-The pairs then go the text and tfds sources' way (translation.TranslationSource): a
+The pairs then go the text and tfds sources' way (base.TranslationSource): a
 tokenizer trained on a sample of the training pairs, the training pairs encoded once into
-the array_record cache (encoded.py), whose key holds the dataset's identity
+the array_record cache (data/encoded_corpus.py), whose key holds the dataset's identity
 (hf_datasets.identity), and packed batches of each process's part of it. As with those
 sources, every process streams the training rows while the cache is built, each encoding
-its own chunks (encoded.build), and only process 0 trains the tokenizer. Without
+its own chunks (encoded_corpus.build), and only process 0 trains the tokenizer. Without
 streaming, every process loads the dataset as datasets does (prepared once per cache
 directory, under datasets' file lock; a shared data.hf_cache_dir prepares it once): that is
 datasets' own cache, never the workdir, which the source leaves unwritten until prepare().

@@ -1,6 +1,6 @@
 """data.source "text": translation pairs of parallel text files, a source and a target file
-per split under data.dir (plain or .gz, one sentence per line, local or a URL; text.py
-reads them). What every translation source shares: translation.py."""
+per split under data.dir (plain or .gz, one sentence per line, local or a URL;
+data/text_files.py reads them). What every translation source shares: base.py."""
 
 import dataclasses
 import gzip
@@ -12,7 +12,7 @@ from etils import epath
 from transformer.core import storage
 from transformer.core.errors import ConfigError
 from transformer.core.fields import execution
-from transformer.data import SourceArgs, encoded, text_files
+from transformer.data import SourceArgs, text_files
 from transformer.data.base import Example
 from transformer.data.translation.base import TranslationData, TranslationSource
 
@@ -70,4 +70,4 @@ class ParallelTextSource(TranslationSource):
     return text_files.iter_parallel(self.path("train", "source"), self.path("train", "target"))
 
   def corpus_identity(self) -> list[dict]:
-    return [encoded.file_identity(self.path("train", side)) for side in ("source", "target")]
+    return [text_files.file_identity(self.path("train", side)) for side in ("source", "target")]

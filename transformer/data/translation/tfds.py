@@ -1,6 +1,6 @@
-"""data.source "tfds": translation pairs of a prepared TFDS translation dataset, read
-through tfds.data_source (array_record, no TensorFlow; text_files.tfds_split says how to prepare
-one). What every translation source shares: translation.py."""
+"""data.source "tfds": translation pairs of a prepared TFDS translation dataset, read through
+tfds.data_source (array_record, no TensorFlow; data/text_files.py's tfds_split says how to
+prepare one). What every translation source shares: base.py."""
 
 import dataclasses
 import functools
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from transformer.core import storage
 from transformer.core.fields import execution
-from transformer.data import SourceArgs, encoded, text_files
+from transformer.data import SourceArgs, text_files
 from transformer.data.base import Example
 from transformer.data.translation.base import TranslationData, TranslationSource
 
@@ -71,7 +71,7 @@ class TfdsSource(TranslationSource):
     """The split's name, version and size, and each of its array_record files' size and
     mtime with the records read from it: a re-prepared dataset has new files."""
     source = self._data_source("train")
-    files = [encoded.file_identity(f.filename) | {"skip": f.skip, "take": f.take}
+    files = [text_files.file_identity(f.filename) | {"skip": f.skip, "take": f.take}
              for f in source.dataset_info.splits[source.split].file_instructions]
     return [{"tfds_name": self.data.tfds_name, "split": self.data.train_split,
              "tfds_dir": storage.absolute(self.data.tfds_dir) if self.data.tfds_dir else "",
