@@ -6,7 +6,7 @@ each head's dimensions turn, GPT-NeoX's rotary_pct), ALiBi, FIRE, no positions (
 RoPE/NoPE hybrid (`rotary+none`: layer 1 rotary, layer 2 none; model/layer_pattern.py).
 
 A quarter of the training rows are passkey rows at L (data.passkey.train_fraction = 0.25,
-data/lm/passkey_mix.py; their keys never among the evaluation's), so the model learns the
+data/lm/passkey.py's Mix; their keys never among the evaluation's), so the model learns the
 retrieval format at L and the passkey columns at 2L, 4L, 8L ask whether it survives at
 lengths never trained. Trained on text alone this LM retrieves nothing at any length. A
 rotary run (seed 0) per fraction retrieved, of 50 held-out rows at L, 2L, 4L, 8L / its

@@ -1,4 +1,4 @@
-"""Passkey rows in a language model's training batches (data/lm/passkey_mix.py,
+"""Passkey rows in a language model's training batches (data/lm/passkey.py's Mix,
 data.passkey.train_fraction): none at the default, the batches then bit for bit the windows
 of (seed, 0, i); the expected share of passkey rows, each the prompt at L of a training key;
 training keys and evaluation keys disjoint; a batch a pure function of its step (resume
@@ -17,7 +17,7 @@ from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import BOS_ID
 from transformer.data import SourceArgs
-from transformer.data.lm import passkey, passkey_mix
+from transformer.data.lm import passkey
 from transformer.data.lm.source import LanguageModelSource, window_batch
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
@@ -176,7 +176,7 @@ def test_a_training_row_longer_than_L_is_refused(corpus):
   with pytest.raises(ConfigError, match=r"a passkey training row takes at least \d+ tokens .* "
                                         r"window of 40 .*train_fraction=0"):
     source.load()
-  assert passkey_mix.STREAM != 0  # lm.py's windows are stream 0
+  assert passkey.STREAM != 0  # source.py's windows are stream 0
 
 
 def test_a_tiny_model_learns_to_retrieve_held_out_keys_at_L(corpus, tmp_path):

@@ -1,6 +1,6 @@
 """Language-modelling data for the decoder-only family: long documents cut into windows
-(source.py, from the corpora of corpora.py), passkey retrieval (passkey.py, and its rows in
-training batches: passkey_mix.py) and multi-query associative recall (mqar.py). The rest of
+(source.py, from the corpora of corpora.py), passkey retrieval (passkey.py: its evaluation,
+and its rows in training batches) and multi-query associative recall (mqar.py). The rest of
 the package enters here."""
 
 from transformer.data.lm.mqar import MQARSource

@@ -1,6 +1,7 @@
 """Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): a key hidden at a chosen
 depth in filler text, asked for at the end. A language model retrieves it when greedy
-decoding after the question gives the key's tokens.
+decoding after the question gives the key's tokens. This module makes the evaluation's rows
+and scores them, and mixes passkey rows into the training batches (Mix).
 
 The text is the paper's generator's (epfml/landmark-attention, llama/run_test.py): the
 filler sentences repeated, the information line and the final question, with one change
@@ -12,36 +13,41 @@ and one line fewer:
   <filler suffix>
   What is the pass key? The pass key is 12345
 
-- The key ends a line where the paper writes "12345. Remember it.": the key then ends at a
-  word boundary at all three places, so it has the same tokens in the information line, in
-  its repetition and as the answer. Glued to the period, a subword vocabulary may cut it
-  otherwise there than in the answer (a model that copies it exactly would then fail).
+- The key ends a line where the paper writes "12345. Remember it.": it then ends at a word
+  boundary at all three places, so it has the same tokens in each (glued to the period, a
+  subword vocabulary may cut it otherwise there than in the answer).
 - The paper's task description (an instruction to an instruction-tuned model) is left
-  out: it takes 49 tokens of the stdlib BPE vocabulary, most of L = 64, and a model trained
-  on code follows no instructions.
+  out: it takes 49 tokens of the stdlib BPE vocabulary, most of L = 64.
 
-Tokens: the prompt goes through the run's own tokenizer, as the paper's goes through its
-model's, in segments that meet at word boundaries (the filler, each fixed phrase, the key as
-a decimal number, each line ending in EOS as the language model's documents do, after BOS).
-For a sentencepiece model that splits on whitespace (every one this project trains) that is
-exactly the encoding of the whole text; for any other, the key still has one tokenization.
+Tokens: the prompt goes through the run's own tokenizer in segments that meet at word
+boundaries (the filler, each fixed phrase, the key as a decimal number, each line ending in
+EOS as the documents' lines do, after BOS): for a sentencepiece model that splits on
+whitespace (every one this project trains), exactly the encoding of the whole text; for any
+other, the key still has one tokenization.
 
-Lengths: a row is exactly length + 1 tokens (inputs length, targets shifted by one, as
-lm.window_batch): the filler takes what the fixed parts leave, the first round(depth·F) of
-its F tokens before the information line and the first F − round(depth·F) after it (the
-paper cuts both from the start of the repeated filler). Keys are the paper's: uniform in
-1..50000; key i of every (length, depth) cell is the same, drawn from (seed, i), so the
-cells differ only in where the key is and how much filler surrounds it.
+Lengths: a row is exactly length + 1 tokens (inputs, and targets shifted by one, as
+source.window_batch's): the filler takes what the fixed parts leave, the first round(depth·F)
+of its F tokens before the information line and the first F − round(depth·F) after it (both
+cut from the start of the repeated filler, as the paper's). Keys are the paper's, uniform
+in 1..50000; key i of every (length, depth) cell is drawn from (seed, i), so the cells
+differ only in where the key is and how much filler surrounds it.
 
 The metric: greedy retrieval, exact. A row is retrieved when the argmax at every answer
-position, the earlier answer tokens given, is the key's token: exactly when greedy
-decoding after the question reproduces the key's tokens (each step sees the same prefix),
-so one teacher-forced pass scores it (tests/test_retrieval.py checks it against KV-cached
-decoding). The paper reads the first integer of 10 sampled tokens; a key's tokens followed
-by more digits count here and not there.
+position, the earlier answer tokens given, is the key's token: exactly when greedy decoding
+after the question reproduces the key's tokens, so one teacher-forced pass scores it
+(tests/test_retrieval.py checks it against KV-cached decoding). The paper reads the first
+integer of 10 sampled tokens; a key's tokens followed by more digits count here and not there.
 
-Training: data.passkey.train_fraction > 0 mixes these prompts at L into the training batches
-(passkey_mix.py), with keys from one half of KEYS (training_keys) and evaluates on the other.
+Training rows (Mix, data.passkey.train_fraction = f > 0), so that a small model learns the
+format at the training length L: training row i (batch s holds rows s·B ... s·B + B − 1) is a
+passkey row at L when the first draw of the generator (run seed, STREAM, i) is below f; its
+key and the number of filler tokens before the information line (uniform over 0..F) are its
+next draws. A row is a pure function of (seed, i), so a resumed run trains on what an
+uninterrupted one would; a row that is not a passkey row is the window it is without the mix.
+Keys are drawn from one half of KEYS (training_keys); a run with a mix is evaluated on the
+other half (draw_keys(held_out=True)), so no evaluation row is ever trained on, whatever
+data.passkey.seed, .examples and .depths an evaluation sets. The loss is the whole row, as
+language-model text (docs/results.md compares it with scoring the answer alone).
 """
 
 import dataclasses
@@ -69,8 +75,8 @@ class Passkey:
   examples: int = 0  # keys per (length, depth) cell; 0: no passkey evaluation
   depths: int = 5  # the key's depths: 0, 1/(depths − 1), ..., 1 of the filler before it
   seed: int = 0  # the keys' draws (the same keys at every length and depth)
-  # the share of training rows that are passkey rows at L (passkey_mix.py); it changes the
-  # training data, so it is the run's identity; 0, as before the field existed: none
+  # the share of training rows that are passkey rows at L (Mix); it changes the training
+  # data, so it is the run's identity; 0 (a saved run without the field too): none
   train_fraction: float = identity_field(0.0)
 
   def __post_init__(self):
@@ -113,7 +119,7 @@ class Phrases:
 
 def training_keys(keys) -> np.ndarray:
   """Per key (bool): whether it is a training key, one a run with data.passkey.train_fraction
-  > 0 trains on (passkey_mix.py); its evaluation keys are the others. The halves are split
+  > 0 trains on (Mix); its evaluation keys are the others. The halves are split
   by the lowest bit of a 64-bit mix of the key (splitmix64's finalizer), so each spreads
   evenly over the digits: the held-out keys ask for copying, not for unseen digits."""
   x = np.array(keys, np.uint64, ndmin=1) + np.uint64(0x9E3779B97F4A7C15)
@@ -200,3 +206,60 @@ def results(length: int, depths: list[float], arrays: dict, predictions: np.ndar
   by_depth = hit.reshape(len(depths), -1).mean(axis=1)
   return {"exact_match": float(hit.mean()),
           GRID: {length: {depth_name(d): float(r) for d, r in zip(depths, by_depth)}}}
+
+
+STREAM = 1  # the generator (seed, STREAM, i) of training row i's passkey draws
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """A passkey row of a training batch: training key `key` (an index into Mix.keys) with
+  `before` filler tokens before its information line."""
+
+  key: int
+  before: int
+
+
+class Mix:
+  """The passkey rows of a run's training batches (module docstring: training rows)."""
+
+  def __init__(self, fraction: float, seed: int, length: int,
+               encode: Callable[[str], list[int]]):
+    """fraction: data.passkey.train_fraction (> 0); seed: the run's; length: L; encode: the
+    run's tokenizer (text -> ids). A ConfigError if a training key's row exceeds L."""
+    self.fraction, self.seed, self.length = fraction, seed, length
+    self.phrases = Phrases.encode(encode, length)
+    every = np.arange(KEYS[0], KEYS[1] + 1)
+    self.keys = every[training_keys(every)]  # [~25000] the training keys
+    self.tokens = [encode(str(k)) for k in self.keys]
+    longest = max(self.tokens, key=len)
+    if self.phrases.fixed(longest) > length + 1:
+      raise ConfigError(
+          f"a passkey training row takes at least {self.phrases.fixed(longest)} tokens of "
+          f"this run's tokenizer (with the key {self.keys[self.tokens.index(longest)]}), more "
+          f"than a window of {length} (+1) holds: raise data.max_len, or set "
+          "data.passkey.train_fraction=0")
+
+  def draw(self, i: int) -> Row | None:
+    """Training row i's passkey row, or None where row i is a window of text."""
+    rng = np.random.default_rng([self.seed, STREAM, i])
+    if rng.random() >= self.fraction:
+      return None
+    key = int(rng.integers(len(self.keys)))
+    filler = filler_length(self.phrases, self.tokens[key], self.length)
+    return Row(key, int(rng.integers(filler + 1)))
+
+  def batch(self, rows: list, windows: Callable[[list[int]], dict]) -> dict:
+    """The batch of `rows` (per row a window start, or a Row): windows(starts) makes the
+    windows (source.window_batch's arrays [n, L]), then each Row's prompt replaces its row."""
+    out = windows([0 if isinstance(r, Row) else r for r in rows])
+    for n, row in enumerate(rows):
+      if isinstance(row, Row):
+        key = self.tokens[row.key]
+        filler = filler_length(self.phrases, key, self.length)
+        tokens, _ = prompt_at(self.phrases, key, filler, row.before)
+        out["inputs"][n], out["targets"][n] = tokens[:-1], tokens[1:]
+        out["inputs_positions"][n] = out["targets_positions"][n] = np.arange(self.length)
+        out["inputs_segmentation"][n] = out["targets_segmentation"][n] = 1
+    return out
+

@@ -30,7 +30,7 @@ from transformer.core.metrics import language_model_metrics
 from transformer.core.registry import lookup
 from transformer.core.vocab import BOS_ID, EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs, Targets, hf_datasets, pipeline, text_files
-from transformer.data.lm import passkey, passkey_mix
+from transformer.data.lm import passkey
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.data.base import DataSource, Example, Grid, Split, SplitResult
 from transformer.data.lm.corpora import CORPORA, corpus_identity, stdlib_files
@@ -146,7 +146,7 @@ class LanguageModelSource(DataSource):
           f"≥ 1 (windows of {data.eval_lengths[-1]} tokens evaluated)")
     self.tokenizer_path = data.tokenizer or storage.join(args.workdir or ".", TOKENIZER_FILE)
     self.tokenizer: Tokenizer | None = None
-    self.mix: passkey_mix.Mix | None = None  # passkey rows in training (load)
+    self.mix: passkey.Mix | None = None  # passkey rows in training (load)
     self.streams: dict[str, np.ndarray] = {}
     if data.corpus == "stdlib":
       train, valid = stdlib_files(data)
@@ -213,8 +213,8 @@ class LanguageModelSource(DataSource):
         raise ConfigError(f"the {split} documents have {len(stream)} tokens, too few for "
                           f"{wanted}")
     if self.data.passkey.train_fraction:
-      self.mix = passkey_mix.Mix(self.data.passkey.train_fraction, self.args.seed,
-                                 self.data.max_len, self.tokenizer.sp.encode)
+      self.mix = passkey.Mix(self.data.passkey.train_fraction, self.args.seed,
+                             self.data.max_len, self.tokenizer.sp.encode)
 
   def prepare(self) -> None:
     """load(), then writes a tokenizer it trained into the workdir."""
@@ -223,7 +223,7 @@ class LanguageModelSource(DataSource):
 
   def train_batches(self) -> grain.IterDataset:
     """Endless batches of random windows, a data.passkey.train_fraction of the rows passkey
-    rows (passkey_mix.py); batch `step` is a pure function of (seed, step)."""
+    rows (passkey.Mix); batch `step` is a pure function of (seed, step)."""
     stream, length, seed = self.streams["train"], self.data.max_len, self.args.seed
     mix = self.mix
     start = lambda i: int(np.random.default_rng([seed, _TRAIN_STREAM, i]  # noqa: E731
@@ -264,7 +264,7 @@ class LanguageModelSource(DataSource):
       return {}
     encode = self.tokenizer.sp.encode
     phrases = passkey.Phrases.encode(encode, self.data.eval_lengths[-1])
-    held_out = settings.train_fraction > 0  # keys no training row has (passkey_mix.py)
+    held_out = settings.train_fraction > 0  # keys no training row has (passkey.Mix)
     keys = [encode(str(k)) for k in passkey.draw_keys(settings.seed, settings.examples,
                                                       held_out)]
     return {f"len{w}{passkey.SUFFIX}": Split(passkey.rows(phrases, keys, w,
