@@ -11,7 +11,8 @@ inputs[t + 1] and only the answer is scored: a row's prompt is its tokens up to 
 its first scored position, and its answer the tokens at the scored positions' successors.
 The interface every source meets: transformer/data/base.py; the registry: sources.py. The
 generated tasks (reverse, copy, sort, the papers' 15, ListOps, duplicates) meet one more:
-data/tasks/problem.py (problems, data/tasks/registry.py), data/tasks/splits.py (splits rules), data/tasks/casts.py (casts).
+data/tasks/problem.py (problems, registered in data/tasks/registry.py), data/tasks/splits.py
+(splits rules), data/tasks/casts.py (casts).
 """
 
 import dataclasses

@@ -110,7 +110,7 @@ class DataSource(abc.ABC):
   def saved(cls, raw: dict[str, Any]) -> dict[str, Any]:
     """A run's saved config (nested dicts, today's layout) as it meant when saved: a field
     the source gained since, that changed what it computes, gets the value that keeps the
-    old meaning (e.g. task.changed fields). Unchanged by default."""
+    old meaning (e.g. a problem's migration.changed fields). Unchanged by default."""
     return raw
 
   @classmethod

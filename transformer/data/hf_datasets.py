@@ -219,7 +219,7 @@ def identity(data, split: str, columns: list[str], what: str) -> dict:
 
 def documents(data, split: str) -> list[str]:
   """The `data.text_key` column of a split (train | valid) of data.corpus "hf", one document
-  per row (lm.LMData)."""
+  per row (lm/source.py LMData)."""
   dataset = load(data, split, "data.corpus 'hf'")
   where = describe(data, split)
   check_column(dataset, data.text_key, "text_key", where)

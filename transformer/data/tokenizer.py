@@ -12,7 +12,7 @@ and the model's hash. A later run in that workdir compares the record with its o
     their mtimes, which legitimately change when a run is resumed on another machine or a
     copied corpus (data.dir is an execution field), and no config change could make such a
     run resumable again;
-  * no record (a workdir of an older version): the tokenizer is used as before.
+  * no record (a workdir written without one): the tokenizer is used unchecked.
 A tokenizer the user gives (data.tokenizer) is used as it is, never retrained.
 
 Training happens in memory (load_or_train) and the file is written later (save), once the
@@ -176,7 +176,7 @@ def _changes(old, new, where: str = "") -> list[str]:
 
 def _stale(model_path: str, proto: bytes, recipe: Recipe) -> str | None:
   """Why the tokenizer `proto` at model_path is not recipe's: None if its record matches
-  or if it has none (a workdir of an older version, used as before, with a log line)."""
+  or if it has none (a workdir written without one: used unchecked, with a log line)."""
   path = epath.Path(record_path(model_path))
   if not path.exists():
     log.info("%s has no record of what it was trained on (an older version wrote it): "

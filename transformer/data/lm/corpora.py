@@ -17,7 +17,7 @@ Corpora (`data.corpus`):
 Held-out documents: for stdlib, the files whose CRC32 of the relative path is 0 modulo
 `data.heldout_modulus`; otherwise the valid files or split.
 
-Each reader takes the config.data of data.source "lm" (lm.LMData, which checks data.corpus
+Each reader takes the config.data of data.source "lm" (source.LMData, which checks data.corpus
 against CORPORA) and a split, train or valid.
 """
 

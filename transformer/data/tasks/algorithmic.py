@@ -12,7 +12,7 @@ the answer generated greedily at evaluation).
 
 Besides loss and accuracy (pooled over every answer token) each split reports the papers'
 metric: accuracy per length (the length an instance was drawn at) over the answer symbols
-the task scores (Task.accuracy_mask), `accuracy_by_length`, and its mean over the split's
+the task scores (Problem.accuracy_mask), `accuracy_by_length`, and its mean over the split's
 lengths, `mean_accuracy` (their score on the test lengths); of the answers as predicted in
 one pass (slots, label, token_labels), or decoded (seq2seq) or generated (decoder) without
 teacher forcing, which then also report `exact_match` (every answer symbol right).

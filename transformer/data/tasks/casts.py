@@ -1,4 +1,4 @@
-"""Casts: how a generated task's instances (task.Instance: input and answer symbols) are
+"""Casts: how a generated task's instances (problem.Instance: input and answer symbols) are
 presented to a model family. Each cast is one small object; CASTS is data.cast's registry.
 
   slots         an encoder reads the input followed by one answer slot per answer symbol and
@@ -58,7 +58,7 @@ class Cast(abc.ABC):
   targets: ClassVar[Targets]
 
   def unfit(self, task) -> str | None:
-    """Why this cast cannot present `task` (its declared Task.answer), or None if it can."""
+    """Why this cast cannot present `task` (its declared Problem.answer), or None if it can."""
     del task
     return None
 

@@ -63,7 +63,8 @@ class GeneratedSource(DataSource):
 
   @classmethod
   def saved(cls, raw: dict[str, Any]) -> dict[str, Any]:
-    """The task section with each task.changed field it lacks set to its old value."""
+    """The task section with each `changed` field (core/migration.py) it lacks set to its
+    old value."""
     section = cls.Task.rename(raw.get("task", {}))
     entry = cls.Task.registry.get(section.get(cls.Task.key))
     return raw if entry is None else {**raw, "task": as_saved(entry, section)}

@@ -88,8 +88,8 @@ class ListOps(Problem):
     return np.array([PIECES.index(w) for w in words], np.int32)
 
   def heldout_hash(self, inputs: np.ndarray) -> int:
-    """CRC32 of the tokens with the CLS token first, as the labelled source hashed them
-    before the seam (the same expressions stay held out)."""
+    """CRC32 of the tokens with the CLS token first (BOS_ID, then symbol + NUM_RESERVED,
+    int32). Saved runs' held-out slices are this hash's: it stays."""
     tokens = np.concatenate([[BOS_ID], np.asarray(inputs) + NUM_RESERVED]).astype(np.int32)
     return zlib.crc32(tokens.tobytes())
 

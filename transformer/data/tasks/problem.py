@@ -204,8 +204,8 @@ def drawn_by(rule: type[SplitsRule], problems: Mapping[str, type[Problem]]) -> d
 
 @dataclasses.dataclass(frozen=True)
 class TaskChoice(Chosen):
-  """config.task of a generated source: `name` picks the task of the registry; a name in
-  `renamed` (a task's former name) is read as its new one."""
+  """config.task of a generated source: `name` picks the task of the registry; a key of
+  `renamed` (another name of a task) is read as the name it maps to."""
 
   renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
 

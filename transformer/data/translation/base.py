@@ -1,9 +1,9 @@
 """Translation data, whatever the pairs' source (parallel text files: text.py; a prepared
-TFDS dataset: tfds.py; a Hugging Face dataset: hf.py): a
-sentencepiece vocabulary trained on a sample of the training pairs into the workdir (or an
-existing model, data.tokenizer). The training pairs are encoded once into data.cache_dir
-(default: the tokenizer's directory; data/encoded_corpus.py) and streamed from there in packed batches,
-each process reading its own part.
+TFDS dataset: tfds.py; a Hugging Face dataset: hf.py): a sentencepiece vocabulary trained on
+a sample of the training pairs into the workdir (or an existing model, data.tokenizer). The
+training pairs are encoded once into data.cache_dir (default: the tokenizer's directory;
+data/encoded_corpus.py) and streamed from there in packed batches, each process reading its
+own part.
 
 load() reads what can be wrong before anything is written: the held-out splits, and the
 training pairs whole when it trains the tokenizer (in memory: its sample draws from all of
