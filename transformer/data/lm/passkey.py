@@ -1,7 +1,7 @@
 """Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"): a key hidden at a chosen
 depth in filler text, asked for at the end. A language model retrieves it when greedy
 decoding after the question gives the key's tokens. This module makes the evaluation's rows
-and scores them, and mixes passkey rows into the training batches (Mix).
+and scores them, and puts passkey rows into the training batches (Mix).
 
 The text is the paper's generator's (epfml/landmark-attention, llama/run_test.py): the
 filler sentences repeated, the information line and the final question, with one change
@@ -37,17 +37,6 @@ position, the earlier answer tokens given, is the key's token: exactly when gree
 after the question reproduces the key's tokens, so one teacher-forced pass scores it
 (tests/test_retrieval.py checks it against KV-cached decoding). The paper reads the first
 integer of 10 sampled tokens; a key's tokens followed by more digits count here and not there.
-
-Training rows (Mix, data.passkey.train_fraction = f > 0), so that a small model learns the
-format at the training length L: training row i (batch s holds rows s·B ... s·B + B − 1) is a
-passkey row at L when the first draw of the generator (run seed, STREAM, i) is below f; its
-key and the number of filler tokens before the information line (uniform over 0..F) are its
-next draws. A row is a pure function of (seed, i), so a resumed run trains on what an
-uninterrupted one would; a row that is not a passkey row is the window it is without the mix.
-Keys are drawn from one half of KEYS (training_keys); a run with a mix is evaluated on the
-other half (draw_keys(held_out=True)), so no evaluation row is ever trained on, whatever
-data.passkey.seed, .examples and .depths an evaluation sets. The loss is the whole row, as
-language-model text (docs/results.md compares it with scoring the answer alone).
 """
 
 import dataclasses
@@ -221,7 +210,16 @@ class Row:
 
 
 class Mix:
-  """The passkey rows of a run's training batches (module docstring: training rows)."""
+  """The passkey rows of a run's training batches (data.passkey.train_fraction = f > 0), so
+  that a small model learns the format at the training length L. Training row i (batch s
+  holds rows s·B ... s·B + B − 1) is a passkey row at L when the first draw of the generator
+  (run seed, STREAM, i) is below f; its key and the number of filler tokens before the
+  information line (uniform over 0..F) are its next draws; any other row is the window it is
+  without the mix. A row is a pure function of (seed, i): a resumed run trains on what an
+  uninterrupted one would. Keys are drawn from the training half of KEYS (training_keys); a
+  run with a mix is evaluated on the other half (draw_keys(held_out=True)), so no evaluation
+  row is ever trained on. The loss is the whole row, as language-model text (docs/results.md
+  compares it with scoring the answer alone)."""
 
   def __init__(self, fraction: float, seed: int, length: int,
                encode: Callable[[str], list[int]]):
