@@ -36,7 +36,6 @@ from transformer.core.fields import Chosen
 from transformer.core.vocab import NUM_RESERVED
 
 
-
 class Answer(enum.Enum):
   """What a problem's answers are (Problem.answer): which casts can present them."""
 
