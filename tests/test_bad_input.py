@@ -20,7 +20,7 @@ from transformer.model.masks import WINDOWS
 from transformer.model.positions import POSITIONS
 from transformer.model.qk_norm import QK_NORMS
 from transformer.model.scores import SCORES
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 ROTARY = "model.position_settings.rotary."

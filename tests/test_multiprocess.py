@@ -25,7 +25,7 @@ import pytest
 from tests.clirun import ROOT, CliRunner
 from tests.support import restore_and_evaluate
 from transformer.run import distributed
-from transformer.run.evaluation import restore_run
+from transformer.run.restored_run import restore_run
 from transformer.run.workdir import read_metrics
 from transformer.study import sweep
 

@@ -23,7 +23,7 @@ from transformer.run.config import parse
 from transformer.core import metrics as metrics_lib
 from transformer.core.metrics import METRICS
 from transformer.data.sources import SOURCES
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 from transformer.run.evaluator import PER_EXAMPLE, Evaluator, scored_row_sums
 from transformer.run.state import record_failure
 from transformer.study import bootstrap, compare, report_plots, stats

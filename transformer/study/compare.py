@@ -23,7 +23,7 @@ from transformer.core import storage
 from transformer.core.errors import ConfigError
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 from transformer.run.state import STATES, run_state
 from transformer.study import report, report_grids, report_plots, stats
 from transformer.study.report_tables import cell, markdown, table_csv
@@ -157,7 +157,7 @@ def _lines(text: str) -> list[str]:
 
 def _evaluation(path: str) -> dict[str, tuple[list[str], list[str]]]:
   """{split: (hypotheses, references)} of the text splits of an evaluation that eval.py
-  wrote (its metrics JSON and the files beside it: evaluation.text_paths)."""
+  wrote (its metrics JSON and the files beside it: restored_run.text_paths)."""
   file = epath.Path(path)
   if file.is_dir():
     found = sorted(p.name for p in file.glob("eval_step_*.json"))
