@@ -180,6 +180,18 @@ def checkpoint_params(workdir, step):
     mngr.close()
 
 
+def source_config(sections: dict, **overrides) -> dict:
+  """The tiny test config (a few steps, small batches) with a data source's example sections
+  (DataSource.example) in place of its data and task, as nested dicts for config.parse."""
+  raw = make_tiny_config(**{"train.num_steps": 4, "train.log_every": 2,
+                            "train.checkpoint_every": 2, "eval.num_examples": 8,
+                            "eval.batch_size": 8, "train.batch_size": 8, **overrides}).to_dict()
+  raw["data"] = sections["data"]
+  raw["task"] = sections.get("task", {})
+  raw["model"].update(sections.get("model", {}))
+  return raw
+
+
 def restore_and_evaluate(workdir, step=None, average=1, **kwargs):
   """eval.py's work: restored_run.evaluate_run (kwargs: output, beam_size, alpha, files,
   sampling, seed) of the run restore_run(workdir, step, average) restores."""

@@ -14,6 +14,7 @@ from flax import nnx
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError, RunError
+from transformer.core.metrics import TABLE, shown
 from transformer.core.vocab import PAD_ID
 from transformer.data import Targets
 from transformer.data.pipeline import pad_batch
@@ -239,9 +240,9 @@ def sentence_predictions(run: RestoredRun, sentences: list[str]) -> list[str]:
 
 
 def format_table(results: dict[str, dict]) -> str:
-  columns = [c for c in ("loss", "accuracy", "exact_match", "bleu", "chrf", "macro_f1",
-                          "perplexity", "bits_per_token")
-             if any(c in m for m in results.values())]
+  """eval.py's table of {split: metrics}: a row per split, a column per metric declared
+  shown in a table (core/metrics.py METRICS) that some split has, in METRICS' order."""
+  columns = [c for c in shown(TABLE) if any(c in m for m in results.values())]
   width = max(10, *(len(name) + 1 for name in results))
   w = {c: max(13, len(c) + 2) for c in columns}
   rows = [f"{'split':<{width}}{'examples':>10}" + "".join(f"{c:>{w[c]}}" for c in columns)]
