@@ -27,8 +27,7 @@ seeds. The remaining differences from the papers' protocol are listed in docs/ta
 
 from configs import default
 from transformer.data.tasks.chomsky import TASKS
-from transformer.run.config import with_source
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product, with_source
 
 # The encodings the papers compare (sinusoidal, learned, rotary, ALiBi, T5's relative bias,
 # and none), in this codebase's names.

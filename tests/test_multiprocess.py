@@ -34,7 +34,7 @@ from transformer.study import sweep
 STEPS = 30
 SWEEP = f"""
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis
+from transformer.api import axis
 
 def get_config():
   return make_tiny_config(**{{"train.num_steps": {STEPS}, "train.checkpoint_every": 100,
