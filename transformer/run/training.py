@@ -1,4 +1,5 @@
-"""Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
+"""Training: one jitted train step over a device mesh (step.py; its loss: batch_sums),
+orbax checkpoints, exact resume.
 
 What a run guarantees, whatever fails:
   * the config is validated whole (experiment.build), the run it starts from checked
