@@ -335,10 +335,10 @@ def get_sweep():
 
 
 def test_the_sweep_dir_remembers_how_it_was_run(tmp_path):
-  """Issue 31: a --report_only (or a re-run) without the first invocation's --config.FIELD
-  overrides and --only judged the runs by the config file's defaults and wrote "0 finished"
-  over a correct report. The sweep directory records them (sweep.json) and later
-  invocations use them; flags that would describe other runs are refused; --only given
+  """A --report_only (or a re-run) without the first invocation's --config.FIELD overrides
+  and --only would judge the runs by the config file's defaults and write "0 finished" over
+  a correct report: the sweep directory records them (sweep.json) and later invocations use
+  them; flags that would describe other runs are refused; --only given
   again selects anew. The runs are finished runs' files (fake_run): nothing trains."""
   config_path, sweep_dir = tmp_path / "grid.py", tmp_path / "sweep"
   config_path.write_text(GRID)
