@@ -24,7 +24,8 @@ from transformer.data.tasks.problem import Instance
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment
 from transformer.run.config import parse, replace
-from transformer.run.restored_run import RestoredRun, check_decoding, check_sampling, sentence_predictions
+from transformer.run.restored_run import (RestoredRun, check_decoding, check_sampling,
+                                          sentence_predictions)
 from transformer.run.evaluator import Evaluator
 from transformer.run.step import make_train_step
 

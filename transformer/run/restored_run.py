@@ -85,7 +85,8 @@ def output_path(run: RestoredRun, output: str | None, decoding: Decoding = Decod
 
 def evaluate_run(run: RestoredRun, output: str | None = None, beam_size: int = 1,
                  alpha: float = 0.6, files: tuple[str, str] | None = None,
-                 should_stop=lambda: False, sampling: Sampling = GREEDY, seed: int = 0) -> tuple[int, dict, str]:
+                 should_stop=lambda: False, sampling: Sampling = GREEDY, seed: int = 0
+                 ) -> tuple[int, dict, str]:
   """Evaluates every held-out split of a run restored by restore_run, or the (source,
   reference) text `files` instead, and writes the metrics as JSON (and, for text, the
   detokenized predictions and the references beside it, one file each per split:

@@ -157,7 +157,7 @@ def _lines(text: str) -> list[str]:
 
 def _evaluation(path: str) -> dict[str, tuple[list[str], list[str]]]:
   """{split: (hypotheses, references)} of the text splits of an evaluation that eval.py
-  wrote (its metrics JSON and the files beside it: restored_run.text_paths)."""
+  wrote (its metrics JSON and the files beside it: eval_files.text_paths)."""
   file = epath.Path(path)
   if file.is_dir():
     found = sorted(p.name for p in file.glob("eval_step_*.json"))
