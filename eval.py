@@ -64,7 +64,7 @@ from transformer.run import cli
 from transformer.run import overrides as overrides_lib
 from transformer.run.config import EvalConfig
 from transformer.run.eval_files import Decoding
-from transformer.run.evaluation import (check_decoding, check_prompts, check_sampling,
+from transformer.run.restored_run import (check_decoding, check_prompts, check_sampling,
                                         chosen_sampling, continue_prompts, evaluate_run,
                                         format_table, output_path, own_decoding, restore_run,
                                         sentence_predictions)
@@ -127,7 +127,7 @@ def check_metrics_flags() -> None:
 
 
 def sampling_flags(defaults: EvalConfig) -> tuple[Sampling, int, bool]:
-  """(sampling, seed, given): evaluation.chosen_sampling of the run's config.eval and the
+  """(sampling, seed, given): restored_run.chosen_sampling of the run's config.eval and the
   sampling flags given on the command line, and whether any was given; a FieldError names
   the flag (`--top_p=0.0 is not allowed; ...`)."""
   f = flags.FLAGS

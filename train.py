@@ -1,5 +1,8 @@
 """Trains a Transformer: python train.py --config configs/default.py --workdir DIR.
 
+The loop: transformer/run/training.py; the loss it minimises, from the logits to the metrics
+it logs, in one function: transformer/run/step.py batch_sums.
+
 Re-running the same command resumes from the latest checkpoint in DIR that restores.
 SIGINT/SIGTERM save a checkpoint and exit with status 128 + signal number (a second signal
 exits at once). Bad input: one `error:` line, status 2, nothing written; a run that cannot

@@ -21,7 +21,7 @@ import harness
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import PAD_ID
 from transformer.run import config
-from transformer.run.evaluation import restore_run
+from transformer.run.restored_run import restore_run
 from transformer.run.evaluator import Evaluator
 
 flags.DEFINE_string("workdir", None, "A workdir written by train.py.", required=True)

@@ -56,7 +56,7 @@ harness.define_smoke(what=["quickstart", "sweep"], passes=["cold"], sweep_seeds=
 
 SWEEP = """
 from configs import default
-from transformer.study.sweep import axis
+from transformer.api import axis
 
 def get_config():
   return default.get_config()

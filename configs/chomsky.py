@@ -26,9 +26,7 @@ seeds. The remaining differences from the papers' protocol are listed in docs/ta
 """
 
 from configs import default
-from transformer.data.tasks.chomsky import PROBLEMS
-from transformer.run.config import with_source
-from transformer.study.sweep import axis, product
+from transformer.api import CHOMSKY_PROBLEMS, axis, product, with_source
 
 # The encodings the papers compare (sinusoidal, learned, rotary, ALiBi, T5's relative bias,
 # and none), in this codebase's names.
@@ -74,5 +72,5 @@ def encodings(names: list[str]) -> list[dict]:
 def get_sweep(arg: str = ""):
   if arg == "cpu":
     return product(axis("task.name", CPU_TASKS), encodings(CPU_ENCODINGS), axis("seed", [0, 1, 2]))
-  return product(axis("task.name", sorted(PROBLEMS)), encodings(ENCODINGS),
+  return product(axis("task.name", sorted(CHOMSKY_PROBLEMS)), encodings(ENCODINGS),
                  axis("train.learning_rate", [1e-4, 3e-4, 5e-4]), axis("seed", [0, 1, 2]))

@@ -20,7 +20,7 @@ CPU-sized check of the direction, not a replication.
 """
 
 from configs import chomsky
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 TASKS = ["reverse_string", "bucket_sort", "parity_check"]
 ENCODINGS = ["none", "rotary", "alibi", "fire"]

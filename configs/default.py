@@ -11,7 +11,7 @@ can be overridden on the command line, e.g.
 This file writes only what the quick start changes.
 """
 
-from transformer.run.config import schema
+from transformer.api import schema
 
 
 def get_config():

@@ -11,8 +11,7 @@ computing in bfloat16 (about 3 min per run on one H100). `cpu` is a smaller mode
 """
 
 from configs import multi30k
-from transformer.core.registry import lookup
-from transformer.study.sweep import axis, product, with_overrides
+from transformer.api import axis, lookup, product, with_overrides
 
 SIZES = {
     "full": {},

@@ -12,8 +12,7 @@ from the seed; held-out expressions never occur in training.
 """
 
 from configs import default
-from transformer.run.config import with_source
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product, with_source
 
 ARGS = ("", "lra")  # get_config's arguments
 

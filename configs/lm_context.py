@@ -47,7 +47,7 @@ not needed here, and they cost most of an evaluation).
 """
 
 from configs import lm_extrapolation
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 ROTARY = "model.position_settings.rotary."
 L = 64  # the training length

@@ -22,9 +22,7 @@ training files into each workdir.
 """
 
 from configs import default
-from transformer.model.positions import POSITIONS
-from transformer.run.config import with_source
-from transformer.study.sweep import axis, product
+from transformer.api import POSITIONS, axis, product, with_source
 
 ARGS = ("", "t5_distance")  # get_config's arguments
 

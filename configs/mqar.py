@@ -14,8 +14,7 @@ number of pairs (extrapolation.png).
 """
 
 from configs import default
-from transformer.run.config import with_source
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product, with_source
 
 POSITIONS = ["none", "rotary", "alibi", "fire"]
 

@@ -10,7 +10,7 @@ vocabulary is trained on the training pairs into the workdir on the first run.
 """
 
 from configs import default
-from transformer.run.config import with_source
+from transformer.api import with_source
 
 
 def get_config():

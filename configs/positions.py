@@ -10,8 +10,7 @@ are swept the same way, e.g. axis("model.position_settings.xpos.scale_base", [64
 """
 
 from configs import default
-from transformer.model.positions import POSITIONS
-from transformer.study.sweep import axis, product
+from transformer.api import POSITIONS, axis, product
 
 
 def get_config():

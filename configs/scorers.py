@@ -4,8 +4,7 @@
 """
 
 from configs import default
-from transformer.model.scores import SCORES
-from transformer.study.sweep import axis, product
+from transformer.api import SCORES, axis, product
 
 
 def get_config():

@@ -14,8 +14,7 @@ MHA/LayerNorm/ReLU model, 2 seeds: 16 runs.
 """
 
 from configs import lm_extrapolation
-from transformer.core.registry import lookup
-from transformer.study.sweep import axis, product
+from transformer.api import axis, lookup, product
 
 ARGS = {"": "blocks", "attention": "attention"}  # get_config's arguments: the sweep
 

@@ -16,8 +16,7 @@ whole); reversed: --config.data.source_column=translation.de
 """
 
 from configs import default
-from transformer.core.registry import lookup
-from transformer.run.config import with_source
+from transformer.api import lookup, with_source
 
 ARGS = ("tfds", "hf")  # get_config's arguments: the data source
 

@@ -16,7 +16,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRELOAD = ["jax", "flax.nnx", "orbax.checkpoint", "grain", "matplotlib", "transformer.run.cli",
-           "transformer.run.training", "transformer.run.evaluation", "transformer.study.sweep",
+           "transformer.run.training", "transformer.run.restored_run", "transformer.study.sweep",
            "transformer.study.pictures", "transformer.study.compare"]
 
 

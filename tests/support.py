@@ -180,12 +180,24 @@ def checkpoint_params(workdir, step):
     mngr.close()
 
 
-def restore_and_evaluate(workdir, step=None, average=1, **kwargs):
-  """eval.py's work: evaluation.evaluate_run (kwargs: output, beam_size, alpha, files,
-  sampling, seed) of the run restore_run(workdir, step, average) restores."""
-  from transformer.run import evaluation  # noqa: PLC0415 - support stays light to import
+def source_config(sections: dict, **overrides) -> dict:
+  """The tiny test config (a few steps, small batches) with a data source's example sections
+  (DataSource.example) in place of its data and task, as nested dicts for config.parse."""
+  raw = make_tiny_config(**{"train.num_steps": 4, "train.log_every": 2,
+                            "train.checkpoint_every": 2, "eval.num_examples": 8,
+                            "eval.batch_size": 8, "train.batch_size": 8, **overrides}).to_dict()
+  raw["data"] = sections["data"]
+  raw["task"] = sections.get("task", {})
+  raw["model"].update(sections.get("model", {}))
+  return raw
 
-  return evaluation.evaluate_run(evaluation.restore_run(workdir, step, average), **kwargs)
+
+def restore_and_evaluate(workdir, step=None, average=1, **kwargs):
+  """eval.py's work: restored_run.evaluate_run (kwargs: output, beam_size, alpha, files,
+  sampling, seed) of the run restore_run(workdir, step, average) restores."""
+  from transformer.run import restored_run  # noqa: PLC0415 - support stays light to import
+
+  return restored_run.evaluate_run(restored_run.restore_run(workdir, step, average), **kwargs)
 
 
 def fake_run(path, exact: float, seed: int = 0, steps: int = 40, final: bool = True,
@@ -220,7 +232,7 @@ def fake_run(path, exact: float, seed: int = 0, steps: int = 40, final: bool = T
 def write_evaluation(path, hypotheses: list[str], references: list[str]) -> str:
   """eval.py's output for a text split `valid`: the metrics JSON at `path` and the files
   beside it; returns the JSON's path."""
-  from transformer.run.evaluation import text_paths  # noqa: PLC0415
+  from transformer.run.eval_files import text_paths  # noqa: PLC0415
 
   hyp_path, ref_path = text_paths(str(path), "valid")
   for file, lines in ((hyp_path, hypotheses), (ref_path, references)):

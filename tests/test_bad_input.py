@@ -20,7 +20,7 @@ from transformer.model.masks import WINDOWS
 from transformer.model.positions import POSITIONS
 from transformer.model.qk_norm import QK_NORMS
 from transformer.model.scores import SCORES
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 
 CONFIG = os.path.join(ROOT, "configs", "default.py")
 ROTARY = "model.position_settings.rotary."
@@ -51,7 +51,7 @@ STDLIB_LM = "train.py", ["--config", os.path.join(ROOT, "configs", "lm_extrapola
                          "--workdir", "{new}"]
 SWEEP = """
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 def get_config():
   return make_tiny_config(**{{"train.num_steps": 10}})
@@ -63,7 +63,7 @@ def get_sweep():
 SWEEP_LM = """
 from configs import lm_extrapolation
 from tests.support import TINY_CONFIG_MODEL
-from transformer.study.sweep import axis
+from transformer.api import axis
 
 def get_config():
   config = lm_extrapolation.get_config()

@@ -24,7 +24,8 @@ from transformer.data.tasks.problem import Instance
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment
 from transformer.run.config import parse, replace
-from transformer.run.evaluation import Run, check_decoding, check_sampling, sentence_predictions
+from transformer.run.restored_run import (RestoredRun, check_decoding, check_sampling,
+                                          sentence_predictions)
 from transformer.run.evaluator import Evaluator
 from transformer.run.step import make_train_step
 
@@ -113,7 +114,7 @@ class ReverseOracle(nnx.Module):
     return self._logits(jax.vmap(lambda s: self._next(s, index))(seen)[:, None])
 
 
-def _oracle_run(fault: int) -> Run:
+def _oracle_run(fault: int) -> RestoredRun:
   """ReverseOracle(fault) as a run of reverse_string (lengths 1..4, tested at 5..6; 14 rows
   a split, in batches of 8, the last padded)."""
   config = chomsky_tiny_config(max_len=4, test_max_len=6)
@@ -121,7 +122,7 @@ def _oracle_run(fault: int) -> Run:
   exp = experiment.build(parse(config))
   oracle = ReverseOracle(exp.model.vocab_size, DECODER.separator(exp.source.task), fault)
   graphdef, params = nnx.split(oracle)
-  return Run("", dataclasses.replace(exp, graphdef=graphdef), [0], params)
+  return RestoredRun("", dataclasses.replace(exp, graphdef=graphdef), [0], params)
 
 
 def _oracle_results(fault: int):

@@ -577,7 +577,7 @@ def test_sigterm_stops_a_sweep_after_saving_its_current_run(tmp_path):
   sweep_file = tmp_path / "sweep.py"
   sweep_file.write_text(
       "from tests.support import make_tiny_config\n"
-      "from transformer.study.sweep import axis\n"
+      "from transformer.api import axis\n"
       "def get_config():\n"
       "  return make_tiny_config(**{'train.num_steps': 100000, 'train.checkpoint_every': 100000})\n"
       "def get_sweep():\n"

@@ -1,4 +1,5 @@
-"""The fused, chunked loss head against the formula on materialised logits."""
+"""The fused, chunked loss head against the formula on materialised logits; every metric a
+data source records declared once (core/metrics.py METRICS), and read from there."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +7,15 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from transformer.core.metrics import (exact_match_by_length, loss_head_metrics, text_scores,
-                                      token_metrics)
+from tests.support import source_config
+from transformer.core.metrics import (BY_LENGTH, BY_POSITION, METRICS, TABLE,
+                                      exact_match_by_length, loss_head_metrics, shown,
+                                      text_scores, token_metrics)
+from transformer.data.sources import SOURCES
+from transformer.run import experiment
+from transformer.run.config import parse
+from transformer.run.restored_run import format_table
+from transformer.study import results
 
 
 def _problem(n=24, d=8, vocab=11, seed=0):
@@ -75,3 +83,49 @@ def test_text_scores_are_sacrebleus_corpus_scores():
   assert scores["bleu"] == pytest.approx(
       sacrebleu.corpus_bleu(hypotheses, [references]).score)
   assert 0 < scores["bleu"] < 100 and "nrefs:1" in scores["bleu_signature"]
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_every_metric_a_source_records_is_declared(name, tmp_path):
+  """Each metric a registered source computes (split_results of a perfect model's outputs on
+  its example's held-out splits) is declared in METRICS, as what it is: a number within its
+  range shown in the tables, or a {length or position: value} curve; a table {row: {column:
+  value}} is one of the source's grids. Ints and strings are facts of the evaluation (its
+  window length, BLEU's signature), not metrics."""
+  (tmp_path / "data").mkdir()
+  try:
+    example = SOURCES[name].example(str(tmp_path / "data"))
+  except ImportError as e:  # an optional dependency (tfds) that this install lacks
+    pytest.skip(f"data.source {name!r} needs a package not installed here: {e}")
+  source = experiment.build(parse(source_config(example.sections)), str(tmp_path / "run")).source
+  source.load()
+  for split_name, split in source.eval_splits().items():
+    targets = split.arrays["targets"]
+    outputs = {"predictions": targets, "nll": np.zeros(targets.shape, np.float32)}
+    for key, value in source.split_results(split_name, split, outputs).metrics.items():
+      if isinstance(value, float):
+        assert key in METRICS and METRICS[key].shown == TABLE, f"{name}: {split_name}/{key}"
+        assert METRICS[key].low <= value <= METRICS[key].high, (name, split_name, key, value)
+      elif isinstance(value, dict) and key not in source.grids:
+        assert key in METRICS and METRICS[key].shown in (BY_LENGTH, BY_POSITION), \
+            f"{name}: {split_name}/{key} is a curve that METRICS does not declare as one"
+
+
+def test_the_table_and_the_reports_read_the_declarations():
+  """eval.py's table has a column for every metric declared shown in a table that a split
+  has (mean_accuracy too), in METRICS' order; the reports order a split's metrics the same
+  way and take the main metric from the declarations (Metric.main)."""
+  record = {key: 0.5 for key in shown(TABLE)} | {"examples": 4}
+  header = format_table({"test": record}).splitlines()[0].split()
+  assert header == ["split", "examples", *shown(TABLE)] and "mean_accuracy" in header
+  names = {f"{split}/{key}" for split in ("valid", "test") for key in shown(TABLE)}
+  ordered, main = results.order_metrics(names, None)
+  assert main == "valid/bleu" and ordered[0] == main
+  assert [n.split("/")[1] for n in ordered if n.startswith("test/")] == shown(TABLE)
+  algorithmic = {"valid/exact_match", "test/exact_match", "test/mean_accuracy", "test/loss"}
+  assert results.order_metrics(algorithmic, None)[1] == "test/mean_accuracy"
+  lm = {"len32/perplexity", "len64/perplexity", "len64/loss"}
+  assert results.order_metrics(lm, 64)[1] == "len64/perplexity"
+  assert results.order_metrics(lm, 16)[1] == "len32/perplexity"  # no split at 16: the shortest
+  for key, metric in METRICS.items():
+    assert metric.words and (metric.shown == TABLE or metric.main is None), key

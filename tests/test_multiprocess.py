@@ -25,7 +25,7 @@ import pytest
 from tests.clirun import ROOT, CliRunner
 from tests.support import restore_and_evaluate
 from transformer.run import distributed
-from transformer.run.evaluation import restore_run
+from transformer.run.restored_run import restore_run
 from transformer.run.workdir import read_metrics
 from transformer.study import sweep
 
@@ -34,7 +34,7 @@ from transformer.study import sweep
 STEPS = 30
 SWEEP = f"""
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis
+from transformer.api import axis
 
 def get_config():
   return make_tiny_config(**{{"train.num_steps": {STEPS}, "train.checkpoint_every": 100,

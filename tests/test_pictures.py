@@ -15,7 +15,7 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import EncoderDecoder
 from transformer.model.positions import POSITIONS, alibi_slopes, make_positional_encoding, sinusoid
-from transformer.run import evaluation, experiment
+from transformer.run import experiment, restored_run
 from transformer.run.config import parse
 from transformer.study import pictures, position_pictures
 
@@ -137,11 +137,11 @@ def test_draw_positions_writes_a_png_or_nothing(tmp_path):
 
 
 def _run(config, workdir):
-  """An untrained run of `config` as evaluation.restore_run gives one (its initial
+  """An untrained run of `config` as restored_run.restore_run gives one (its initial
   parameters stand for a checkpoint's)."""
   exp = experiment.build(parse(config), str(workdir), evaluating=True)
   exp.source.prepare()
-  return evaluation.Run(str(workdir), exp, [0], jax.jit(exp.init)()["params"])
+  return restored_run.RestoredRun(str(workdir), exp, [0], jax.jit(exp.init)()["params"])
 
 
 def _labelled(task, pooling):
@@ -181,7 +181,7 @@ def test_a_family_that_does_not_decode_shows_its_predictions(tmp_path, monkeypat
     sentences = ["def f1(x):", "return"]
   run = _run(config, tmp_path)
   exp = run.experiment
-  captions = evaluation.sentence_predictions(run, sentences)
+  captions = restored_run.sentence_predictions(run, sentences)
   model = nnx.merge(exp.graphdef, run.params)
   for sentence, caption in zip(sentences, captions):
     tokens = exp.source.encode(sentence)

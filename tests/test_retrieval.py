@@ -24,7 +24,7 @@ from transformer.data.base import Split
 from transformer.data.lm.mqar import MQARData, MQARSource
 from transformer.model.decoding import generate
 from transformer.run import config as config_lib
-from transformer.run import evaluation
+from transformer.run import restored_run
 from transformer.run import workdir as workdir_lib
 from transformer.run.training import train_and_evaluate
 from transformer.study import compare, report_grids
@@ -231,9 +231,9 @@ def test_passkey_splits_in_the_run_evaluation_and_the_report(lm_run, tmp_path):
                                         "0.5": m[passkey.GRID][str(w)]["0.5"],
                                         "1": m[passkey.GRID][str(w)]["1"]}}
   # eval.py --config.data.passkey.examples=1 --config.data.passkey.depths=2: the same run
-  run = evaluation.restore_run(lm_run, override={"data.passkey.examples": "1",
+  run = restored_run.restore_run(lm_run, override={"data.passkey.examples": "1",
                                                  "data.passkey.depths": "2"})
-  _, results, output = evaluation.evaluate_run(run)
+  _, results, output = restored_run.evaluate_run(run)
   assert results["len128_passkey"]["examples"] == 2 and output.endswith(
       "eval_step_2,passkey.depths=2,passkey.examples=1.json")
   assert results["len128_passkey"][passkey.GRID].keys() == {128}
@@ -256,7 +256,7 @@ def test_passkey_splits_in_the_run_evaluation_and_the_report(lm_run, tmp_path):
 
 
 def test_greedy_retrieval_from_one_pass_is_greedy_decoding(lm_run):
-  run = evaluation.restore_run(lm_run)
+  run = restored_run.restore_run(lm_run)
   exp = run.experiment
   arrays = exp.source.passkey_splits()["len64_passkey"].arrays
   model = nnx.merge(exp.graphdef, run.params)

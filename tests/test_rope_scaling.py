@@ -3,6 +3,7 @@ rotary.py) against the papers' definitions, and evaluating a trained run under t
 --config.FIELD=VALUE, transformer/run/overrides.py) without retraining and as the same run."""
 
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -17,7 +18,9 @@ from flax import nnx
 from tests.clirun import CliRunner
 from tests.support import TINY_MODEL, write_lm_config
 from transformer.core import fields
+from transformer.api import with_overrides
 from transformer.core.errors import ConfigError
+from transformer.core.fields import FieldError
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import make_model
@@ -289,10 +292,38 @@ def test_a_trained_run_evaluates_under_yarn_as_the_same_run(tmp_path):
   assert refused.returncode == 2
   assert "holds another evaluation (its overrides: none (this one:" in refused.stderr
   assert pathlib.Path(workdir, "eval_step_5.json").read_bytes() == files["eval_step_5.json"]
-  # On a rotary run: the rotated fraction is its identity; YaRN needs the length trained on.
-  for args, fragment in (([f"--config.{ROTARY}rotated_fraction=0.5"],
-                          f"{ROTARY}rotated_fraction is part of the run's identity"),
-                         (YARN[:2], f"config.{ROTARY}original_length=0 is not allowed")):
-    result = cli.run("eval.py", "--workdir", workdir, *args)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-3000:]
-    assert result.stderr.startswith("error: ") and fragment in result.stderr, result.stderr
+  # YaRN without the length trained on: the run's own (data.max_len = 8), logged; the same
+  # evaluation as with it given, in the same file.
+  defaulted = cli.run("eval.py", "--workdir", workdir, *YARN[:2])
+  assert defaulted.returncode == 0, defaulted.stderr[-3000:]
+  assert f"metrics written to {os.path.join(workdir, name)}" in defaulted.stdout
+  assert f"{ROTARY}original_length = 8: the run's training length" in defaulted.stdout
+  assert json.loads(pathlib.Path(workdir, name).read_text())["splits"] == record["splits"]
+  # On a rotary run, the rotated fraction is its identity.
+  result = cli.run("eval.py", "--workdir", workdir, f"--config.{ROTARY}rotated_fraction=0.5")
+  assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr[-3000:]
+  assert result.stderr.startswith("error: ")
+  assert f"{ROTARY}rotated_fraction is part of the run's identity" in result.stderr
+
+
+@pytest.mark.parametrize("config,length", [("lm_extrapolation", 64), ("multi30k", None)])
+def test_yarn_takes_the_runs_training_length_where_its_source_says_one(config, length):
+  """Under YaRN without original_length, a trained run's config gets its training length
+  (its source's train_length: an LM's window) and names it among the overrides; one given
+  stays; a run whose source says no training length (translation) is still refused."""
+  module = importlib.import_module(f"configs.{config}")
+  cfg = config_lib.parse(with_overrides(module.get_config(), {"model.position": "rotary"}))
+  yarn = {ROTARY + "scaling": "yarn", ROTARY + "factor": "4"}
+  if length is None:
+    with pytest.raises(FieldError, match=f"{ROTARY}original_length=0 is not allowed"):
+      overrides.apply(cfg, yarn)
+    return
+  scaled, applied = overrides.apply(cfg, yarn)
+  assert cfg.source.train_length(cfg.data, cfg.task) == length
+  assert applied == {ROTARY + "scaling": "yarn", ROTARY + "factor": 4.0,
+                     ROTARY + "original_length": length}
+  assert scaled.model.position_settings.rotary.original_length == length
+  _, given = overrides.apply(cfg, {**yarn, ROTARY + "original_length": "32"})
+  assert given[ROTARY + "original_length"] == 32
+  _, linear = overrides.apply(cfg, {ROTARY + "scaling": "linear", ROTARY + "factor": "4"})
+  assert ROTARY + "original_length" not in linear  # a scaling that does not read it

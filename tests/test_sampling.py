@@ -249,7 +249,7 @@ SAMPLED = Sampling(temperature=0.8, top_p=0.9)
 ])
 def test_flags_replace_the_configs_sampling_field_by_field(defaults, overrides, seed, expected):
   from transformer.run.config import EvalConfig  # noqa: PLC0415
-  from transformer.run.evaluation import chosen_sampling  # noqa: PLC0415
+  from transformer.run.restored_run import chosen_sampling  # noqa: PLC0415
 
   cfg = EvalConfig(sampling=defaults, sample_seed=5)
   assert chosen_sampling(cfg, overrides, seed) == expected
@@ -260,7 +260,7 @@ def test_flags_replace_the_configs_sampling_field_by_field(defaults, overrides, 
 def test_a_filter_without_a_temperature_and_a_seed_for_greedy_decoding_are_refused():
   from transformer.core.errors import ConfigError  # noqa: PLC0415
   from transformer.run.config import EvalConfig  # noqa: PLC0415
-  from transformer.run.evaluation import chosen_sampling  # noqa: PLC0415
+  from transformer.run.restored_run import chosen_sampling  # noqa: PLC0415
 
   with pytest.raises(FieldError, match="top_k=4"):
     chosen_sampling(EvalConfig(), {"top_k": 4})

@@ -12,8 +12,9 @@ import grain
 import numpy as np
 import pytest
 
-from tests.support import make_tiny_config, restore_and_evaluate
+from tests.support import restore_and_evaluate, source_config
 from transformer.core.fields import Chosen
+from transformer.core.metrics import METRICS
 from transformer.data import Targets
 from transformer.data.base import DataSource, Split
 from transformer.data.sources import SOURCES
@@ -24,21 +25,9 @@ from transformer.run.config import parse
 from transformer.run.state import run_state
 from transformer.run.training import train_and_evaluate
 from transformer.study import bootstrap
-from transformer.study.results import declarations
 
 BATCH_KEYS = ("inputs", "targets", "inputs_positions", "inputs_segmentation",
               "targets_segmentation")
-
-
-def _config(sections: dict, **overrides):
-  """The tiny test config with a source's example sections in place of its data/task."""
-  raw = make_tiny_config(**{"train.num_steps": 4, "train.log_every": 2,
-                            "train.checkpoint_every": 2, "eval.num_examples": 8,
-                            "eval.batch_size": 8, "train.batch_size": 8, **overrides}).to_dict()
-  raw["data"] = sections["data"]
-  raw["task"] = sections.get("task", {})
-  raw["model"].update(sections.get("model", {}))
-  return raw
 
 
 @pytest.fixture(params=sorted(SOURCES))
@@ -50,7 +39,7 @@ def example(request, tmp_path):
     example = SOURCES[request.param].example(str(directory))
   except ImportError as e:  # an optional dependency (tfds) that this install lacks
     pytest.skip(f"data.source {request.param!r} needs a package not installed here: {e}")
-  return request.param, example, parse(_config(example.sections))
+  return request.param, example, parse(source_config(example.sections))
 
 
 def test_the_declarations(example):
@@ -130,13 +119,12 @@ def test_a_run_trains_restores_and_evaluates(example, tmp_path):
     assert math.isfinite(metrics["loss"]) and metrics["examples"] >= 1
   # Every metric the final evaluation records is declared (its range holds it), and one
   # declared a function of per-example results is that function of the ones recorded.
-  declared = declarations(cfg.source)
+  declared = METRICS
   for split, record in run_state(workdir).final.items():
     for key, value in record.items():
       if isinstance(value, float):
         metric = declared.get(key)
-        assert metric is not None, f"{split}/{key}: no declaration (core/metrics.py METRICS, " \
-                                   "or the source's own_metrics)"
+        assert metric is not None, f"{split}/{key}: no declaration in core/metrics.py METRICS"
         assert metric.low <= value <= metric.high, (split, key, value)
         if metric.parts:
           parts = bootstrap.parts(record, metric)

@@ -22,12 +22,11 @@ from transformer.run import experiment
 from transformer.run.config import parse
 from transformer.core import metrics as metrics_lib
 from transformer.core.metrics import METRICS
-from transformer.data.sources import SOURCES
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 from transformer.run.evaluator import PER_EXAMPLE, Evaluator, scored_row_sums
 from transformer.run.state import record_failure
 from transformer.study import bootstrap, compare, report_plots, stats
-from transformer.study.results import Entry, Results, declarations
+from transformer.study.results import Entry, Results
 
 
 def test_summary_is_the_t_interval_of_the_mean():
@@ -396,7 +395,7 @@ def test_a_mean_over_lengths_is_resampled_within_each_length():
   """mean_accuracy (the algorithmic tasks': accuracy pooled per input length, averaged over
   the lengths) keeps each length's rows when resampled: with rows alike within each
   length every resample gives the same value, which a draw across lengths would not."""
-  metric = SOURCES["algorithmic"].own_metrics["mean_accuracy"]
+  metric = METRICS["mean_accuracy"]
   length = np.array([3, 5, 3, 3, 5, 3, 5, 3, 5, 3])
   scored = np.where(length == 3, 4, 5)
   base = {0: _parts(metric, length=length, hits=np.where(length == 3, 2, 5), scored=scored)}
@@ -550,7 +549,7 @@ def test_per_example_results_give_an_evaluations_metrics_again(cast, arch):
   exp = experiment.build(cfg)
   results, _ = Evaluator(exp).evaluate(exp.init()["params"], exp.source.eval_splits(),
                                        per_example=True)
-  declared, checked = declarations(cfg.source), set()
+  declared, checked = METRICS, set()
   for record in results.values():
     for key, value in record.items():
       if isinstance(value, float) and declared[key].parts:

@@ -7,6 +7,8 @@ import csv
 import itertools
 import json
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from transformer.study import report, report_plots, results, sweep, sweep_record
 
 SWEEP_CONFIG = """
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 def get_config():
   return make_tiny_config(**{"train.num_steps": 30, "train.checkpoint_every": 10})
@@ -153,7 +155,7 @@ def test_sweep_argument_is_checked():
 
 FAILING_SWEEP = """
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 def get_config():
   return make_tiny_config(**{"train.num_steps": 6, "train.log_every": 3,
@@ -247,7 +249,7 @@ def test_a_run_whose_data_cannot_be_prepared_is_recorded_and_the_sweep_goes_on(t
   config["data"] = sections["data"]
   config_path.write_text(
       "import ml_collections\n"
-      "from transformer.study.sweep import axis\n"
+      "from transformer.api import axis\n"
       f"def get_config():\n  return ml_collections.ConfigDict({config!r})\n"
       "def get_sweep():\n  return axis('data.train_source', ['bad.en', 'train.en.gz'])\n")
   trained, failed = sweep.run(str(config_path), str(sweep_dir))
@@ -322,7 +324,7 @@ def test_metric_order_and_curve_style():
 
 GRID = """
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 def get_config():
   return make_tiny_config()
@@ -333,10 +335,10 @@ def get_sweep():
 
 
 def test_the_sweep_dir_remembers_how_it_was_run(tmp_path):
-  """Issue 31: a --report_only (or a re-run) without the first invocation's --config.FIELD
-  overrides and --only judged the runs by the config file's defaults and wrote "0 finished"
-  over a correct report. The sweep directory records them (sweep.json) and later
-  invocations use them; flags that would describe other runs are refused; --only given
+  """A --report_only (or a re-run) without the first invocation's --config.FIELD overrides
+  and --only would judge the runs by the config file's defaults and write "0 finished" over
+  a correct report: the sweep directory records them (sweep.json) and later invocations use
+  them; flags that would describe other runs are refused; --only given
   again selects anew. The runs are finished runs' files (fake_run): nothing trains."""
   config_path, sweep_dir = tmp_path / "grid.py", tmp_path / "sweep"
   config_path.write_text(GRID)
@@ -430,7 +432,7 @@ def test_what_a_record_completes_and_what_it_refuses(tmp_path, monkeypatch):
 
 NARROWED = """
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis, product
+from transformer.api import axis, product
 
 def get_config():
   return make_tiny_config()
@@ -461,3 +463,27 @@ def test_variant_names_leave_out_the_fields_every_variant_shares(tmp_path):
   md = (sweep_dir / "report.md").read_text()
   assert "model.position=rotary,model.norm=post" in md and "every variant" not in md
   assert "## valid/exact_match by model.position" in md
+
+
+def test_config_files_import_from_the_public_module_and_an_old_path_names_it(tmp_path):
+  """A sweep file imports axis and product from transformer.api, and every shipped config
+  file imports its parts from there alone; one written against a module that no longer
+  exists (transformer.sweep) fails, in train.py and in sweep.py, with one `error:` line that
+  names transformer.api, before anything is written."""
+  public = tmp_path / "public.py"
+  public.write_text(GRID)
+  base, sweep_runs = sweep.load(str(public))
+  assert base is not None and len(sweep_runs) == 4
+  for path in sorted(pathlib.Path(ROOT, "configs").glob("*.py")):
+    imported = re.findall(r"^from (transformer[\w.]*) import", path.read_text(), re.M)
+    assert set(imported) <= {"transformer.api"}, path.name
+  old = tmp_path / "old.py"
+  old.write_text(GRID.replace("transformer.api", "transformer.sweep"))
+  cli = CliRunner()
+  for script, out in (("sweep.py", "--sweep_dir"), ("train.py", "--workdir")):
+    result = cli.run(script, "--config", str(old), out, str(tmp_path / "out"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, (script, result.stderr)
+    assert lines[0].startswith("error: ") and "transformer.sweep" in lines[0]
+    assert "from transformer.api" in lines[0]
+  assert not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ from transformer.study import stats, sweep_eval
 
 ROTARY = "model.position_settings.rotary."
 LM_SWEEP = """
-from transformer.study.sweep import axis
+from transformer.api import axis
 
 def get_config():
   config = _tiny_lm()

@@ -15,7 +15,7 @@ from transformer.core.errors import ConfigError
 from transformer.data.tokenizer import RECORD_FILE, TOKENIZER_FILE, UNK_ID
 from transformer.run import checkpoint, experiment
 from transformer.run.config import parse
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 from transformer.run.training import train_and_evaluate
 from transformer.run.workdir import METRICS_FILE
 

@@ -26,7 +26,7 @@ from transformer.study import sweep
 
 SWEEP_CONFIG = """
 from tests.support import make_tiny_config
-from transformer.study.sweep import axis
+from transformer.api import axis
 
 def get_config():
   return make_tiny_config(**{"train.num_steps": 2, "train.log_every": 1,

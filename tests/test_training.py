@@ -8,14 +8,16 @@ import os
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from tests.support import checkpoint_params, read_records, restore_and_evaluate
 from transformer.core.errors import ConfigError
-from transformer.core.metrics import cross_entropy, language_model_metrics
+from transformer.core.metrics import cross_entropy, language_model_metrics, token_metrics
 from transformer.run import checkpoint, evaluator, experiment, logs, sharding
 from transformer.run.config import parse
 from transformer.run.optim import rsqrt_schedule
 from transformer.run.progress import log_eval
+from transformer.run.step import batch_sums
 from transformer.run.training import train_and_evaluate
 from transformer.run.workdir import METRICS_FILE
 
@@ -37,6 +39,24 @@ def test_label_smoothing_cross_entropy_formula():
   expected = -(q * np.log([0.7, 0.2, 0.1])).sum()
   np.testing.assert_allclose(cross_entropy(logits, targets, weights, eps), expected, rtol=1e-5)
   np.testing.assert_allclose(cross_entropy(logits, targets, weights), -np.log(0.7), rtol=1e-5)
+
+
+@pytest.mark.parametrize("smoothing,chunks", [(0.0, 1), (0.1, 3)])
+def test_the_train_steps_sums_are_the_metrics_of_the_models_logits(tiny_config, smoothing,
+                                                                   chunks):
+  """batch_sums (what the train step minimises) = token_metrics of the model's logits on a
+  training batch, under label smoothing and in chunks of rows."""
+  exp = experiment.build(parse(tiny_config(**{"train.batch_size": 6})))
+  exp.source.prepare()
+  batch = jax.tree.map(jax.numpy.asarray, next(iter(exp.source.train_batches())))
+  model = nnx.merge(exp.graphdef, exp.init()["params"])
+  got = batch_sums(model, batch, nnx.Rngs(dropout=0), label_smoothing=smoothing,
+                   loss_chunks=chunks)
+  want = token_metrics(model(batch), batch["targets"], batch["targets_segmentation"] > 0,
+                       smoothing)
+  assert set(got) == set(want)
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
 
 
 def test_tiny_model_learns_copy_and_eval_restores_it(tmp_path, tiny_config):

@@ -9,4 +9,6 @@ before it (tests/test_layout.py holds the rule):
   run    wiring and running: the typed config, the experiment, the train step and loop,
          evaluation, checkpoints, workdirs, logs, trackers, sharding
   study  many runs: sweeps, results, reports and plots, statistics, comparison, pictures
+
+and, above them, transformer/api.py: what config and sweep files import (the public surface).
 """

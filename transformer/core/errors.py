@@ -15,10 +15,19 @@ class Interrupted(Exception):  # noqa: N818 - a stop request, not a failure
   """A stop signal arrived during work that cannot be saved half-done (an evaluation)."""
 
 
+# Said of an import of a transformer module that does not exist (a config file's, most often)
+PUBLIC_API = ("config and sweep files import what they use (schema, with_source, axis, "
+              "product, with_overrides, lookup, POSITIONS, SCORES) from transformer.api")
+
+
 def one_line(e: BaseException, written_for_user: tuple[type, ...] = ()) -> str:
   """An exception in one line: the message alone where it is written for the user (a
-  ConfigError, or one of `written_for_user`), else its type and its message's first line."""
+  ConfigError, or one of `written_for_user`), else its type and its message's first line;
+  for a transformer module that does not exist, where the public one is (PUBLIC_API)."""
   if isinstance(e, (ConfigError, *written_for_user)):
     return " ".join(str(e).split())
   lines = str(e).strip().splitlines()
-  return f"{type(e).__name__}: {lines[0] if lines else ''}"
+  text = f"{type(e).__name__}: {lines[0] if lines else ''}"
+  if isinstance(e, ModuleNotFoundError) and (e.name or "").startswith("transformer."):
+    text += f"; {PUBLIC_API}"
+  return text

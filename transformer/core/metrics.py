@@ -1,7 +1,7 @@
 """Losses and metrics: over non-padding target tokens (each returns sums, so that batches,
 devices and logging intervals combine by adding before a final division), and of decoded
 predictions (exact match, BLEU, chrF); and what each recorded metric is (METRICS: its range,
-its direction, its per-example parts), declared here where it is defined."""
+its direction, where the reports show it, its per-example parts), each declared once, here."""
 
 import dataclasses
 import functools
@@ -223,20 +223,34 @@ def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
+# Where the reports show a metric (Metric.shown).
+TABLE = "table"  # a number per split: a column of eval.py's table and of the reports' tables
+BY_LENGTH = "by_length"  # {input length: value}: a curve of the reports' extrapolation.png
+BY_POSITION = "by_position"  # {first position of a bin: value}: position_loss.png
+# Metric.main of a metric that is main at the training length: the split len{train_length}
+AT_TRAINING_LENGTH = "len{train_length}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Metric:
-  """What a recorded metric is, declared where it is defined (METRICS below; a data source
-  declares its own: DataSource.own_metrics), so that readers need not guess from its name:
-  its range [low, high] (intervals of it stay inside), whether lower is better, and, when
-  it is computed from per-example results (an evaluation's per-example record), how:
-  of_mean(Σ numerator / Σ denominator) over the examples (a denominator of None: 1 per
-  example) — with a `stratum`, that ratio within each stratum (e.g. input length),
-  averaged over the strata. None of `parts`: not a function of per-example results (BLEU,
-  chrF and macro F1 are corpus-level)."""
+  """What a recorded metric is, declared once, in METRICS, so that every reader (eval.py's
+  table, the reports, their statistics) follows the declaration instead of a list of names:
+  `words` (a plot's axis), its range [low, high] (intervals of it stay inside), whether
+  lower is better, where the reports show it (`shown`: TABLE, BY_LENGTH or BY_POSITION), and
+  `main`: the split on which it is a report's main metric (the column after the run counts,
+  the bar chart), the first of METRICS' order that the runs have; AT_TRAINING_LENGTH: the
+  split at the training length, else the shortest. When it is computed from per-example
+  results (an evaluation's per-example record): of_mean(Σ numerator / Σ denominator) over
+  the examples (`parts`; a denominator of None: 1 per example); with a `stratum`, that ratio
+  within each stratum (e.g. input length), averaged over the strata. None of `parts`: not a
+  function of per-example results (BLEU, chrF and macro F1 are corpus-level)."""
 
+  words: str = ""
   low: float = -math.inf
   high: float = math.inf
   lower_is_better: bool = False
+  shown: str = TABLE
+  main: str | None = None
   parts: tuple[str, str | None] | None = None
   stratum: str | None = None
   of_mean: Callable[[np.ndarray], np.ndarray] | None = None  # of the ratio; None: itself
@@ -244,6 +258,9 @@ class Metric:
   def __post_init__(self):
     if not self.low < self.high:
       raise ValueError(f"a metric's range needs low < high, got [{self.low}, {self.high}]")
+    if self.shown not in (TABLE, BY_LENGTH, BY_POSITION):
+      raise ValueError(f"a metric is shown as {TABLE!r}, {BY_LENGTH!r} or {BY_POSITION!r}, "
+                       f"not {self.shown!r}")
 
 
 def _perplexity(loss):
@@ -254,17 +271,30 @@ def _bits(loss):
   return loss / math.log(2)
 
 
-# The metrics defined in this module, by the key an evaluation records them under.
+# Every metric an evaluation records, by the key a split's record holds it under (computed
+# here, by the Evaluator, or by a data source's split_results), in the tables' order; a
+# source's grids ({row: {column: value}}) are declared by the source (DataSource.grids).
 METRICS = {
-    "loss": Metric(0.0, math.inf, lower_is_better=True, parts=("nll", "tokens")),
-    "accuracy": Metric(0.0, 1.0, parts=("correct", "tokens")),
-    "exact_match": Metric(0.0, 1.0, parts=("exact", None)),
-    "bleu": Metric(0.0, 100.0),
-    "chrf": Metric(0.0, 100.0),
-    "macro_f1": Metric(0.0, 1.0),
-    "perplexity": Metric(1.0, math.inf, lower_is_better=True, parts=("nll", "tokens"),
-                         of_mean=_perplexity),
-    "bits_per_token": Metric(0.0, math.inf, lower_is_better=True, parts=("nll", "tokens"),
-                             of_mean=_bits),
-    "exact_match_by_length": Metric(0.0, 1.0),  # {length: rate}, each a fraction
+    "bleu": Metric("BLEU", 0.0, 100.0, main="valid"),
+    "chrf": Metric("chrF", 0.0, 100.0),
+    # the algorithmic tasks' score: accuracy within each test length, averaged over them
+    "mean_accuracy": Metric("mean accuracy over the lengths", 0.0, 1.0, main="test",
+                            parts=("hits", "scored"), stratum="length"),
+    "exact_match": Metric("exact match", 0.0, 1.0, main="valid", parts=("exact", None)),
+    "accuracy": Metric("accuracy", 0.0, 1.0, main="valid", parts=("correct", "tokens")),
+    "macro_f1": Metric("macro F1", 0.0, 1.0),
+    "perplexity": Metric("perplexity", 1.0, math.inf, lower_is_better=True,
+                         main=AT_TRAINING_LENGTH, parts=("nll", "tokens"), of_mean=_perplexity),
+    "bits_per_token": Metric("bits per token", 0.0, math.inf, lower_is_better=True,
+                             parts=("nll", "tokens"), of_mean=_bits),
+    "loss": Metric("loss", 0.0, math.inf, lower_is_better=True, parts=("nll", "tokens")),
+    "exact_match_by_length": Metric("exact match", 0.0, 1.0, shown=BY_LENGTH),
+    "accuracy_by_length": Metric("accuracy", 0.0, 1.0, shown=BY_LENGTH),
+    "loss_by_position": Metric("loss", 0.0, math.inf, lower_is_better=True, shown=BY_POSITION),
 }
+
+
+def shown(where: str) -> list[str]:
+  """The keys of the metrics shown `where` (TABLE, BY_LENGTH, BY_POSITION), in METRICS'
+  order."""
+  return [key for key, metric in METRICS.items() if metric.shown == where]

@@ -19,7 +19,6 @@ import numpy as np
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import Chosen
-from transformer.core.metrics import Metric
 from transformer.data import SourceArgs, Targets
 
 
@@ -47,8 +46,8 @@ class Split:
 class SplitResult(NamedTuple):
   """A source's metrics of a model's outputs on a split, the predictions as text lines
   when it has text (eval.py writes them beside the metrics), and the per-example parts of
-  its metrics (Metric.parts: {part: one value per row}, recorded with a run's final
-  evaluation for paired tests over examples)."""
+  its metrics (core/metrics.py Metric.parts: {part: one value per row}, recorded with a
+  run's final evaluation for paired tests over examples)."""
 
   metrics: dict[str, Any]
   hypotheses: list[str] | None = None
@@ -82,9 +81,6 @@ class DataSource(abc.ABC):
 
   Data: ClassVar[type] = SourceSection  # config.data's dataclass
   Task: ClassVar[type | Chosen | None] = None  # config.task's dataclass, or None: no task
-  # The metrics split_results computes that core/metrics.py does not define (its METRICS),
-  # declared by their key: range, direction, per-example parts.
-  own_metrics: ClassVar[dict[str, Metric]] = {}
   # The split metrics (by key) that are tables {row: {column: value}}: see Grid.
   grids: ClassVar[dict[str, Grid]] = {}
   targets: Targets
@@ -166,8 +162,9 @@ class DataSource(abc.ABC):
                     ) -> SplitResult:
     """The source's own metrics of a model's outputs on a split: outputs["predictions"]
     [n, length] (decoded tokens, or each position's most likely output) and, for scored
-    splits, outputs["nll"] [n, t] (−log p of each target). None besides the loss and
-    accuracy every split has, by default."""
+    splits, outputs["nll"] [n, t] (−log p of each target), each declared in
+    core/metrics.py's METRICS (or, a grid, in `grids`). None besides the loss and accuracy
+    every split has, by default."""
     del name, split, outputs
     return SplitResult({})
 

@@ -1,15 +1,13 @@
 """Starting the processes (hosts) of one job: jax.distributed.initialize, checked before it
 starts and bounded while it waits.
 
-What went wrong without this (issue 31): two processes launched on localhost with
-`--coordinator_address 127.0.0.1:PORT` where a process of an earlier launch still held the
-port. JAX's coordination service binds its port with SO_REUSEPORT (gRPC's default), so the
-new process 0 started a second service on the same port without an error, the kernel handed
-process 1's connection to the earlier service, and the new process 0 waited for a process 1
-that never came until JAX aborted it 300 s later (exit 134, a C++ stack trace). Process 0 now
-refuses a port that another process listens on, and every process that has not joined
-within `join_timeout` seconds says so in one line and exits: JAX's own timeout aborts the
-process from C++ (nothing Python can catch), so a watchdog thread exits first.
+JAX's coordination service binds its port with SO_REUSEPORT (gRPC's default): a process 0
+started where an earlier launch still holds the port starts a second service without an
+error, the kernel hands the other processes' connections to the earlier one, and process 0
+waits until JAX aborts it (300 s, exit 134, a C++ stack trace). So process 0 refuses a port
+that another process listens on, and every process that has not joined within
+`join_timeout` seconds says so in one line and exits: JAX's own timeout aborts the process
+from C++ (nothing Python can catch), so a watchdog thread exits first.
 """
 
 import contextlib

@@ -1,6 +1,6 @@
 """Where eval.py's results go, named after how they were obtained, so that no evaluation
-replaces another one (issue 31: a sampled or beam-searched evaluation overwrote the greedy
-eval_step_N.json without a word).
+replaces another one (a sampled or beam-searched evaluation goes beside the greedy
+eval_step_N.json, never over it).
 
 WORKDIR/eval_step_N.json holds the run's own evaluation: its checkpoint at step N, its config
 (no overrides) and the decoding its config asks for (greedy, or config.eval.sampling with

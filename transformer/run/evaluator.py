@@ -1,7 +1,7 @@
 """The Evaluator: a trained state's held-out metrics, split by split, in compiled batches —
 teacher-forced loss and accuracy, then decoding (greedy, sampled or beam search) for a family
 that decodes, or each answer generated after its prompt where the targets are prompted
-answers — used by the training loop and by eval.py (run/evaluation.py)."""
+answers — used by the training loop and by eval.py (run/restored_run.py)."""
 
 import functools
 import hashlib

@@ -9,11 +9,17 @@ field's type and passes the section's checks, the run reads the field (an entry'
 section that the run does not choose changes nothing), and it is not an identity field. An
 override equal to the run's value is no override. The evaluation's files are named after
 the overrides that remain (suffix), so they never replace the plain evaluation's.
+
+A scaling of RoPE's frequencies that needs the length the run trained on (YaRN's
+`original_length`), not given, is the run's own: its data source's train_length (an LM's
+window, data.max_len), logged, and named in the files like a given override; a run whose
+source says no training length (translation) must be given it.
 """
 
 import dataclasses
 import difflib
 import hashlib
+import logging
 import re
 import typing
 from collections.abc import Mapping
@@ -23,7 +29,9 @@ from transformer.core import fields
 from transformer.core.errors import ConfigError
 from transformer.run import config as config_lib
 
+log = logging.getLogger("transformer")
 PREFIX = "--config."
+TRAINED_LENGTH = "original_length"  # a settings field that is the length trained on
 # Sections an evaluation reads; `seed`, `train` and `mesh` are training's (an evaluation
 # lays the parameters over every device of this machine).
 EVALUATED = ("data", "task", "model", "eval")
@@ -70,7 +78,7 @@ def apply(cfg: config_lib.Config, overrides: Mapping[str, str]
     for key in sections:
       node = node[key]
     node[name] = value
-  new = config_lib.parse(raw)  # the sections' own checks (FieldError names the field)
+  new, defaulted = _checked(raw, cfg.source.train_length(cfg.data, cfg.task))
   read, identity = fields.in_use(new), fields.identity(new)
   for path, text in overrides.items():
     if path in identity and identity[path] != before[path]:
@@ -79,8 +87,32 @@ def apply(cfg: config_lib.Config, overrides: Mapping[str, str]
           f"{PREFIX}{path}={text}: {path} is part of the run's identity (what its parameters "
           f"mean: it was trained with {before[path]!r}); eval.py overrides execution fields "
           f"only, such as {', '.join(execution)}")
-  applied = {path: read[path] for path in overrides if read.get(path) != before[path]}
+  applied = {path: read[path] for path in [*overrides, *defaulted]
+             if read.get(path) != before[path]}
   return (new if applied else cfg), applied
+
+
+def _checked(raw: dict, train_length: int | None) -> tuple[config_lib.Config, list[str]]:
+  """(config_lib.parse of the overridden config `raw`: the sections' own checks, a
+  FieldError naming the field; the paths set to the run's `train_length`): a field
+  TRAINED_LENGTH that a section refuses at 0 (a scaling that needs it, not given) is set to
+  the run's train_length, where its source says one, and logged."""
+  paths = []
+  while True:
+    try:
+      return config_lib.parse(raw), paths
+    except fields.FieldError as e:
+      path = e.field.removeprefix("config.")
+      if not (train_length and path.endswith("." + TRAINED_LENGTH) and e.value == 0
+              and path not in paths):
+        raise
+      *sections, name = path.split(".")
+      node = raw
+      for key in sections:
+        node = node[key]
+      node[name] = train_length
+      paths.append(path)
+      log.info("%s = %d: the run's training length (not given)", path, train_length)
 
 
 def _parse(cfg: config_lib.Config, path: str, text: str):

@@ -1,6 +1,7 @@
 """The train step: one pure function of (train state, batch), jitted once over the mesh with
-the state's and the batch's shardings. The training loop (training.py), the benchmarks and
-the tests run the same compiled step."""
+the state's and the batch's shardings; what it minimises, in one place: batch_sums (logits →
+loss → metrics). The training loop (training.py), the benchmarks and the tests run the same
+compiled step."""
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -16,6 +17,31 @@ from transformer.core.metrics import loss_head_metrics
 from transformer.run import experiment, sharding
 
 
+def batch_sums(model, batch: dict[str, jax.Array], rngs: nnx.Rngs, *,
+               label_smoothing: float = 0.0, loss_chunks: int = 1, z_loss: float = 0.0
+               ) -> dict[str, jax.Array]:
+  """What the train step minimises, and the metrics it logs, as sums over a batch's target
+  tokens (weight w = 1 where targets_segmentation > 0, 0 on padding; ε = label_smoothing):
+
+    logits [b, t, V] = y · w_outᵀ + bias, y = model.features(batch) [b, t, d] (the last
+                       hidden states), (w_out [V, d], bias [V] or None) = model.projection
+    loss             = Σ w · (logsumexp(logits) − (1 − ε)·logit_target − ε·mean(logits))
+                       + z_loss · Σ w · logsumexp(logits)²
+    metrics          nll (the loss at ε = 0 without z-loss), correct (the target's logit is a
+                     largest), tokens (Σ w), z_loss (its term, when z_loss > 0)
+
+  = core/metrics.py token_metrics(model(batch), ...) (plus the z-loss term), computed by the
+  loss head (loss_head_metrics): the logits of 1/loss_chunks of the tokens at a time, with
+  the loss's gradient in the same pass, so that the [b·t, V] logits never exist whole.
+  `rngs`: dropout."""
+  y = model.features(batch, rngs=rngs)  # [b, t, d]
+  w_out, bias = model.projection(y.dtype)  # [V, d], [V] or None
+  flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731 - [b, t, ...] -> [b·t, ...]
+  weights = flat(batch["targets_segmentation"] > 0).astype(jnp.float32)
+  return loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]), weights,
+                           label_smoothing, loss_chunks, z_loss)
+
+
 def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, seed: int,
                     accumulation_steps: int = 1, loss_chunks: int = 1, z_loss: float = 0.0):
   """(state, batch) -> (state, metric sums); dropout keys are folded from (seed, step), so
@@ -25,10 +51,7 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
   whose gradients of the summed loss are added up before dividing by the batch's token
   count: the update of the whole batch, in 1/k of the activation memory.
 
-  The loss head (metrics.loss_head_metrics) makes the logits of 1/loss_chunks of the
-  target tokens at a time and their gradients in the same pass, so the [tokens, vocab]
-  logits never exist whole. z_loss > 0 adds z_loss·log²Z per target token to the loss
-  (and its sum as the metric `z_loss`).
+  The loss and the metric sums: batch_sums (label_smoothing, loss_chunks, z_loss).
 
   A step whose loss, gradient norm or update norm is not finite leaves the parameters and
   optimizer state as they were (the step counter still advances, so the data moves on);
@@ -37,13 +60,8 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
   """
 
   def summed_loss(params, batch, key):
-    model = nnx.merge(graphdef, params)
-    y = model.features(batch, rngs=nnx.Rngs(dropout=key))
-    w_out, bias = model.projection(y.dtype)
-    flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
-    sums = loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]),
-                             flat(batch["targets_segmentation"] > 0).astype(jnp.float32),
-                             label_smoothing, loss_chunks, z_loss)
+    sums = batch_sums(nnx.merge(graphdef, params), batch, nnx.Rngs(dropout=key),
+                      label_smoothing=label_smoothing, loss_chunks=loss_chunks, z_loss=z_loss)
     return sums["loss"], sums
 
   grad_fn = jax.grad(summed_loss, has_aux=True)

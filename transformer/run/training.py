@@ -1,4 +1,5 @@
-"""Training: one jitted train step over a device mesh, orbax checkpoints, exact resume.
+"""Training: one jitted train step over a device mesh (step.py; its loss: batch_sums),
+orbax checkpoints, exact resume.
 
 What a run guarantees, whatever fails:
   * the config is validated whole (experiment.build), the run it starts from checked
@@ -95,7 +96,7 @@ class _Loop:
     self.batch_sharding = compiled.batch_sharding
     self.train_step = timing_first_call(compiled.step, "the train step")
     abstract = jax.eval_shape(exp.init)
-    # said before the initialisation's compilation, which was a silent wait (issue 31)
+    # said before the initialisation compiles, a wait of its own
     n_params = sum(x.size for x in jax.tree.leaves(abstract["params"]))
     log.info("model: %s parameters; %d device(s)", f"{n_params:,}", exp.mesh.size)
     self.step, self.state, self.batches = checkpoint.restore(

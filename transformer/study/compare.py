@@ -23,11 +23,11 @@ from transformer.core import storage
 from transformer.core.errors import ConfigError
 from transformer.run import config as config_lib
 from transformer.run import workdir as workdir_lib
-from transformer.run.evaluation import text_paths
+from transformer.run.eval_files import text_paths
 from transformer.run.state import STATES, run_state
 from transformer.study import report, report_grids, report_plots, stats
 from transformer.study.report_tables import cell, markdown, table_csv
-from transformer.study.results import Entry, Results, declarations, state_counts
+from transformer.study.results import Entry, Results, state_counts
 from transformer.study.sweep import run_name
 
 log = logging.getLogger("transformer")
@@ -119,7 +119,7 @@ def compare(paths: Sequence[str], output: str | None = None, baseline: str | Non
   report.check_baseline(baseline, list(dict.fromkeys(e.variant for e in runs)))
   replacing = check_output(output) if output else False
   train_length = first.source.train_length(first.data, first.task)
-  results = Results.of(runs, train_length, declarations(first.source))
+  results = Results.of(runs, train_length)
   report.check_thresholds(thresholds, results)
   baseline = report.default_baseline(results, baseline)
   task = getattr(first.task, "name", None)
@@ -157,7 +157,7 @@ def _lines(text: str) -> list[str]:
 
 def _evaluation(path: str) -> dict[str, tuple[list[str], list[str]]]:
   """{split: (hypotheses, references)} of the text splits of an evaluation that eval.py
-  wrote (its metrics JSON and the files beside it: evaluation.text_paths)."""
+  wrote (its metrics JSON and the files beside it: eval_files.text_paths)."""
   file = epath.Path(path)
   if file.is_dir():
     found = sorted(p.name for p in file.glob("eval_step_*.json"))

@@ -31,7 +31,7 @@ from transformer.model.kernels import attention_weights as formula_weights
 from transformer.model.kernels import repeat_heads
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.model.stack import Stack
-from transformer.run.evaluation import Run, sentence_predictions
+from transformer.run.restored_run import RestoredRun, sentence_predictions
 from transformer.run.evaluator import Evaluator
 from transformer.study.figures import pyplot, save
 from transformer.study.position_pictures import draw_positions
@@ -43,7 +43,7 @@ _PICTURE = re.compile(rf"attention_\d+_({'|'.join(KINDS)})\.png|positions\.png")
 log = logging.getLogger("transformer")
 
 
-def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
+def check_writable(run: RestoredRun, sentences: list[str], plot_dir: str) -> None:
   """A ConfigError, before any work, for a sentence the run cannot encode or a plot_dir
   that cannot be written."""
   for sentence in sentences:
@@ -54,7 +54,7 @@ def check_writable(run: Run, sentences: list[str], plot_dir: str) -> None:
                       "--plot_dir")
 
 
-def decode_sentences(run: Run, sentences: list[str], sampling: Sampling = GREEDY,
+def decode_sentences(run: RestoredRun, sentences: list[str], sampling: Sampling = GREEDY,
                      seed: int = 0) -> list[np.ndarray]:
   """Each sentence's output from a family that decodes, as its evaluation decodes (greedy,
   or drawn as `sampling` says from `seed`): token ids up to and including EOS."""
@@ -67,13 +67,13 @@ def decode_sentences(run: Run, sentences: list[str], sampling: Sampling = GREEDY
   return [_until_eos(p) for p in predictions]
 
 
-def draw(run: Run, sentences: list[str], plot_dir: str, captions: list[str] | None = None,
+def draw(run: RestoredRun, sentences: list[str], plot_dir: str, captions: list[str] | None = None,
          sampling: Sampling = GREEDY, seed: int = 0,
          outputs: list[np.ndarray] | None = None) -> list[str]:
   """Writes into plot_dir the attention maps of `sentences` and positions.png for a run
-  restored by evaluation.restore_run, in place of the pictures an earlier draw left there
+  restored by restored_run.restore_run, in place of the pictures an earlier draw left there
   (earlier_pictures). A family that does not decode has each sentence's prediction in its
-  titles: `captions`, or evaluation.sentence_predictions; one that decodes draws them against
+  titles: `captions`, or restored_run.sentence_predictions; one that decodes draws them against
   their `outputs` (decode_sentences: greedy, or drawn as `sampling` says from `seed`, when
   not given). Returns the paths written."""
   exp = run.experiment

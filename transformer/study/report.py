@@ -20,7 +20,7 @@ from transformer.core.errors import ConfigError
 from transformer.run.state import STATES, run_state
 from transformer.study import bootstrap, report_grids, report_plots, stats
 from transformer.study.report_tables import CLIPPED, markdown, table_csv
-from transformer.study.results import Entry, Results, baseline_of, declarations, state_counts
+from transformer.study.results import Entry, Results, baseline_of, state_counts
 from transformer.study.sweep import SEED, run_name
 from transformer.study.sweep import runs as sweep_runs
 
@@ -143,8 +143,7 @@ def save(out_dir: str, md: str, table: str, results: Results, train_length: int 
                  s for v in workdirs if (s := results.summary(v, results.main))}
     main = results.main, summaries, results.lower_is_better(results.main)
   finals = {v: list(results.finals[v].values()) for v in workdirs}
-  report_plots.plot(out_dir, workdirs, finals, main if workdirs else None, train_length,
-                    results.metrics)
+  report_plots.plot(out_dir, workdirs, finals, main if workdirs else None, train_length)
   if workdirs:
     report_grids.plot(out_dir, finals)
   return md_path, csv_path
@@ -202,7 +201,7 @@ def write(config_path: str, sweep_dir: str, overrides: dict | None = None,
                       run_state(run.workdir, run.config.train.num_steps)) for run in all_runs]
   first = all_runs[0].config
   train_length = first.source.train_length(first.data, first.task)
-  results = Results.of(entries, train_length, declarations(first.source))
+  results = Results.of(entries, train_length)
   check_thresholds(thresholds, results)
   baseline = default_baseline(results, baseline)
   header = [*_header(config_path, results.entries, overrides, only, shared),

@@ -5,13 +5,12 @@ position. A plot whose curves would have one point each is not drawn (nor left f
 earlier report)."""
 
 import itertools
-from collections.abc import Mapping
 
 import numpy as np
 from etils import epath
 
 from transformer.core import storage
-from transformer.core.metrics import METRICS, Metric
+from transformer.core.metrics import BY_LENGTH, METRICS, shown
 from transformer.run import workdir as workdir_lib
 from transformer.study import figures, stats
 from transformer.study.results import grid
@@ -35,13 +34,12 @@ def curve_style(curves: list[list[float]]) -> tuple[str, str | None]:
 
 
 def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[dict]],
-         main: tuple[str, dict, bool] | None, train_length: int | None,
-         metrics: Mapping[str, Metric] = METRICS) -> list[str]:
+         main: tuple[str, dict, bool] | None, train_length: int | None) -> list[str]:
   """Writes into out_dir curves.png (the mean training loss of each variant's `workdirs`),
   final.png (`main`: (metric, {variant: stats.Summary}, lower is better), as bars of the
   mean with the t interval), extrapolation.png when the `finals` (each variant's final
   held-out metrics per run) have a curve over the input length (plot_by_length; its bands
-  within the range `metrics` declares), and for language models perplexity.png and
+  within the metric's declared range), and for language models perplexity.png and
   position_loss.png (plot_lengths); each only with curves of several points. Removes the
   PLOTS it does not write. Returns the names written."""
   plt = figures.pyplot()
@@ -80,12 +78,11 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
     figures.save(fig, storage.join(out_dir, "final.png"), dpi=120, bbox_inches="tight")
     written.append("final.png")
 
-  curve = next((key for key in BY_LENGTH if len({length for runs in finals.values()
+  curve = next((key for key in shown(BY_LENGTH) if len({length for runs in finals.values()
                                                    for r in runs for m in r.values()
                                                    for length in m.get(key, ())}) > 1), None)
   if curve:
-    plot_by_length(plt, out_dir, finals, curve, train_length,
-                   metrics.get(curve, stats.UNBOUNDED))
+    plot_by_length(plt, out_dir, finals, curve, train_length)
     written.append("extrapolation.png")
 
   lengths = {m["eval_length"] for runs in finals.values() for r in runs for m in r.values()
@@ -98,8 +95,6 @@ def plot(out_dir: str, workdirs: dict[str, list[str]], finals: dict[str, list[di
   return written
 
 
-# Metrics that are curves over the input length: {length: value} in a split's record.
-BY_LENGTH = {"exact_match_by_length": "exact match", "accuracy_by_length": "accuracy"}
 _PANEL_AT = 8  # more variants than this are split into panels by their first field
 
 
@@ -113,12 +108,12 @@ def panels(variants) -> dict[str, list[str]]:
   return {f"{field}={value}": list(row.values()) for value, row in rows.items()}
 
 
-def plot_by_length(plt, out_dir, finals, key, train_length, metric: Metric = stats.UNBOUNDED
-                   ) -> None:
-  """extrapolation.png: each variant's metric `key` (a BY_LENGTH curve) against the input
-  length, mean over seeds over any split that has it, with its t interval (within the
-  range `metric` declares) as a band where there are several seeds; the longest training
-  length marked."""
+def plot_by_length(plt, out_dir, finals, key, train_length) -> None:
+  """extrapolation.png: each variant's metric `key` (declared shown BY_LENGTH) against the
+  input length, mean over seeds over any split that has it, with its t interval (within its
+  declared range) as a band where there are several seeds; the longest training length
+  marked."""
+  metric = METRICS[key]
   groups = panels(finals)
   fig, axes = plt.subplots(len(groups), 1, figsize=(8, 4.5 * len(groups)), squeeze=False)
   for ax, (title, variants) in zip(axes[:, 0], groups.items()):
@@ -140,7 +135,7 @@ def plot_by_length(plt, out_dir, finals, key, train_length, metric: Metric = sta
     if train_length is not None:
       ax.axvline(train_length + 0.5, color="gray", linestyle="--",
                  label="longest training length")
-    ax.set(xlabel="input length", ylabel=f"{BY_LENGTH[key]} (mean over seeds)",
+    ax.set(xlabel="input length", ylabel=f"{metric.words} (mean over seeds)",
            title=f"Length extrapolation{': ' + title if title else ''}",
            ylim=(-0.02, 1.02))  # a fraction: a wide interval (2 seeds) is clipped, not scaled
     ax.legend(fontsize=7)

@@ -1,42 +1,30 @@
 """A report's results: the runs of a sweep or of a comparison grouped into variants (runs
 that differ only in their seed, each seed once), each finished run's final held-out
 metrics, the metrics in the table's order with the main one first, what each metric is
-(its declaration: core/metrics.py Metric, or the data source's own), and each metric's
+(its declaration: core/metrics.py METRICS), and each metric's
 statistics over a variant's seeds (transformer/study/stats.py) and over examples
 (transformer/study/bootstrap.py). transformer/study/report.py presents them."""
 
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 
 from transformer.core.errors import ConfigError
-from transformer.core.metrics import METRICS, Metric
+from transformer.core.metrics import AT_TRAINING_LENGTH, METRICS, Metric
 from transformer.run.state import STATES, RunState
 from transformer.study import bootstrap, stats
 
-# The main metric, the first found: the column after the run counts and the bar chart.
-# (test/mean_accuracy: the algorithmic tasks' score, accuracy averaged over the test lengths)
-MAIN_METRICS = ("test/mean_accuracy", "valid/bleu", "valid/exact_match", "valid/accuracy")
-# The order of the metrics of a split in the table; others follow by name.
-KEYS = ("bleu", "chrf", "exact_match", "mean_accuracy", "accuracy", "macro_f1", "perplexity",
-        "bits_per_token", "loss")
 SPLITS = ("valid", "test", "longer")
+_ORDER = list(METRICS)  # a split's metrics in the table: in METRICS' order, others by name
 
 
-def declarations(source) -> dict[str, Metric]:
-  """{metric key: its declaration} of the runs of a data source (class): core/metrics.py's
-  METRICS and the source's own_metrics."""
-  return {**METRICS, **source.own_metrics}
+def declared(name: str) -> Metric:
+  """The declaration of the metric `split/key` (stats.UNBOUNDED if none)."""
+  return METRICS.get(name.split("/", 1)[1], stats.UNBOUNDED)
 
 
-def declared(name: str, metrics: Mapping[str, Metric] = METRICS) -> Metric:
-  """The declaration of the metric `split/key` in `metrics` (stats.UNBOUNDED if none)."""
-  return metrics.get(name.split("/", 1)[1], stats.UNBOUNDED)
-
-
-def lower_is_better(name: str, metrics: Mapping[str, Metric] = METRICS) -> bool:
-  return declared(name, metrics).lower_is_better
+def lower_is_better(name: str) -> bool:
+  return declared(name).lower_is_better
 
 
 def _split_rank(split: str) -> tuple:
@@ -48,21 +36,33 @@ def _split_rank(split: str) -> tuple:
   return (len(SPLITS) + 1, 0, split)
 
 
+def main_metric(names: set[str], train_length: int | None) -> str | None:
+  """The report's main metric among the `split/key` names: the first metric of METRICS
+  declared `main` on a split the names have (Metric.main); one main at the training length
+  (a language model's perplexity) on the shortest evaluation length where the runs lack
+  that split."""
+  for key, metric in METRICS.items():
+    if metric.main and f"{metric.main.format(train_length=train_length)}/{key}" in names:
+      return f"{metric.main.format(train_length=train_length)}/{key}"
+  for key, metric in METRICS.items():
+    if metric.main == AT_TRAINING_LENGTH:
+      found = sorted((n for n in names if n.split("/", 1)[1] == key),
+                     key=lambda n: _split_rank(n.split("/")[0]))
+      if found:
+        return found[0]
+  return None
+
+
 def order_metrics(names: set[str], train_length: int | None) -> tuple[list[str], str | None]:
   """(the `split/key` names in the table's order, the main metric): the main metric first
-  (valid BLEU, exact match or accuracy; a language model's perplexity at its training
-  length), then split by split (valid, test, longer, then by evaluation length), each
-  split's metrics in KEYS' order."""
-  main = next((n for n in MAIN_METRICS if n in names), None)
-  if main is None:
-    perplexities = sorted((n for n in names if n.endswith("/perplexity")),
-                          key=lambda n: _split_rank(n.split("/")[0]))
-    main = (f"len{train_length}/perplexity" if f"len{train_length}/perplexity" in names
-            else next(iter(perplexities), None))
+  (main_metric), then split by split (valid, test, longer, then by evaluation length), each
+  split's metrics in METRICS' order, any undeclared one after them by name."""
+  main = main_metric(names, train_length)
 
   def rank(name):
     split, key = name.split("/", 1)
-    return (name != main, _split_rank(split), KEYS.index(key) if key in KEYS else len(KEYS), key)
+    return (name != main, _split_rank(split),
+            _ORDER.index(key) if key in _ORDER else len(_ORDER), key)
 
   return sorted(names, key=rank), main
 
@@ -156,22 +156,19 @@ def diverged(entry: Entry) -> Entry:
 class Results:
   """The final held-out metrics of a report's finished runs: `finals` {variant: {seed:
   {split: metrics}}}, the variants in the entries' order and their seeds ascending; the
-  metric names in the table's order and the main one (order_metrics); each metric key's
-  declaration (`metrics`)."""
+  metric names in the table's order and the main one (order_metrics)."""
 
   entries: list[Entry]
   variants: dict[str, list[Entry]]
   finals: dict[str, dict[int, dict]]
   names: list[str]
   main: str | None
-  metrics: Mapping[str, Metric] = dataclasses.field(default_factory=lambda: METRICS)
   _bootstraps: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
   @classmethod
-  def of(cls, entries: list[Entry], train_length: int | None,
-         metrics: Mapping[str, Metric] = METRICS) -> "Results":
+  def of(cls, entries: list[Entry], train_length: int | None) -> "Results":
     """The Results of `entries` (check_seeds; a run finished with non-finite metrics counts
-    as failed: diverged); `metrics`: the declarations of their source's metrics."""
+    as failed: diverged)."""
     check_seeds(entries)
     entries = [diverged(e) for e in entries]
     variants: dict[str, list[Entry]] = {}
@@ -184,18 +181,17 @@ class Results:
                                  for r in runs.values() for split, m in r.items()
                                  for key, value in m.items() if isinstance(value, float)
                                  and key not in ("step", "eval_length")}, train_length)
-    return cls(entries, variants, finals, names, main, metrics)
+    return cls(entries, variants, finals, names, main)
 
   def metric(self, name: str) -> Metric:
-    """The declaration of the metric `split/key` (stats.UNBOUNDED if its source declares
-    none)."""
-    return declared(name, self.metrics)
+    """The declaration of the metric `split/key` (stats.UNBOUNDED if none)."""
+    return declared(name)
 
   def declared(self, name: str) -> bool:
-    return name.split("/", 1)[1] in self.metrics
+    return name.split("/", 1)[1] in METRICS
 
   def lower_is_better(self, name: str) -> bool:
-    return lower_is_better(name, self.metrics)
+    return lower_is_better(name)
 
   def counts(self, variant: str) -> dict[str, int]:
     return state_counts(self.variants[variant])

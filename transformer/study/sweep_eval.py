@@ -31,7 +31,7 @@ from etils import epath
 
 from transformer.core import fields, storage
 from transformer.core.errors import ConfigError, RunError
-from transformer.run import checkpoint, evaluation
+from transformer.run import checkpoint, restored_run
 from transformer.run import config as config_lib
 from transformer.run import overrides as overrides_lib
 from transformer.run import workdir as workdir_lib
@@ -154,7 +154,7 @@ def recorded(ev: Evaluation) -> dict | None:
   except (OSError, ValueError) as e:
     raise ConfigError(f"{ev.path} is not an evaluation's JSON ({e}); move it away to evaluate "
                       f"{ev.run.name} under {ev.label}") from None
-  sampling, seed = evaluation.chosen_sampling(ev.config.eval, {})
+  sampling, seed = restored_run.chosen_sampling(ev.config.eval, {})
   expected = {"step": ev.step, "averaged_steps": [ev.step], "beam_size": 1,
               "overrides": json.loads(json.dumps(ev.applied)),
               "sampling": {**dataclasses.asdict(sampling), "seed": seed}}
@@ -199,9 +199,9 @@ def run(evaluations: Sequence[Evaluation], worker: int = 0, num_workers: int = 1
     what = f"{ev.run.name} under {ev.label}"
     log.info("eval sweep: %d/%d: evaluating %s", i + 1, len(share), what)
     try:
-      restored = evaluation.restore_run(ev.run.workdir, ev.step, 1, ev.texts)
-      sampling, seed = evaluation.chosen_sampling(restored.experiment.eval, {})
-      evaluation.evaluate_run(restored, ev.path, should_stop=should_stop, sampling=sampling,
+      restored = restored_run.restore_run(ev.run.workdir, ev.step, 1, ev.texts)
+      sampling, seed = restored_run.chosen_sampling(restored.experiment.eval, {})
+      restored_run.evaluate_run(restored, ev.path, should_stop=should_stop, sampling=sampling,
                               seed=seed)
     except (RunError, ConfigError) as e:
       log.error("eval sweep: %s failed: %s", what, e)

@@ -9,16 +9,15 @@ evaluation and metric)."""
 import csv
 import io
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from etils import epath
 
 from transformer.core import storage
-from transformer.core.metrics import METRICS, Metric
 from transformer.run.state import run_state
 from transformer.study import report, stats, sweep_eval
 from transformer.study.report_tables import CLIPPED, cell, interval
-from transformer.study.results import declarations, declared, lower_is_better, order_metrics
+from transformer.study.results import declared, lower_is_better, order_metrics
 
 UNMODIFIED = "unmodified"  # the evaluation without overrides: each run's final one
 
@@ -77,16 +76,16 @@ def _values(by_seed: dict[int, dict], metric: str) -> dict[int, float]:
 
 
 def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, str],
-             train_length: int | None, metrics: Mapping[str, Metric] = METRICS) -> str:
-  """The report as markdown (module docstring); `metrics`: the declarations of the runs'
-  metrics (results.declarations: their ranges bound the intervals)."""
+             train_length: int | None) -> str:
+  """The report as markdown (module docstring); the declared ranges of the metrics
+  (core/metrics.py METRICS) bound the intervals."""
   names, main = order_metrics({m for evs in table.values() for seeds in evs.values()
                                for ms in seeds.values() for m in ms}, train_length)
   lines = list(title)
   if main:
     key = main.split("/", 1)[1]
     columns = [n for n in names if n.split("/", 1)[1] == key]
-    better = "lower" if lower_is_better(main, metrics) else "higher"
+    better = "lower" if lower_is_better(main) else "higher"
     header = "| variant | evaluation | seeds | " + " | ".join(c.split("/")[0] for c in columns)
     rule = "|---" * (3 + len(columns)) + "|"
     lines += ["", f"## {key} ({better} is better): mean [{stats.CONFIDENCE:.0%} CI] over seeds",
@@ -94,7 +93,7 @@ def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, s
     for variant, evs in table.items():
       for name, by_seed in evs.items():
         lines.append(f"| {cell(variant)} | {cell(name)} | {len(by_seed)} | "
-                     + " | ".join(_cell(stats.summary(list(v.values()), declared(c, metrics))
+                     + " | ".join(_cell(stats.summary(list(v.values()), declared(c))
                                         if (v := _values(by_seed, c)) else None, len(by_seed))
                                   for c in columns) + " |")
     lines += ["", f"## Paired differences of {key}: evaluation − {UNMODIFIED}, by seed", "",
@@ -106,7 +105,7 @@ def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, s
           lines.append(f"| {cell(variant)} | {cell(name)} | {len(by_seed)} | "
                        + " | ".join(_diff_cell(stats.paired(_values(plain, c),
                                                             _values(by_seed, c),
-                                                            declared(c, metrics)), len(by_seed))
+                                                            declared(c)), len(by_seed))
                                     for c in columns) + " |")
   if missing or left_out:
     lines += ["", "## Runs and evaluations without results", "", "| run | evaluation | why |",
@@ -116,10 +115,10 @@ def markdown(title: list[str], table: dict, missing: list, left_out: dict[str, s
   return "\n".join(lines) + "\n"
 
 
-def table_csv(table: dict, metrics: Mapping[str, Metric] = METRICS) -> str:
+def table_csv(table: dict) -> str:
   """A row per variant, evaluation and metric: the statistics of the values over seeds and
   of the paired differences against UNMODIFIED (empty where none), intervals within the
-  ranges `metrics` declares."""
+  metrics' declared ranges."""
   out = io.StringIO()
   writer = csv.writer(out)
   writer.writerow(["variant", "evaluation", "metric", "n", "mean", "std", "ci_low", "ci_high",
@@ -132,10 +131,10 @@ def table_csv(table: dict, metrics: Mapping[str, Metric] = METRICS) -> str:
         values = _values(by_seed, metric)
         if not values:
           continue
-        s = stats.summary(list(values.values()), declared(metric, metrics))
+        s = stats.summary(list(values.values()), declared(metric))
         row = [variant, name, metric, s.n, s.mean, "" if s.std is None else s.std,
                *(s.ci or ("", "")), json.dumps({str(k): v for k, v in values.items()})]
-        pair = (stats.paired(_values(evs[UNMODIFIED], metric), values, declared(metric, metrics))
+        pair = (stats.paired(_values(evs[UNMODIFIED], metric), values, declared(metric))
                 if name != UNMODIFIED else None)
         row += ([len(pair.seeds), pair.mean, *(pair.ci or ("", "")),
                  json.dumps(dict(zip(map(str, pair.seeds), pair.differences)))]
@@ -169,7 +168,6 @@ def write(sweep_dir: str, invocation_flags: list[str], eval_sweep: sweep_eval.Ev
   folder = storage.join(sweep_dir, eval_sweep.folder)
   md_path, csv_path = storage.join(folder, "report.md"), storage.join(folder, "report.csv")
   epath.Path(folder).mkdir(parents=True, exist_ok=True)
-  metrics = declarations(evaluations[0].run.config.source) if evaluations else METRICS
-  storage.write(md_path, markdown(title, table, missing, left_out, train_length, metrics))
-  storage.write(csv_path, table_csv(table, metrics))
+  storage.write(md_path, markdown(title, table, missing, left_out, train_length))
+  storage.write(csv_path, table_csv(table))
   return md_path, csv_path

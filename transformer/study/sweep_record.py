@@ -1,7 +1,6 @@
 """How a sweep directory's runs were asked for, so that a later invocation cannot describe
-other runs under the same names (issue 31: a `--report_only` without the original
-`--config.train.num_steps=100` judged every run against 1000 steps and wrote "0 finished"
-over a correct report).
+other runs under the same names (a `--report_only` without the first invocation's
+`--config.train.num_steps=100` would judge every run against the config file's steps).
 
 An invocation that trains writes SWEEP_DIR/sweep.json (RECORD_FILE): the sweep config file
 (absolute, with its :ARG), the --config.FIELD=VALUE overrides of every run and its --only

@@ -22,7 +22,6 @@ import dataclasses
 
 import numpy as np
 
-from transformer.core.metrics import Metric
 from transformer.core.registry import lookup
 from transformer.data.base import Example, Split, SplitResult
 from transformer.data.tasks.casts import CASTS, Cast
@@ -75,8 +74,6 @@ class AlgorithmicSource(GeneratedSource):
   rule = LengthSplits
   Task = TaskChoice(drawn_by(rule, TASKS), "name", "algorithmic task")
   what = "a generated task"
-  own_metrics = {"mean_accuracy": Metric(0.0, 1.0, parts=("hits", "scored"), stratum="length"),
-                 "accuracy_by_length": Metric(0.0, 1.0)}  # {length: accuracy}
 
   @classmethod
   def cast_of(cls, data, task):

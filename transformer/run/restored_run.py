@@ -1,6 +1,8 @@
-"""Held-out evaluation: teacher-forced loss and token accuracy of every split; decoded
-predictions (greedy, sampled or beam search) for a family that decodes, each position's most
-likely output and loss otherwise; then the data source's own metrics of those outputs."""
+"""A trained run restored from its workdir (RestoredRun) and what eval.py does with it: its
+held-out metrics written as an evaluation's file (evaluate_run, through the Evaluator of
+run/evaluator.py), a language model's continuations, what a family that does not decode
+predicts for a sentence, and the checks of eval.py's options against the run, made before
+any work; eval.py's table of the metrics."""
 
 import dataclasses
 import json
@@ -12,6 +14,7 @@ from flax import nnx
 
 from transformer.core import storage
 from transformer.core.errors import ConfigError, RunError
+from transformer.core.metrics import TABLE, shown
 from transformer.core.vocab import PAD_ID
 from transformer.data import Targets
 from transformer.data.pipeline import pad_batch
@@ -29,7 +32,7 @@ log = logging.getLogger("transformer")
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class RestoredRun:
   """A trained run restored for evaluation."""
 
   workdir: str
@@ -46,7 +49,7 @@ class Run:
 
 
 def restore_run(workdir: str, step: int | None = None, average: int = 1,
-                override: dict[str, str] | None = None) -> Run:
+                override: dict[str, str] | None = None) -> RestoredRun:
   """The run in `workdir` ready to evaluate, its parameters (only) laid out on this
   process's devices: checkpoint `step`, by default the newest that restores; average > 1:
   the mean parameters of the last `average` checkpoints up to it; `override` ({path:
@@ -59,7 +62,7 @@ def restore_run(workdir: str, step: int | None = None, average: int = 1,
   shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
   exp.source.load(has_checkpoints=True)
-  return Run(workdir, exp, steps, params, applied)
+  return RestoredRun(workdir, exp, steps, params, applied)
 
 
 def own_decoding(exp: experiment.Experiment) -> Decoding:
@@ -69,7 +72,7 @@ def own_decoding(exp: experiment.Experiment) -> Decoding:
   return Decoding(sampling=sampling, seed=seed)
 
 
-def output_path(run: Run, output: str | None, decoding: Decoding = Decoding()) -> str:
+def output_path(run: RestoredRun, output: str | None, decoding: Decoding = Decoding()) -> str:
   """Where the metrics go: `output`, or by default WORKDIR/eval_step_N[,...].json named after
   the overrides, the averaged checkpoints and the decoding where they are not the run's own
   (eval_files.default_path); a ConfigError, before any evaluation, if that directory cannot
@@ -80,9 +83,10 @@ def output_path(run: Run, output: str | None, decoding: Decoding = Decoding()) -
   return output
 
 
-def evaluate_run(run: Run, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
-                 files: tuple[str, str] | None = None, should_stop=lambda: False,
-                 sampling: Sampling = GREEDY, seed: int = 0) -> tuple[int, dict, str]:
+def evaluate_run(run: RestoredRun, output: str | None = None, beam_size: int = 1,
+                 alpha: float = 0.6, files: tuple[str, str] | None = None,
+                 should_stop=lambda: False, sampling: Sampling = GREEDY, seed: int = 0
+                 ) -> tuple[int, dict, str]:
   """Evaluates every held-out split of a run restored by restore_run, or the (source,
   reference) text `files` instead, and writes the metrics as JSON (and, for text, the
   detokenized predictions and the references beside it, one file each per split:
@@ -190,7 +194,7 @@ def check_prompts(exp: experiment.Experiment, prompts: list[str], num_tokens: in
   return encoded
 
 
-def continue_prompts(run: Run, prompts: list[str], num_tokens: int,
+def continue_prompts(run: RestoredRun, prompts: list[str], num_tokens: int,
                      sampling: Sampling = GREEDY, seed: int = 0) -> list[str]:
   """A language model's KV-cached continuation of each prompt by num_tokens tokens, greedy
   or as `sampling` says (its draws from `seed`), as text (prompt included)."""
@@ -208,7 +212,7 @@ def continue_prompts(run: Run, prompts: list[str], num_tokens: int,
           for row, n in zip(np.asarray(tokens), lengths)]
 
 
-def sentence_predictions(run: Run, sentences: list[str]) -> list[str]:
+def sentence_predictions(run: RestoredRun, sentences: list[str]) -> list[str]:
   """What a family that does not decode predicts for each sentence, as a phrase: the label
   of the sequence (read at its first token), the label of each token, a language model's
   next token after the sentence, or the first symbol of the answer after a prompt (the
@@ -237,9 +241,9 @@ def sentence_predictions(run: Run, sentences: list[str]) -> list[str]:
 
 
 def format_table(results: dict[str, dict]) -> str:
-  columns = [c for c in ("loss", "accuracy", "exact_match", "bleu", "chrf", "macro_f1",
-                          "perplexity", "bits_per_token")
-             if any(c in m for m in results.values())]
+  """eval.py's table of {split: metrics}: a row per split, a column per metric declared
+  shown in a table (core/metrics.py METRICS) that some split has, in METRICS' order."""
+  columns = [c for c in shown(TABLE) if any(c in m for m in results.values())]
   width = max(10, *(len(name) + 1 for name in results))
   w = {c: max(13, len(c) + 2) for c in columns}
   rows = [f"{'split':<{width}}{'examples':>10}" + "".join(f"{c:>{w[c]}}" for c in columns)]
