@@ -19,8 +19,7 @@ the generated tasks by name, CHOMSKY_PROBLEMS the 15 of Delétang et al. among t
 """
 
 from transformer.core.registry import lookup
-from transformer.data.tasks import TASKS
-from transformer.data.tasks.chomsky import PROBLEMS as CHOMSKY_PROBLEMS
+from transformer.data.tasks import CHOMSKY_PROBLEMS, TASKS
 from transformer.model.positions import POSITIONS
 from transformer.model.scores import SCORES
 from transformer.run.config import schema, with_source

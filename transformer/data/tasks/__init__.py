@@ -5,8 +5,9 @@ strings.py, listops.py) and the data sources that draw them (generated.py; synth
 labelled.py, algorithmic.py). The rest of the package enters here."""
 
 from transformer.data.tasks.algorithmic import AlgorithmicSource
+from transformer.data.tasks.chomsky import PROBLEMS as CHOMSKY_PROBLEMS
 from transformer.data.tasks.labelled import LabelledSource
 from transformer.data.tasks.registry import TASKS
 from transformer.data.tasks.synthetic import SyntheticSource
 
-__all__ = ["TASKS", "AlgorithmicSource", "LabelledSource", "SyntheticSource"]
+__all__ = ["CHOMSKY_PROBLEMS", "TASKS", "AlgorithmicSource", "LabelledSource", "SyntheticSource"]
