@@ -362,7 +362,7 @@ CASES = [
      ["a passkey training row takes at least", "more than a window of 16",
       "data.passkey.train_fraction=0"]),
     # Hugging Face datasets (data.source=hf, data.corpus=hf): local JSON Lines files
-    # issue 31: files cut short or not UTF-8, read by datasets (and streamed: as rows arrive)
+    # files cut short or not UTF-8, read by datasets (and streamed: as rows arrive)
     *((f"hf JSON Lines cut mid-record{streamed}", *HF,
        ["--config.data.train_files=cut.jsonl", f"--config.data.hf_streaming={streaming}"],
        ["cannot read the json files data.train_files='cut.jsonl'", "hf/cut.jsonl",
@@ -739,7 +739,7 @@ CASES = [
      ["--paired_bootstrap", "{run}", "{run}"], [], ["is a directory; give the metrics JSON"]),
     ("paired bootstrap of one evaluation", "compare.py",
      ["--paired_bootstrap", "{files}/eval_a.json"], [], ["two or more evaluations"]),
-    # issue 31: damaged files of a run, as a report, compare.py or a resumed run read them
+    # damaged files of a run, as a report, compare.py or a resumed run read them
     *((f"{script} of a run whose metrics hold {what}", script, [*args, "{files}/" + name], [],
        [f"{name}/metrics.jsonl, line 7: ", problem, "remove that line"])
       for script, args in (("compare.py", ["{run}"]),
@@ -834,7 +834,7 @@ def files(tmp_path_factory):
 
 
 def damaged_files(files) -> None:
-  """Issue 31's damaged files: finished runs whose metrics.jsonl ends in a damaged line
+  """Damaged files: finished runs whose metrics.jsonl ends in a damaged line
   (line 7), a sweep directory holding one, a run's damaged failure record, an evaluation's
   hypotheses not in UTF-8, corpora cut mid-record or not in UTF-8."""
   for name, line in (("garbage", b"\xff\xfe\x00junk"), ("notrecord", b'{"step": 40}'),

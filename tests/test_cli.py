@@ -74,7 +74,7 @@ def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
   assert 0.0 <= metrics["splits"]["valid"]["exact_match"] <= 1.0
   assert "decoding: greedy (the run's own)" in result.stdout
 
-  # Issue 31: another decoding (or averaging) wrote over eval_step_N.json without a word.
+  # Another decoding (or averaging) must not write over eval_step_N.json without a word.
   plain = open(path).read()
   sampled = _run("eval.py", "--workdir", workdir, "--temperature", "0.5", "--sample_seed", "3",
                  "--average", "2")
@@ -97,7 +97,7 @@ def test_sigterm_saves_then_rerun_resumes_and_eval_reports(tmp_path):
   drawn = _run("eval.py", "--workdir", workdir, "--sentence", "0 1 2", "--sentence", "5 4",
                "--nometrics", "--plot_dir", str(plot_dir))
   assert drawn.returncode == 0, drawn.stderr
-  # the decoded output is printed, not only drawn in the pictures' titles (issue 31)
+  # the decoded output is printed, not only drawn in the pictures' titles
   printed = re.findall(r"--- '(0 1 2|5 4)': decoded \(greedy\) '([^']*)'", drawn.stdout)
   assert [sentence for sentence, _ in printed] == ["0 1 2", "5 4"], drawn.stdout
   expected = {f"attention_{i}_{kind}.png" for i in (0, 1)

@@ -176,8 +176,8 @@ def test_pictures_record_the_content_bias_and_draw_no_position_panel(tmp_path):
 
 
 def test_the_configs_named_for_an_encoder_that_refuses_cope_take_it():
-  """Issue 31: the refusal of CoPE in an encoder advised model.arch=decoder, which the
-  default task refuses in turn; it now names decoder-only configs, and each builds with it."""
+  """The refusal of CoPE in an encoder must not advise model.arch=decoder, which the
+  default task refuses in turn; it names decoder-only configs, and each builds with it."""
   with pytest.raises(ConfigError) as refused:
     experiment.build(parse(make_tiny_config(**{"model.position": "cope"})))
   for (path, overrides), command in zip(experiment.DECODER_ONLY,

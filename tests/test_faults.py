@@ -515,7 +515,7 @@ def test_ctrl_c_with_the_output_through_a_closed_pipe_saves_first(tmp_path, stde
   write to the pipe fails: the signal handler's message, the log lines, the flush at exit.
   None of them may lose the checkpoint or change the exit status. With stderr elsewhere
   (`| tee log` leaves it on the terminal; a file here), the lines after the pipe died go
-  there, the save message included (issue 31: it reached only the workdir's train.log)."""
+  there, the save message included (not only the workdir's train.log)."""
   workdir, err_path = str(tmp_path / "run"), tmp_path / "err"
   with open(err_path, "w") as err:
     proc = subprocess.Popen(

@@ -221,11 +221,11 @@ def cli():
 
 
 def test_a_port_that_an_earlier_launch_holds_is_refused(cli, tmp_path):
-  """Issue 31: 2 launches in 6 never started. JAX's coordination service binds its port
-  with SO_REUSEPORT, so a new process 0 started a second service beside a coordinator of an
-  earlier launch still running there; the new process 1 was handed to the old one, and the
-  new process 0 waited 300 s for it before JAX aborted it (exit 134). Process 0 now refuses
-  the port at once, in one line, and writes nothing."""
+  """JAX's coordination service binds its port with SO_REUSEPORT, so a new process 0 would
+  start a second service beside a coordinator of an earlier launch still running there, the
+  new process 1 be handed to the old one, and the new process 0 wait 300 s for it before JAX
+  aborted it (exit 134). Process 0 refuses the port at once, in one line, and writes
+  nothing."""
   (tmp_path / "sweep.py").write_text(SWEEP)
   port = _free_port()
   stale = subprocess.Popen([sys.executable, "-c", STALE, str(port)], cwd=ROOT,
