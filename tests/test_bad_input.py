@@ -217,7 +217,7 @@ CASES = [
      ["unknown attention kernel 'flash'", choices({"auto": None, **KERNELS})]),
     # RoPE's scalings and partial rotation (transformer/model/positions/rotary.py)
     ("rotary scaling unknown", *TRAIN, [f"--config.{ROTARY}scaling=dynamic"],
-     [f"config.{ROTARY}scaling='dynamic' is not allowed", "one of none, linear, ntk, yarn"]),
+     [f"config.{ROTARY}scaling='dynamic' is not allowed", "one of: none, linear, ntk, yarn"]),
     ("xpos scaling unknown", *TRAIN, ["--config.model.position_settings.xpos.scaling=pi"],
      ["config.model.position_settings.xpos.scaling='pi'", "none, linear, ntk, yarn"]),
     ("rotary factor below 1", *TRAIN, [f"--config.{ROTARY}scaling=linear",
@@ -246,7 +246,7 @@ CASES = [
       f"--config.{ROTARY}scaling=ntk", f"--config.{ROTARY}factor=2"],
      ["scaling 'ntk'", "more than one rotated pair", "D = 2"]),
     ("unknown partial rotation", *TRAIN, [f"--config.{ROTARY}partial=half"],
-     [f"config.{ROTARY}partial='half'", "one of neox, p_rope"]),
+     [f"config.{ROTARY}partial='half'", "one of: neox, p_rope"]),
     # train.init_from (transformer/run/init_from.py)
     ("init_from of another shape", *TRAIN,
      ["--config.train.init_from={run}", "--config.model.d_ff=48"],
@@ -303,13 +303,16 @@ CASES = [
     ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
      ["task: no", "input of copy of lengths 1..1"]),
     ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(SYNTHETIC_TASKS)]),
+    ("former task name", *TRAIN, ["--config.task.name=reverse"],
+     ["config.task.name='reverse' is the former name of 'reverse_string'",
+      "--config.task.name=reverse_string"]),
     ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
     ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
     ("unknown data source", *TRAIN, ["--config.data.source=csv"],
      ["unknown data source 'csv'", choices(SOURCES)]),
     ("unknown training lengths", *CHOMSKY, ["--config.task.train_lengths=per_step"],
-     ["config.task.train_lengths='per_step'", "one of per_row, per_batch"]),
+     ["config.task.train_lengths='per_step'", "one of: per_row, per_batch"]),
     ("cast the arch cannot learn", *CHOMSKY, ["--config.data.cast=decoder"],
      ["config.model.arch='encoder' cannot learn data.source 'algorithmic'",
       "it needs one of: decoder", "with data.cast slots or token_labels (not 'decoder')"]),
@@ -429,8 +432,8 @@ CASES = [
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.model.d_ff=48"],
      ["holds a run with a different config.model", "d_ff"]),
     ("another task in a run's workdir", "train.py",
-     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse"],
-     ["different config.task", "name"]),
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse_string"],
+     ["different config.task (differs in: name)"]),
     ("another init_from in a run's workdir", "train.py",
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.init_from={files}/x"],
      ["holds a run with a different config.train (differs in: init_from)"]),
@@ -822,7 +825,7 @@ def files(tmp_path_factory):
     (files / name).write_text(SWEEP_LM.format(dir=files / "lm"))
   # For compare.py: runs without training, a sweep's report, evaluations of text splits.
   fake_run(files / "untrained", 0.5, final=False)
-  fake_run(files / "reverse", 0.5, **{"task.name": "reverse"})
+  fake_run(files / "reverse", 0.5, **{"task.name": "reverse_string"})
   (files / "swept").mkdir()
   (files / "swept" / "report.md").write_text("# Sweep configs/positions.py\n")
   for name, references in (("eval_a", ["a b", "c d"]), ("eval_b", ["a b", "c e"]),

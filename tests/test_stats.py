@@ -224,7 +224,7 @@ def test_runs_that_cannot_be_compared_are_refused(runs, tmp_path):
     compare.compare(runs + [unfinished])
   with pytest.raises(ConfigError, match="sinusoidal-0 and .*copy-0 are the same run"):
     compare.compare([runs[0], fake_run(tmp_path / "copy-0", 0.5, 0)])
-  reverse = fake_run(tmp_path / "reverse", 0.5, 0, **{"task.name": "reverse"})
+  reverse = fake_run(tmp_path / "reverse", 0.5, 0, **{"task.name": "reverse_string"})
   with pytest.raises(ConfigError, match=r"different tasks \(copy and reverse_string\)"):
     compare.compare([runs[0], reverse])
   with pytest.raises(ConfigError, match="--baseline rope: no such variant, nor a FIELD=VALUE "

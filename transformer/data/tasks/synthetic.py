@@ -5,7 +5,8 @@ hold only it), cast seq2seq: an encoder-decoder reads the input and decodes the 
 Besides loss, accuracy and exact match, each split reports exact match by input length.
 
 The names `reverse` and `sort` (of configs written before the tasks had one registry) are
-read as reverse_string and bucket_sort, the same problems: a saved run restores unchanged.
+read as reverse_string and bucket_sort, the same problems, in a run's saved config: a saved
+run restores unchanged. A config given today is refused them (problem.TaskChoice).
 """
 
 import numpy as np
