@@ -13,6 +13,7 @@ from tests.support import checkpoint_params, read_records, restore_and_evaluate
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import cross_entropy, language_model_metrics
 from transformer.run import checkpoint, evaluator, experiment, logs, sharding
+from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
 from transformer.run.optim import rsqrt_schedule
 from transformer.run.progress import log_eval
@@ -118,6 +119,16 @@ def test_workdir_with_another_model_is_refused_and_untouched(tmp_path, tiny_conf
   after = {p: os.path.getmtime(os.path.join(workdir, p)) for p in os.listdir(workdir)}
   assert before == after
   assert checkpoint.manager(workdir, read_only=True).all_steps() == [10]
+
+
+@pytest.mark.parametrize("trained,now", [("rotary", "sinusoidal"), ("sinusoidal", "rotary")])
+def test_the_identity_refusal_names_only_the_fields_changed(tmp_path, tiny_config, trained, now):
+  """model.position changed alone is named alone: the settings that one config reads and the
+  other does not (rotary's) follow from it."""
+  workdir_lib.write_config(parse(tiny_config(**{"model.position": trained})), str(tmp_path))
+  with pytest.raises(ConfigError, match=r"different config.model \(differs in: position\);"):
+    workdir_lib.check_identity(parse(tiny_config(**{"model.position": now})), str(tmp_path),
+                               has_checkpoints=True)
 
 
 def test_bad_name_fails_before_writing_anything(tmp_path, tiny_config):

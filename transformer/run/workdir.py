@@ -41,13 +41,16 @@ def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) 
   A field missing from the saved config (added to the code since the run began) is compared
   at the value its parse gives it: the default, or the legacy value a field declares, means
   what the run did before the field existed (an old rotary run rotated every dimension, and
-  resuming it with model.position_settings.rotary.rotated_fraction=0.5 is another model)."""
+  resuming it with model.position_settings.rotary.rotated_fraction=0.5 is another model).
+  The refusal names the fields changed: a field that one config reads and the other does not
+  (rotary's settings, once model.position is another) follows from a change named there."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not has_checkpoints or not path.exists():
     return
   saved = fields.identity(saved_config(workdir))
   new = fields.identity(cfg)
-  changed = [k for k in saved if new.get(k) != saved[k]]
+  changed = ([k for k in saved if k in new and new[k] != saved[k]]
+             or [k for k in saved if k not in new])
   if changed:
     section = min((k.split(".")[0] for k in changed), key=config_lib.SECTIONS.index)
     fields_changed = sorted(k.split(".", 1)[1] for k in changed if k.startswith(section + "."))
