@@ -1,10 +1,12 @@
 """Bad input as a new user types it, to train.py, eval.py, sweep.py and compare.py: every case exits
 non-zero with one `error:` line naming the bad value (and what is allowed), prints no
-traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
+traceback and no log line of work begun before it, and writes or changes nothing, in a new
+workdir or in a finished run's."""
 
 import functools
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -505,6 +507,9 @@ CASES = [
      ["eval.py's flags set the sampling (--temperature"]),
     ("eval override of a section", "eval.py", ["--workdir", "{run}", "--config.model.attention=x"],
      [], ["--config.model.attention is a section", "kernel"]),
+    ("eval override of a kernel this machine cannot run", "eval.py",  # as train.py refuses it
+     ["--workdir", "{run}", "--config.model.attention.kernel=cudnn"], [],
+     ["model.attention.kernel='cudnn' runs on gpu only", "backend is cpu", "'xla'"]),
     ("config sampling top_p 0", *TRAIN, ["--config.eval.sampling.temperature=1",
                                          "--config.eval.sampling.top_p=0"],
      ["config.eval.sampling.top_p=0", "(0, 1]"]),
@@ -937,15 +942,24 @@ def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra,
            fragments)
 
 
+# What a refused command may log before its error line: the data it reads (a long read is
+# announced as it begins) and the recorded flags a sweep runs with. Any other line (the
+# kernels chosen, say) tells of work that a refusal found before it should not have begun.
+BEFORE_A_REFUSAL = re.compile(r"(\d\d:\d\d:\d\d )?(reading |sweep: as recorded in )")
+
+
 def _refused(cli, script, args, roots, new, fragments, env=None):
   """Runs the script; asserts one `error:` line holding every fragment, a non-zero exit, no
-  traceback, and nothing written under `roots` nor `new` made."""
+  traceback nor log line of work begun (BEFORE_A_REFUSAL), and nothing written under `roots`
+  nor `new` made."""
   before = _snapshot(*roots)
   result = cli.run(script, *args, env=env)
   assert result.returncode != 0, result.stdout[-2000:]
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
   assert "Traceback" not in result.stdout + result.stderr
+  said = [line for line in result.stdout.splitlines() if not BEFORE_A_REFUSAL.match(line)]
+  assert not said, said
   for fragment in fragments:
     assert fragment in lines[0], lines[0]
   assert not new.exists()

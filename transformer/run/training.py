@@ -47,7 +47,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
   ConfigError for a bad config or workdir (before anything is written) and RunError when
   the run cannot go on (the workdir is locked, training diverged, no checkpoint restores).
   """
-  exp = experiment.build(cfg, workdir)
+  exp = experiment.build(cfg, workdir, announce=False)  # said once every check has passed
   workdir_lib.check_usable(workdir)
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
@@ -60,6 +60,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
   splits = exp.source.eval_splits(exp.train.eval_examples)
   check_split_lengths(exp, splits)
   with lock.hold(workdir):
+    experiment.announce_kernels(exp)  # the run begins: nothing was said before a refusal
     exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
     workdir_lib.write_config(cfg, workdir)
     with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
