@@ -150,7 +150,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   with cli.one_line_errors():
     found, rest = overrides_lib.split_args(argv)
   OVERRIDES.update(found)
-  return cli.parse_flags(rest)
+  return cli.parse_flags(rest, takes_overrides=True)
 
 
 def main(argv):
