@@ -126,6 +126,12 @@ BAD_CONFIG = [  # (id, arguments after --workdir, fragments of the error line)
      ["config file", "raises.py", "RuntimeError: no such dataset"]),
     ("config argument", ["--config", "{default}:big"],
      ["config file", "default.py:big", "TypeError: get_config() takes 0 positional arguments"]),
+    ("override without --config", ["--config.model.position=rotary"],
+     ["--config.model.position=rotary sets a field of the config", "no --config is given"]),
+    ("field without --config.", ["--config", "{default}", "--model.position=rotary"],
+     ["unknown flag --model.position=rotary", "did you mean --config.model.position=rotary?"]),
+    ("bool field without --config.", ["--config", "{default}", "--nomodel.share_embeddings"],
+     ["did you mean --noconfig.model.share_embeddings?"]),
 ]
 
 
