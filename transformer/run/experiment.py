@@ -66,9 +66,9 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
   here is replaced (transformer/model/kernels/choice.py), and its trackers (W&B) need not be installed.
   `kernel_asked_here`: evaluating, model.attention.kernel was set for this evaluation (not
   by the training): it is chosen as training chooses it, refused if it cannot run here.
-  `announce`: log the attention kernels chosen (announce), at once; off where the caller
-  checks more before the run starts and announces them then (a refusal is one line, with no
-  log line before it), or only checks (a sweep checking its runs)."""
+  `announce`: log the attention kernels chosen (announce_kernels) at once; off where the
+  caller checks more before the run starts and announces them then (a refusal is one line,
+  with no log line before it), or only checks (a sweep checking its runs)."""
   source = make_source(cfg, workdir)
   family = lookup(ARCHS, cfg.model.arch, "model arch")
   if source.targets not in family.learns:

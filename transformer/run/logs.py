@@ -280,8 +280,8 @@ class Progress:
     now = time.monotonic()
     if now - self.last >= PROGRESS_EVERY and self.done < self.total:
       number, batch = divmod(self.done - 1, self.batches)
-      where = (f"{self.passes[number]} " if len(self.passes) > 1 else "",
-               f" (pass {number + 1}/{len(self.passes)})" if len(self.passes) > 1 else "")
-      log.info("%s: %s%d/%d batches%s, %.0f s", self.what, where[0], batch + 1, self.batches,
-               where[1], now - self.start)
+      count = f"{batch + 1}/{self.batches} batches"
+      if len(self.passes) > 1:
+        count = f"{self.passes[number]} {count} (pass {number + 1}/{len(self.passes)})"
+      log.info("%s: %s, %.0f s", self.what, count, now - self.start)
       self.last = now
