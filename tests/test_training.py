@@ -213,12 +213,12 @@ def test_a_long_evaluation_logs_progress(tiny_config, log_lines, monkeypatch):
   exp = experiment.build(parse(config))
   evaluator.Evaluator(exp).evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits(),
                                     per_example=True)
-  progress = [m for m in log_lines() if m.startswith("eval ")]
+  lines = [m for m in log_lines() if m.startswith("eval ")]
   passes = ("scoring", "decoding", "per-example scores")
-  assert [m.rpartition(",")[0] for m in progress] == [  # none after the last batch
+  assert [m.rpartition(",")[0] for m in lines] == [  # none after the last batch
       f"eval {split}: {name} {i}/3 batches (pass {p + 1}/3)" for split in ("valid", "longer")
       for p, name in enumerate(passes) for i in (1, 2, 3) if (p, i) != (2, 3)]
-  assert all(m.endswith(" s") and "\r" not in m for m in progress)
+  assert all(m.endswith(" s") and "\r" not in m for m in lines)
   logs.Progress("eval valid", 3).advance()  # one pass: batches alone
   assert log_lines()[-1].startswith("eval valid: 1/3 batches, ")
 
@@ -252,15 +252,15 @@ def test_a_stop_comes_at_the_next_step_and_the_eta_leaves_out_compilation(
     return compiled._replace(step=step)
 
   def timing_first_call(fn, what):
-    timed = progress.timing_first_call(fn, what)
-    first = [True]
+    calls = []
 
-    def call(*args):
-      if first.pop() if first else False:
+    def compiled_slowly(*args):
+      if what == "the train step" and not calls:
         time.sleep(3)  # as a slow compilation
-      return timed(*args)
+      calls.append(1)
+      return fn(*args)
 
-    return call
+    return progress.timing_first_call(compiled_slowly, what)
 
   monkeypatch.setattr(training, "compile_step", compile_step)
   monkeypatch.setattr(training, "timing_first_call", timing_first_call)
