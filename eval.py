@@ -60,14 +60,14 @@ from transformer.core.errors import ConfigError, Interrupted
 from transformer.core.fields import FieldError
 from transformer.core.vocab import EOS_ID
 from transformer.model.sampling import Sampling
-from transformer.run import cli
+from transformer.run import cli, experiment
 from transformer.run import overrides as overrides_lib
 from transformer.run.config import EvalConfig
 from transformer.run.eval_files import Decoding
 from transformer.run.restored_run import (check_decoding, check_prompts, check_sampling,
                                         chosen_sampling, continue_prompts, evaluate_run,
                                         format_table, output_path, own_decoding, restore_run,
-                                        sentence_predictions)
+                                        sentence_predictions, splits_of)
 from transformer.run.evaluator import generates_answers
 from transformer.study import pictures
 
@@ -150,7 +150,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   with cli.one_line_errors():
     found, rest = overrides_lib.split_args(argv)
   OVERRIDES.update(found)
-  return cli.parse_flags(rest)
+  return cli.parse_flags(rest, takes_overrides=True)
 
 
 def main(argv):
@@ -162,7 +162,7 @@ def main(argv):
   with cli.StopSignals() as stop, cli.one_line_errors():
     check_metrics_flags()
     # one restore serves metrics and pictures
-    run = restore_run(f.workdir, f.step, f.average, OVERRIDES)
+    run = restore_run(f.workdir, f.step, f.average, OVERRIDES, announce=False)
     exp = run.experiment
     sampling, seed, sampling_given = sampling_flags(exp.eval)
     plot_dir = f.plot_dir or os.path.join(f.workdir, "plots" + run.suffix)
@@ -170,17 +170,20 @@ def main(argv):
     if sampling_given:  # the config's default applies where it can, silently elsewhere
       check_sampling(exp, sampling, f.metrics, bool(f.sentence), bool(f.generate))
     decoding = Decoding(f.beam_size, f.alpha, sampling, seed)
+    splits = None
     if f.metrics:
       check_decoding(exp, f.beam_size, sampling)
       output_path(run, f.output, decoding)  # a path that cannot be written, or taken
+      splits = splits_of(run, files)
     if f.generate:
       check_prompts(exp, f.sentence, f.generate)
     if f.sentence or f.plot_dir:
       pictures.check_writable(run, f.sentence, plot_dir)
+    experiment.announce_kernels(exp)  # the work begins: nothing was said before a refusal
     try:
       if f.metrics:
         step, results, path = evaluate_run(run, f.output, f.beam_size, f.alpha, files, stop,
-                                           sampling, seed)
+                                           sampling, seed, splits)
         print(f"step {step}" + (f" (the parameters averaged over steps "
                                  f"{', '.join(map(str, run.steps))})" if len(run.steps) > 1
                                  else ""))

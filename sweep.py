@@ -14,8 +14,8 @@ at once.
 DIR remembers how it was run: DIR/sweep.json records the config file, the --config.FIELD
 overrides and --only of the last invocation that trained. A later invocation (a re-run,
 --report_only, a worker) may leave them out and runs with the recorded ones; another config
-file or other overrides are refused (they would give other runs the same names); --only
-given again selects anew.
+file or other overrides (given with --config or without it) are refused (they would give
+other runs the same names); --only given again selects anew.
 
 Sharing a sweep:
   * workers: --num_workers N --worker I runs every N-th run (--print_commands prints the N
@@ -91,12 +91,35 @@ cli.define_cache_flag()
 flags.mark_flags_as_required(["sweep_dir"])
 
 
+RECORDED_CONFIG = []  # the --config FILE that parse_flags took from the sweep's record
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """cli.parse_flags; --config.FIELD=VALUE overrides given without --config on a recorded
+  sweep are read as fields of the recorded config file (which --config may be left out
+  for), so that invocation() compares them with the recorded ones."""
+  sweep_dir = cli.flag_value(argv, "sweep_dir")
+  override = next((arg for arg in argv if arg.startswith(("--config.", "--noconfig."))), None)
+  if cli.flag_value(argv, "config") is None and sweep_dir and override:
+    with cli.one_line_errors():
+      recorded = sweep_record.read(sweep_dir)
+      if recorded is None:
+        raise ConfigError(f"{override} sets a field of the sweep's config, and no --config "
+                          f"FILE is given nor recorded ({sweep_record.path(sweep_dir)} does "
+                          "not exist): give --config FILE")
+    RECORDED_CONFIG.append(recorded.config)
+    argv = [argv[0], "--config", recorded.config, *argv[1:]]
+  return cli.parse_flags(argv)
+
+
 def invocation() -> tuple[sweep_record.Invocation, bool]:
   """The runs' invocation: the flags given, completed from the sweep directory's record."""
   f = flags.FLAGS
   given = f.config is not None
-  return sweep_record.resolve(f.sweep_dir, f["config"].config_filename if given else None,
-                              f["config"].override_values if given else {}, f.only)
+  run, recorded = sweep_record.resolve(
+      f.sweep_dir, f["config"].config_filename if given else None,
+      f["config"].override_values if given else {}, f.only)
+  return run, recorded or bool(RECORDED_CONFIG)
 
 
 def print_commands(run: sweep_record.Invocation, num_workers: int) -> None:
@@ -191,4 +214,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=cli.parse_flags)
+  app.run(main, flags_parser=parse_flags)

@@ -1,10 +1,12 @@
 """Bad input as a new user types it, to train.py, eval.py, sweep.py and compare.py: every case exits
 non-zero with one `error:` line naming the bad value (and what is allowed), prints no
-traceback, and writes or changes nothing, in a new workdir or in a finished run's."""
+traceback and no log line of work begun before it, and writes or changes nothing, in a new
+workdir or in a finished run's."""
 
 import functools
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -217,7 +219,7 @@ CASES = [
      ["unknown attention kernel 'flash'", choices({"auto": None, **KERNELS})]),
     # RoPE's scalings and partial rotation (transformer/model/positions/rotary.py)
     ("rotary scaling unknown", *TRAIN, [f"--config.{ROTARY}scaling=dynamic"],
-     [f"config.{ROTARY}scaling='dynamic' is not allowed", "one of none, linear, ntk, yarn"]),
+     [f"config.{ROTARY}scaling='dynamic' is not allowed", "one of: none, linear, ntk, yarn"]),
     ("xpos scaling unknown", *TRAIN, ["--config.model.position_settings.xpos.scaling=pi"],
      ["config.model.position_settings.xpos.scaling='pi'", "none, linear, ntk, yarn"]),
     ("rotary factor below 1", *TRAIN, [f"--config.{ROTARY}scaling=linear",
@@ -246,7 +248,7 @@ CASES = [
       f"--config.{ROTARY}scaling=ntk", f"--config.{ROTARY}factor=2"],
      ["scaling 'ntk'", "more than one rotated pair", "D = 2"]),
     ("unknown partial rotation", *TRAIN, [f"--config.{ROTARY}partial=half"],
-     [f"config.{ROTARY}partial='half'", "one of neox, p_rope"]),
+     [f"config.{ROTARY}partial='half'", "one of: neox, p_rope"]),
     # train.init_from (transformer/run/init_from.py)
     ("init_from of another shape", *TRAIN,
      ["--config.train.init_from={run}", "--config.model.d_ff=48"],
@@ -303,13 +305,16 @@ CASES = [
     ("string space too small", *TRAIN, ["--config.task.num_symbols=1", "--config.task.max_len=1"],
      ["task: no", "input of copy of lengths 1..1"]),
     ("unknown task", *TRAIN, ["--config.task.name=rev"], ["unknown task 'rev'", choices(SyntheticSource.Task.registry)]),
+    ("former task name", *TRAIN, ["--config.task.name=reverse"],
+     ["config.task.name='reverse' is the former name of 'reverse_string'",
+      "--config.task.name=reverse_string"]),
     ("seed negative", *TRAIN, ["--config.seed=-1"], ["config.seed=-1", "≥ 0"]),
     ("mesh does not fit", *TRAIN, ["--config.mesh.data=3"], ["does not fit 1 devices"]),
     ("mesh axis 0", *TRAIN, ["--config.mesh.tensor=0"], ["does not fit"]),
     ("unknown data source", *TRAIN, ["--config.data.source=csv"],
      ["unknown data source 'csv'", choices(SOURCES)]),
     ("unknown training lengths", *CHOMSKY, ["--config.task.train_lengths=per_step"],
-     ["config.task.train_lengths='per_step'", "one of per_row, per_batch"]),
+     ["config.task.train_lengths='per_step'", "one of: per_row, per_batch"]),
     ("cast the arch cannot learn", *CHOMSKY, ["--config.data.cast=decoder"],
      ["config.model.arch='encoder' cannot learn data.source 'algorithmic'",
       "it needs one of: decoder", "with data.cast slots or token_labels (not 'decoder')"]),
@@ -408,6 +413,14 @@ CASES = [
     ("not an integer", *TRAIN, ["--config.train.batch_size=many"], ["batch_size", "'many'"]),
     ("float for an integer", *TRAIN, ["--config.train.batch_size=1.5"], ["batch_size", "1.5"]),
     ("positional argument", *TRAIN, ["extra"], ["unexpected arguments: extra"]),
+    ("override without --config", "train.py", ["--workdir", "{new}",
+                                               "--config.model.position=rotary"], [],
+     ["--config.model.position=rotary sets a field of the config", "no --config is given"]),
+    ("a field without --config.", *TRAIN, ["--model.position=rotary"],
+     ["unknown flag --model.position=rotary", "did you mean --config.model.position=rotary?"]),
+    ("eval a field without --config.", "eval.py",
+     ["--workdir", "{run}", "--model.attention.kernel=xla"], [],
+     ["did you mean --config.model.attention.kernel=xla?"]),
     ("no workdir", "train.py", ["--config", CONFIG], [], ["--workdir"]),
     ("config file missing", "train.py", ["--config", "{files}/nope.py", "--workdir", "{new}"], [],
      ["config file not found", "nope.py"]),
@@ -429,8 +442,8 @@ CASES = [
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.model.d_ff=48"],
      ["holds a run with a different config.model", "d_ff"]),
     ("another task in a run's workdir", "train.py",
-     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse"],
-     ["different config.task", "name"]),
+     ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.task.name=reverse_string"],
+     ["different config.task (differs in: name)"]),
     ("another init_from in a run's workdir", "train.py",
      ["--config", CONFIG, "--workdir", "{run}", *TINY], ["--config.train.init_from={files}/x"],
      ["holds a run with a different config.train (differs in: init_from)"]),
@@ -447,7 +460,10 @@ CASES = [
      ["no checkpoint at step 7", "steps: [5, 10]"]),
     ("eval too many to average", "eval.py", ["--workdir", "{run}", "--average", "9"], [],
      ["cannot average 9 checkpoints"]),
-    ("eval not a workdir", "eval.py", ["--workdir", "{new}"], [], ["not a training workdir"]),
+    ("eval not a workdir", "eval.py", ["--workdir", "{files}/corpus"], [],
+     ["corpus has no config.json: not a training workdir"]),
+    ("eval a mistyped workdir", "eval.py", ["--workdir", "{files}/untrianed"], [],
+     ["{files}/untrianed: no such directory; did you mean {files}/untrained?"]),
     ("eval source without reference", "eval.py", ["--workdir", "{run}", "--source_file", "x.en"], [],
      ["--source_file and --reference_file go together"]),
     ("eval files on a synthetic run", "eval.py",
@@ -502,6 +518,9 @@ CASES = [
      ["eval.py's flags set the sampling (--temperature"]),
     ("eval override of a section", "eval.py", ["--workdir", "{run}", "--config.model.attention=x"],
      [], ["--config.model.attention is a section", "kernel"]),
+    ("eval override of a kernel this machine cannot run", "eval.py",  # as train.py refuses it
+     ["--workdir", "{run}", "--config.model.attention.kernel=cudnn"], [],
+     ["model.attention.kernel='cudnn' runs on gpu only", "backend is cpu", "'xla'"]),
     ("config sampling top_p 0", *TRAIN, ["--config.eval.sampling.temperature=1",
                                          "--config.eval.sampling.top_p=0"],
      ["config.eval.sampling.top_p=0", "(0, 1]"]),
@@ -604,6 +623,13 @@ CASES = [
       "--config.train.num_steps=8"], [],
      ["holds the runs of `--config", "sweep_ok.py --config.train.num_steps=7`",
       "--config.train.num_steps=8 would describe other runs"]),
+    ("sweep other overrides than recorded, without --config", "sweep.py",
+     ["--sweep_dir", "{files}/recorded", "--report_only", "--config.train.num_steps=8"], [],
+     ["holds the runs of `--config", "--config.train.num_steps=8 would describe other runs"]),
+    ("sweep override without config or record", "sweep.py",
+     ["--sweep_dir", "{new}", "--config.train.num_steps=8"], [],
+     ["--config.train.num_steps=8 sets a field of the sweep's config",
+      "no --config FILE is given nor recorded"]),
     ("sweep other config than recorded", "sweep.py",
      ["--config", "{files}/sweep_late.py", "--sweep_dir", "{files}/recorded"], [],
      ["recorded in", "--config", "sweep_late.py would describe other runs"]),
@@ -700,7 +726,9 @@ CASES = [
       "valid/exact_match 0.9"], [], ["--success 'valid/exact_match 0.9'", "METRIC>=VALUE"]),
     # compare.py
     ("compare nothing", "compare.py", [], [], ["no runs given"]),
-    ("compare a file", "compare.py", ["{files}/afile"], [], ["afile is not a directory"]),
+    ("compare a file", "compare.py", ["{files}/afile"], [], ["afile is a file, not a directory"]),
+    ("compare a mistyped run", "compare.py", ["{run}", "{files}/untrianed"], [],
+     ["{files}/untrianed: no such directory; did you mean {files}/untrained?"]),
     ("compare a folder that is not a run", "compare.py", ["{run}", "{files}/corpus"], [],
      ["corpus has no config.json: not a training workdir"]),
     ("compare a run without results", "compare.py", ["{run}", "{files}/untrained"], [],
@@ -822,7 +850,7 @@ def files(tmp_path_factory):
     (files / name).write_text(SWEEP_LM.format(dir=files / "lm"))
   # For compare.py: runs without training, a sweep's report, evaluations of text splits.
   fake_run(files / "untrained", 0.5, final=False)
-  fake_run(files / "reverse", 0.5, **{"task.name": "reverse"})
+  fake_run(files / "reverse", 0.5, **{"task.name": "reverse_string"})
   (files / "swept").mkdir()
   (files / "swept" / "report.md").write_text("# Sweep configs/positions.py\n")
   for name, references in (("eval_a", ["a b", "c d"]), ("eval_b", ["a b", "c e"]),
@@ -934,15 +962,24 @@ def test_bad_input(cli, files, run, others, tmp_path, name, script, base, extra,
            fragments)
 
 
+# What a refused command may log before its error line: the data it reads (a long read is
+# announced as it begins) and the recorded flags a sweep runs with. Any other line (the
+# kernels chosen, say) tells of work that a refusal found before it should not have begun.
+BEFORE_A_REFUSAL = re.compile(r"(\d\d:\d\d:\d\d )?(reading |sweep: as recorded in )")
+
+
 def _refused(cli, script, args, roots, new, fragments, env=None):
   """Runs the script; asserts one `error:` line holding every fragment, a non-zero exit, no
-  traceback, and nothing written under `roots` nor `new` made."""
+  traceback nor log line of work begun (BEFORE_A_REFUSAL), and nothing written under `roots`
+  nor `new` made."""
   before = _snapshot(*roots)
   result = cli.run(script, *args, env=env)
   assert result.returncode != 0, result.stdout[-2000:]
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-3000:]
   assert "Traceback" not in result.stdout + result.stderr
+  said = [line for line in result.stdout.splitlines() if not BEFORE_A_REFUSAL.match(line)]
+  assert not said, said
   for fragment in fragments:
     assert fragment in lines[0], lines[0]
   assert not new.exists()

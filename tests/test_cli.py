@@ -126,6 +126,12 @@ BAD_CONFIG = [  # (id, arguments after --workdir, fragments of the error line)
      ["config file", "raises.py", "RuntimeError: no such dataset"]),
     ("config argument", ["--config", "{default}:big"],
      ["config file", "default.py:big", "TypeError: get_config() takes 0 positional arguments"]),
+    ("override without --config", ["--config.model.position=rotary"],
+     ["--config.model.position=rotary sets a field of the config", "no --config is given"]),
+    ("field without --config.", ["--config", "{default}", "--model.position=rotary"],
+     ["unknown flag --model.position=rotary", "did you mean --config.model.position=rotary?"]),
+    ("bool field without --config.", ["--config", "{default}", "--nomodel.share_embeddings"],
+     ["did you mean --noconfig.model.share_embeddings?"]),
 ]
 
 
@@ -247,6 +253,9 @@ def test_show_config_lists_every_field_with_what_it_allows(cli_runner, tmp_path)
   assert shown["seed"][1] == "an integer ≥ 0"
   assert shown["model.share_embeddings"][1] == "true or false"
   assert shown["mesh.data"][1] == ""  # no check: any integer
+  # a section's own check of a name says its choices as a registry does
+  assert shown["model.position_settings.rotary.scaling"][1] == "one of: none, linear, ntk, yarn"
+  assert all(a.startswith("one of: ") for _, a in shown.values() if a.startswith("one of"))
 
 
 def test_show_config_follows_the_code_not_a_list(monkeypatch):

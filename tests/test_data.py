@@ -1,15 +1,17 @@
-"""data.source "synthetic": targets of reverse/copy/sort (and the names `reverse` and `sort`),
-batches a pure function of seed and step, held-out strings, the longer split, bad settings;
-and the batching of generated rows."""
+"""data.source "synthetic": targets of reverse/copy/sort (their former names read in saved
+configs only), batches a pure function of seed and step, held-out strings, the longer split,
+bad settings; and the batching of generated rows."""
 
 import numpy as np
 import pytest
 
+from tests.support import make_tiny_config
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import EOS_ID, NUM_RESERVED
 from transformer.data import SourceArgs
 from transformer.data.base import SourceSection
-from transformer.data.tasks.synthetic import SyntheticSource
+from transformer.data.tasks.synthetic import RENAMED, SyntheticSource
+from transformer.run import config as config_lib
 
 
 def _strip(row):
@@ -30,12 +32,10 @@ def _batch(source, step):
 
 
 @pytest.mark.parametrize("name,fn", [("reverse_string", lambda s: s[::-1]),
-                                     ("reverse", lambda s: s[::-1]),  # read as reverse_string
-                                     ("copy", lambda s: s), ("bucket_sort", sorted),
-                                     ("sort", sorted)])
+                                     ("copy", lambda s: s), ("bucket_sort", sorted)])
 def test_targets_follow_the_task(name, fn):
   source = _source(name, num_symbols=8, min_len=2, max_len=9)
-  assert source.task.name == {"reverse": "reverse_string", "sort": "bucket_sort"}.get(name, name)
+  assert source.task.name == name
   batch = _batch(source, 5)
   assert batch["inputs"].shape == batch["targets"].shape == (16, 10)
   for src, tgt in zip(batch["inputs"], batch["targets"]):
@@ -43,6 +43,16 @@ def test_targets_follow_the_task(name, fn):
     assert 2 <= len(s) <= 9
     assert all(NUM_RESERVED <= x < NUM_RESERVED + 8 for x in s)
     np.testing.assert_array_equal(t, fn(s))
+
+
+@pytest.mark.parametrize("old,new", sorted(RENAMED.items()))
+def test_a_former_task_name_is_read_in_a_saved_config_and_refused_in_a_new_one(old, new):
+  raw = config_lib.to_dict(config_lib.parse(make_tiny_config()))
+  raw["task"]["name"] = old
+  assert config_lib.parse(raw, saved=True).task.name == new
+  with pytest.raises(ConfigError, match=f"config.task.name='{old}' is the former name of "
+                                        f"'{new}': write --config.task.name={new}"):
+    config_lib.parse(raw)
 
 
 def test_batches_are_a_pure_function_of_seed_and_step():

@@ -142,5 +142,7 @@ def test_a_source_that_does_not_fit_is_refused(source, tmp_path, tiny_config):
   (tmp_path / "untrained" / "config.json").write_text("{}")
   assert "the run there has no checkpoint (train it first)" in refused(
       **{"train.init_from": str(tmp_path / "untrained")})
+  assert f"no such directory; did you mean {tmp_path / 'untrained'}?" in refused(
+      **{"train.init_from": str(tmp_path / "untrianed")})
   (tmp_path / "new").mkdir()
   assert "is this run's own workdir" in refused(**{"train.init_from": str(tmp_path / "new")})

@@ -374,17 +374,21 @@ def test_evaluation_runs_a_refused_or_emulated_kernel_as_the_same_function(tiny_
   """A run is evaluated with what this machine runs: `pallas` (Pallas emulated on the CPU)
   as its stand-in `xla`; a kernel the model's checks refuse (here `xla` with a scorer it
   cannot compute, as a newer check might refuse a trained run's kernel) as auto's choice.
-  Training keeps both refusals as they are, and pallas as asked (slow, logged). The config
+  Training keeps both refusals as they are, and pallas as asked (slow, logged), and so does
+  an evaluation given the kernel (eval.py's override, which names its files). The config
   keeps the kernel asked for."""
   pallas = parse(tiny_config(**{"model.attention.kernel": "pallas"}))
   assert _kernels_run(experiment.build(pallas, evaluating=True)) == {"xla"}
+  assert _kernels_run(experiment.build(pallas, evaluating=True, kernel_asked_here=True)) == {
+      "pallas"}
   trained = experiment.build(pallas)
   assert _kernels_run(trained) == {"pallas"} and trained.model.attention.kernel == "pallas"
   refused = parse(tiny_config(**{"model.attention.kernel": "xla",
                                  "model.attention.score": "additive"}))
   assert _kernels_run(experiment.build(refused, evaluating=True)) == {"reference"}
-  with pytest.raises(ConfigError, match="'xla' computes dot-product scores only"):
-    experiment.build(refused)
+  for asked_here in ({}, {"evaluating": True, "kernel_asked_here": True}):
+    with pytest.raises(ConfigError, match="'xla' computes dot-product scores only"):
+      experiment.build(refused, **asked_here)
 
 
 @pytest.mark.parametrize("position", sorted(LEARNED))

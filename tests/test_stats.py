@@ -131,7 +131,8 @@ def test_comparison_reports_statistics_against_direct_computation(runs, tmp_path
   assert paired["model.position=rotary"] == [
       "3", f"{differences.mean():+.4f}", f"[{d_lo:.4f}, {d_hi:.4f}]", "*",
       "no per-example results", "", ""]
-  assert paired["model.position=alibi"][:4] == ["1", "+0.4000", "", ""]  # seed 0: no interval
+  assert paired["model.position=alibi"][:4] == [  # seed 0 alone: no interval, and why
+      "1", "+0.4000", "none: one seed cannot show a difference between variants", ""]
   assert "model.position=sinusoidal" not in paired
 
   with open(out / "report.csv") as f:
@@ -223,7 +224,7 @@ def test_runs_that_cannot_be_compared_are_refused(runs, tmp_path):
     compare.compare(runs + [unfinished])
   with pytest.raises(ConfigError, match="sinusoidal-0 and .*copy-0 are the same run"):
     compare.compare([runs[0], fake_run(tmp_path / "copy-0", 0.5, 0)])
-  reverse = fake_run(tmp_path / "reverse", 0.5, 0, **{"task.name": "reverse"})
+  reverse = fake_run(tmp_path / "reverse", 0.5, 0, **{"task.name": "reverse_string"})
   with pytest.raises(ConfigError, match=r"different tasks \(copy and reverse_string\)"):
     compare.compare([runs[0], reverse])
   with pytest.raises(ConfigError, match="--baseline rope: no such variant, nor a FIELD=VALUE "
@@ -447,6 +448,22 @@ def test_the_report_shows_the_bootstrap_over_seeds_and_examples(tmp_path):
     csv_row = {r["variant"]: r for r in csv.DictReader(f)}["model.position=rotary"]
   np.testing.assert_allclose([float(csv_row[f"valid/exact_match diff bootstrap ci_{end}"])
                               for end in ("low", "high")], expected.ci)
+
+
+def test_one_seed_per_variant_says_so_where_the_differences_are(tmp_path):
+  """One shared seed: no t interval, and the paired table says why in its row, not only in
+  the header; a bootstrap over the examples that excludes 0 is starred as these two runs'
+  difference, not the variants'."""
+  outcomes = {"sinusoidal": [0] * 48 + [1] * 16, "rotary": [1] * 48 + [0] * 16}
+  paths = [fake_run(tmp_path / p, float(np.mean(x)), 0,
+                    examples={"digest": "shared", "exact": x}, **{"model.position": p})
+           for p, x in outcomes.items()]
+  md = compare.compare(paths)
+  row = _rows(md, "## Paired differences against model.position=sinusoidal "
+                  "(valid/exact_match)")["model.position=rotary"]
+  assert row[:4] == ["1", "+0.5000", "none: one seed cannot show a difference between "
+                     "variants", ""]
+  assert row[4].startswith("[") and row[5] == "* (of these two runs only)"
 
 
 def test_failed_runs_are_failed_in_every_table(tmp_path):

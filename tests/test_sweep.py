@@ -363,18 +363,20 @@ def test_the_sweep_dir_remembers_how_it_was_run(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "--config.train.num_steps=20 --only=model.position=rotary" in again.stdout
     assert (sweep_dir / "report.md").read_text() == md
-  printed = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--print_commands",
-                    "--num_workers", "2").stdout.splitlines()
-  assert len(printed) == 2 and all(
-      f"--config {config_path} --config.train.num_steps=20 --only=model.position=rotary "
-      f"--sweep_dir {sweep_dir}" in line for line in printed), printed
+  for given in ([], ["--config.train.num_steps=20"]):  # the recorded overrides, --config left out
+    printed = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--print_commands",
+                      "--num_workers", "2", *given).stdout.splitlines()
+    assert len(printed) == 2 and all(
+        f"--config {config_path} --config.train.num_steps=20 --only=model.position=rotary "
+        f"--sweep_dir {sweep_dir}" in line for line in printed), printed
 
   # Other overrides would judge the same workdirs as other runs: refused, nothing written.
-  refused = cli.run("sweep.py", "--config", str(config_path), "--sweep_dir", str(sweep_dir),
-                    "--report_only", "--config.train.num_steps=40")
-  assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
-  assert "--config.train.num_steps=40 would describe other runs" in refused.stderr
-  assert (sweep_dir / "report.md").read_text() == md
+  for given in (["--config", str(config_path)], []):
+    refused = cli.run("sweep.py", *given, "--sweep_dir", str(sweep_dir), "--report_only",
+                      "--config.train.num_steps=40")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "--config.train.num_steps=40 would describe other runs" in refused.stderr
+    assert (sweep_dir / "report.md").read_text() == md
 
   # --only anew: every run, recorded for the next invocation.
   everything = cli.run("sweep.py", "--sweep_dir", str(sweep_dir), "--only", "all")

@@ -4,8 +4,11 @@ and what its log says (compilation, progress, a finished run)."""
 import json
 import logging
 import os
+import re
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
@@ -13,7 +16,9 @@ from flax import nnx
 from tests.support import checkpoint_params, read_records, restore_and_evaluate
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import cross_entropy, language_model_metrics, token_metrics
-from transformer.run import checkpoint, evaluator, experiment, logs, sharding
+from transformer.run import checkpoint, evaluator, experiment, logs, progress, sharding, training
+from transformer.run import step as step_lib
+from transformer.run import workdir as workdir_lib
 from transformer.run.config import parse
 from transformer.run.optim import rsqrt_schedule
 from transformer.run.progress import log_eval
@@ -140,6 +145,16 @@ def test_workdir_with_another_model_is_refused_and_untouched(tmp_path, tiny_conf
   assert checkpoint.manager(workdir, read_only=True).all_steps() == [10]
 
 
+@pytest.mark.parametrize("trained,now", [("rotary", "sinusoidal"), ("sinusoidal", "rotary")])
+def test_the_identity_refusal_names_only_the_fields_changed(tmp_path, tiny_config, trained, now):
+  """model.position changed alone is named alone: the settings that one config reads and the
+  other does not (rotary's) follow from it."""
+  workdir_lib.write_config(parse(tiny_config(**{"model.position": trained})), str(tmp_path))
+  with pytest.raises(ConfigError, match=r"different config.model \(differs in: position\);"):
+    workdir_lib.check_identity(parse(tiny_config(**{"model.position": now})), str(tmp_path),
+                               has_checkpoints=True)
+
+
 def test_bad_name_fails_before_writing_anything(tmp_path, tiny_config):
   workdir = tmp_path / "run"
   with pytest.raises(ConfigError, match="unknown attention score 'dott'"):
@@ -211,15 +226,79 @@ def test_the_log_explains_the_waits_and_a_finished_run(tmp_path, tiny_config, lo
 
 def test_a_long_evaluation_logs_progress(tiny_config, log_lines, monkeypatch):
   """Periodic plain lines per split (here every batch: PROGRESS_EVERY = 0), counting the
-  scoring and the decoding passes of a split that is decoded; none at the end of a pass."""
+  batches of the split in each pass (scoring, decoding, and at the end of training each
+  row's scores) and naming the pass; none at the end of the passes."""
   monkeypatch.setattr(logs, "PROGRESS_EVERY", 0.0)
   config = tiny_config(**{"eval.num_examples": 40, "eval.batch_size": 16})  # 3 batches
   exp = experiment.build(parse(config))
-  evaluator.Evaluator(exp).evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits())
-  progress = [m for m in log_lines() if m.startswith("eval ")]
-  assert [m.split(",")[0] for m in progress] == [
-      f"eval {split}: {i}/6 batches" for split in ("valid", "longer") for i in range(1, 6)]
-  assert all(m.endswith(" s") and "\r" not in m for m in progress)
+  evaluator.Evaluator(exp).evaluate(jax.jit(exp.init)()["params"], exp.source.eval_splits(),
+                                    per_example=True)
+  lines = [m for m in log_lines() if m.startswith("eval ")]
+  passes = ("scoring", "decoding", "per-example scores")
+  assert [m.rpartition(",")[0] for m in lines] == [  # none after the last batch
+      f"eval {split}: {name} {i}/3 batches (pass {p + 1}/3)" for split in ("valid", "longer")
+      for p, name in enumerate(passes) for i in (1, 2, 3) if (p, i) != (2, 3)]
+  assert all(m.endswith(" s") and "\r" not in m for m in lines)
+  logs.Progress("eval valid", 3).advance()  # one pass: batches alone
+  assert log_lines()[-1].startswith("eval valid: 1/3 batches, ")
+
+
+def test_a_stop_comes_at_the_next_step_and_the_eta_leaves_out_compilation(
+    tmp_path, tiny_config, log_lines, monkeypatch):
+  """Steps slower than their dispatch (each step's loss then waits for a chain of
+  matmuls) and a compilation slowed by 3 s: when a stop is polled, every step but the
+  last dispatched has finished (the loop runs at most one step ahead of the device, whatever
+  train.log_every), so the run stops one step after the request at most; the first log
+  line's ETA and ms/step leave the compilation out."""
+  matrix = jnp.full((300, 300), 1 / 300)
+
+  def slowed(loss):
+    m = matrix * loss
+    for _ in range(4):
+      m = m @ matrix
+    return loss + 0 * m[0, 0]
+
+  slowed = jax.jit(slowed)
+  losses = []
+
+  def compile_step(exp):
+    compiled = step_lib.compile_step(exp)
+
+    def step(state, batch):
+      state, metrics = compiled.step(state, batch)
+      losses.append(slowed(metrics["loss"]))
+      return state, {**metrics, "loss": losses[-1]}
+
+    return compiled._replace(step=step)
+
+  def timing_first_call(fn, what):
+    calls = []
+
+    def compiled_slowly(*args):
+      if what == "the train step" and not calls:
+        time.sleep(3)  # as a slow compilation
+      calls.append(1)
+      return fn(*args)
+
+    return progress.timing_first_call(compiled_slowly, what)
+
+  monkeypatch.setattr(training, "compile_step", compile_step)
+  monkeypatch.setattr(training, "timing_first_call", timing_first_call)
+  behind = []
+
+  def should_stop():  # polled before each step
+    behind.append(sum(not loss.is_ready() for loss in losses))
+    return len(losses) == 30
+
+  config = tiny_config(**{"train.num_steps": 40, "train.log_every": 10,
+                          "train.checkpoint_every": 40})
+  assert train_and_evaluate(parse(config), str(tmp_path), should_stop) == 30
+  assert max(behind) <= 1, behind
+  assert "stopped at step 30; checkpoint saved; re-run the same command to resume" in log_lines()
+  first = next(m for m in log_lines() if m.startswith("step 10/40"))
+  eta = re.search(r"ETA 0m(\d\d)s", first)
+  assert eta and int(eta[1]) < 3, first  # 30 steps left: with the 3 s, 9 s and more
+  assert read_records(str(tmp_path))[0]["ms_per_step"] < 250  # with it, 300 and more
 
 
 def test_eval_log_lines_print_counts_as_integers(log_lines):

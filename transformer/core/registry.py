@@ -10,12 +10,17 @@ from transformer.core.errors import ConfigError
 T = TypeVar("T")
 
 
+def one_of(choices) -> str:
+  """How a field's choices are said, in errors and in --show_config: 'one of: a, b, c'."""
+  return "one of: " + ", ".join(choices)
+
+
 class UnknownName(ConfigError):
   """A name that is not an entry of its registry; carries the choices (train.py
   --show_config lists them by asking each field for an unknown name)."""
 
   def __init__(self, name, choices: list[str], what: str):
-    super().__init__(f"unknown {what} {name!r}; choose one of: {', '.join(choices)}")
+    super().__init__(f"unknown {what} {name!r}; choose {one_of(choices)}")
     self.name, self.choices, self.what = name, choices, what
 
 

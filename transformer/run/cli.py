@@ -19,6 +19,7 @@ from ml_collections import config_dict
 from transformer.core import errors
 from transformer.core.errors import ConfigError, RunError
 from transformer.run import compile_cache, distributed, logs
+from transformer.run import config as config_lib
 
 
 def define_distributed_flags() -> None:
@@ -211,30 +212,63 @@ def print_help(full: bool = False) -> None:
   print("\n".join(p for p in parts if p))
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(argv: list[str], takes_overrides: bool | None = None) -> list[str]:
   """absl flag parsing for app.run(flags_parser=...): a bad flag, config file or override
   prints one `error:` line, status 2. The line comes from redoing the config's steps here
   (config_error), not from the wording of absl's or config_flags' errors: theirs to change.
-  --help and the like print the help (print_help) and exit 0: the help is what was asked."""
+  --help and the like print the help (print_help) and exit 0: the help is what was asked.
+  `takes_overrides` (default: whether the script defines --config): an unknown flag named
+  like a config field (--model.position) is answered with the override it may mean."""
   if (full := help_requested(argv)) is not None:
     print_help(full)
     sys.exit(0)
+  if takes_overrides is None:
+    takes_overrides = "config" in flags.FLAGS
   try:
     rest = flags.FLAGS(argv)
     if "config" in flags.FLAGS and not isinstance(flags.FLAGS.config, (str, type(None))):
       flags.FLAGS.config.keys()  # config_flags defers a config file's load error to first use
   except Exception as e:  # noqa: BLE001 - absl, config_flags and the config file raise anything
-    _exit(("config" in flags.FLAGS and config_error(argv)) or one_line(e))
+    _exit(("config" in flags.FLAGS and config_error(argv))
+          or (takes_overrides and _meant_override(e, argv)) or one_line(e))
   return rest
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+  """The value of --NAME (--NAME=V or --NAME V, one dash or two) in argv, up to a `--`;
+  None if it is not given."""
+  for arg, following in zip(argv, [*argv[1:], None]):
+    if arg == "--":
+      break
+    if match := re.match(rf"--?{re.escape(name)}(=|$)", arg):
+      return arg[match.end():] if match[1] else following
+  return None
+
+
+def _meant_override(e: Exception, argv: list[str]) -> str | None:
+  """For an unknown flag named like a config field (its first name a config section): the
+  override it may mean, --config.FIELD=VALUE."""
+  name = getattr(e, "flagname", None) if isinstance(e, flags.UnrecognizedFlagError) else None
+  negated = bool(name) and name.startswith("no") and name[2:].split(".")[0] in config_lib.SECTIONS
+  field = name[2:] if negated else name
+  if not field or field.split(".")[0] not in config_lib.SECTIONS:
+    return None
+  given = next((a for a in argv if re.match(rf"--?{re.escape(name)}(=|$)", a)), f"--{name}")
+  meant = f"--{'no' * negated}config.{field}" + given[len(given.partition("=")[0]):]
+  return (f"unknown flag {given}: a config field is set as --config.FIELD=VALUE; did you mean "
+          f"{meant}?")
 
 
 def config_error(argv: list[str]) -> str | None:
   """What is wrong with argv's --config file (path[:arg]) or --config.a.b=value overrides,
-  found by loading the file here, so that its own exception is at hand; None if nothing."""
-  path = next((a.partition("=")[2] if "=" in a else b for a, b in zip(argv, [*argv[1:], ""])
-               if re.match(r"--?config(=|$)", a)), "")
+  found by loading the file here, so that its own exception is at hand; an override given
+  without --config; None if nothing."""
+  path = flag_value(argv, "config") or ""
   if not path:
-    return None
+    given = next((a for a in argv if re.match(r"--?(no)?config\.", a)), None)
+    return given and (f"{given} sets a field of the config that --config FILE gives, and "
+                      "no --config is given: e.g. --config configs/default.py "
+                      f"{given}")
   file, *arg = path.split(":", 1)
   if not os.path.isfile(file):
     return f"config file not found: {file}"

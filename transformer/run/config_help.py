@@ -16,7 +16,7 @@ import ml_collections
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import FieldError, flat
-from transformer.core.registry import UnknownName
+from transformer.core.registry import UnknownName, one_of
 from transformer.run import config as config_lib
 
 _UNKNOWN_NAME = "\0no such entry"
@@ -64,7 +64,7 @@ def _allowed(raw: dict, path: str, value) -> str:
       config_lib.parse(_with(raw, path.split("."), probe))
     except UnknownName as e:
       if e.name == probe:
-        return "one of: " + ", ".join(e.choices)
+        return one_of(e.choices)
     except FieldError as e:
       if e.field == f"config.{path}" and e.allowed not in said:
         said.append(e.allowed)

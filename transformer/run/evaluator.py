@@ -179,8 +179,9 @@ class Evaluator:
     for name, split in splits.items():
       # decoded (or answered) splits take two passes: scoring, then decoding (with
       # per_example, a third: each row's scores)
-      passes = (2 + per_example) if decodes or answers else 1
-      progress = logs.Progress(f"eval {name}", passes * self.num_batches(split.arrays))
+      passes = (("scoring", "decoding" if decodes else "answering")
+                + ("per-example scores",) * per_example if decodes or answers else ())
+      progress = logs.Progress(f"eval {name}", self.num_batches(split.arrays), passes)
       if decodes:
         metrics, predictions = self.evaluate_split(
             params, split.arrays, self.exp.source.decode_length(split), should_stop, progress)

@@ -59,13 +59,16 @@ class Experiment:
 
 
 def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
-          announce: bool = True) -> Experiment:
+          kernel_asked_here: bool = False, announce: bool = True) -> Experiment:
   """Checks `cfg` (module docstring) and returns its parts; writes nothing. `evaluating`: the
   run is evaluated here, not trained, so the execution choices of its training need not
   hold on this machine: the mesh is every device on `data`, a kernel refused or emulated
   here is replaced (transformer/model/kernels/choice.py), and its trackers (W&B) need not be installed.
-  `announce`: log the attention kernels chosen, once per distinct choice (off for a sweep
-  that only checks its runs)."""
+  `kernel_asked_here`: evaluating, model.attention.kernel was set for this evaluation (not
+  by the training): it is chosen as training chooses it, refused if it cannot run here.
+  `announce`: log the attention kernels chosen (announce_kernels) at once; off where the
+  caller checks more before the run starts and announces them then (a refusal is one line,
+  with no log line before it), or only checks (a sweep checking its runs)."""
   source = make_source(cfg, workdir)
   family = lookup(ARCHS, cfg.model.arch, "model arch")
   if source.targets not in family.learns:
@@ -92,7 +95,8 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
     tracking.check(cfg.train)  # wandb installed, if the run logs to it
   sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
   # Each attention layer's kernel is chosen for this backend, mesh and purpose.
-  target = Target(jax.default_backend(), mesh.abstract_mesh, evaluating)
+  target = Target(jax.default_backend(), mesh.abstract_mesh,
+                  evaluating=evaluating and not kernel_asked_here)
 
   def make(seed=cfg.seed):  # seed: an int, or a traced one (run/step.py's one program)
     return family(cfg.model, rngs=nnx.Rngs(params=jax.random.key(seed)), target=target)
@@ -102,11 +106,6 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
   except CausalOnly as e:  # say which configs take it: model.arch=decoder alone may not fit
     raise ConfigError(f"{e}; decoder-only configs take it, e.g. "
                       f"{'; '.join(decoder_only_commands(cfg.model.position))}") from None
-  if announce:
-    for line in kernel_choices(abstract_model):
-      log.info("attention %s", line)
-    for line in kernel_warnings(abstract_model):
-      log.warning("%s", line)
 
   def init(seed=cfg.seed):
     params = nnx.to_pure_dict(nnx.state(make(seed)))
@@ -115,8 +114,20 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
 
   for what, length in source.max_lengths().items():
     check_length(abstract_model, length, what)
-  return Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),
-                    sharding.param_specs(abstract_model), mesh, optimizer, schedule, init)
+  exp = Experiment(cfg, source, family, abstract_model, nnx.graphdef(abstract_model),
+                   sharding.param_specs(abstract_model), mesh, optimizer, schedule, init)
+  if announce:
+    announce_kernels(exp)
+  return exp
+
+
+def announce_kernels(exp: Experiment) -> None:
+  """Logs the attention kernels the model's layers run, once per distinct choice, and the
+  warnings of those emulated here."""
+  for line in kernel_choices(exp.abstract_model):
+    log.info("attention %s", line)
+  for line in kernel_warnings(exp.abstract_model):
+    log.warning("%s", line)
 
 
 # Configs of a decoder-only model (model.arch=decoder), with the overrides that make one:

@@ -59,8 +59,8 @@ def check(exp: experiment.Experiment, workdir: str) -> Source | None:
   source, step = _split(given)
   named = f"{FIELD}={given!r}"
   if not epath.Path(source).is_dir():
-    raise ConfigError(f"{named}: no such directory; give a training workdir or one of its "
-                      "checkpoints (WORKDIR/checkpoints/STEP)")
+    raise ConfigError(f"{named}: no such directory{workdir_lib.near_name(source)}; give a "
+                      "training workdir or one of its checkpoints (WORKDIR/checkpoints/STEP)")
   if storage.absolute(source) == storage.absolute(workdir):
     raise ConfigError(f"{named} is this run's own workdir; give another run's")
   if not (epath.Path(source) / workdir_lib.CONFIG_FILE).exists():

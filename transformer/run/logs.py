@@ -264,17 +264,24 @@ PROGRESS_EVERY = 5.0  # seconds between the progress lines of a long evaluation
 
 
 class Progress:
-  """Progress lines of a long pass over batches ('eval valid: 40/128 batches, 12 s'): one
-  every PROGRESS_EVERY seconds, none for a pass that ends sooner. Plain lines, readable in
-  a log file (no carriage returns); the first batch's time includes compilation."""
+  """Progress lines of long passes over the same `batches` batches, in turn ('eval valid:
+  40/128 batches, 12 s'; of several named `passes`, 'eval valid: decoding 40/128 batches
+  (pass 2/3), 75 s'): one every PROGRESS_EVERY seconds, none for passes that end sooner.
+  Plain lines, readable in a log file (no carriage returns); the first batch's time
+  includes compilation."""
 
-  def __init__(self, what: str, total: int):
-    self.what, self.total, self.done = what, total, 0
+  def __init__(self, what: str, batches: int, passes: tuple[str, ...] = ()):
+    self.what, self.batches, self.passes, self.done = what, batches, passes, 0
+    self.total = batches * max(len(passes), 1)
     self.start = self.last = time.monotonic()
 
   def advance(self) -> None:
     self.done += 1
     now = time.monotonic()
     if now - self.last >= PROGRESS_EVERY and self.done < self.total:
-      log.info("%s: %d/%d batches, %.0f s", self.what, self.done, self.total, now - self.start)
+      number, batch = divmod(self.done - 1, self.batches)
+      count = f"{batch + 1}/{self.batches} batches"
+      if len(self.passes) > 1:
+        count = f"{self.passes[number]} {count} (pass {number + 1}/{len(self.passes)})"
+      log.info("%s: %s, %.0f s", self.what, count, now - self.start)
       self.last = now

@@ -17,6 +17,7 @@ from transformer.core.errors import ConfigError, RunError
 from transformer.core.metrics import TABLE, shown
 from transformer.core.vocab import PAD_ID
 from transformer.data import Targets
+from transformer.data.base import Split
 from transformer.data.pipeline import pad_batch
 from transformer.model.decoding import generate
 from transformer.model.families import ARCHS
@@ -29,6 +30,7 @@ from transformer.run.eval_files import Decoding, text_paths
 from transformer.run.evaluator import Evaluator, check_split_lengths, generates_answers
 
 log = logging.getLogger("transformer")
+KERNEL = "model.attention.kernel"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +51,19 @@ class RestoredRun:
 
 
 def restore_run(workdir: str, step: int | None = None, average: int = 1,
-                override: dict[str, str] | None = None) -> RestoredRun:
+                override: dict[str, str] | None = None, announce: bool = True) -> RestoredRun:
   """The run in `workdir` ready to evaluate, its parameters (only) laid out on this
   process's devices: checkpoint `step`, by default the newest that restores; average > 1:
   the mean parameters of the last `average` checkpoints up to it; `override` ({path:
   text}, eval.py's --config.PATH=VALUE) sets execution fields of its config (overrides_lib.apply:
   a ConfigError, before any work, for one it may not set). The kernel and mesh it was
-  trained with need not run here (experiment.build(evaluating=True))."""
+  trained with need not run here (experiment.build(evaluating=True)); a kernel given in
+  `override` must (the files of the evaluation are named after it). `announce`: log the
+  kernels chosen at once (else the caller does, once its own checks pass:
+  experiment.announce_kernels)."""
   cfg, applied = overrides_lib.apply(workdir_lib.saved_config(workdir), override or {})
-  exp = experiment.build(cfg, workdir, evaluating=True)
+  exp = experiment.build(cfg, workdir, evaluating=True, announce=announce,
+                         kernel_asked_here=KERNEL in applied)
   abstract = jax.eval_shape(exp.init)["params"]
   shardings = sharding.param_shardings(abstract, exp.param_specs, exp.mesh)
   steps, params = checkpoint.restore_params(workdir, abstract, shardings, step, average)
@@ -83,12 +89,22 @@ def output_path(run: RestoredRun, output: str | None, decoding: Decoding = Decod
   return output
 
 
-def evaluate_run(run: RestoredRun, output: str | None = None, beam_size: int = 1,
-                 alpha: float = 0.6, files: tuple[str, str] | None = None,
-                 should_stop=lambda: False, sampling: Sampling = GREEDY, seed: int = 0
-                 ) -> tuple[int, dict, str]:
+def splits_of(run: RestoredRun, files: tuple[str, str] | None = None) -> dict[str, Split]:
+  """The splits an evaluation of `run` scores: its held-out splits, or the (source,
+  reference) text `files` instead; read and checked (a ConfigError) before any work."""
+  exp = run.experiment
+  splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
+  check_split_lengths(exp, splits)
+  return splits
+
+
+def evaluate_run(run: RestoredRun, output: str | None = None, beam_size: int = 1, alpha: float = 0.6,
+                 files: tuple[str, str] | None = None, should_stop=lambda: False,
+                 sampling: Sampling = GREEDY, seed: int = 0,
+                 splits: dict[str, Split] | None = None) -> tuple[int, dict, str]:
   """Evaluates every held-out split of a run restored by restore_run, or the (source,
-  reference) text `files` instead, and writes the metrics as JSON (and, for text, the
+  reference) text `files` instead (`splits`: those of splits_of, read already), and writes
+  the metrics as JSON (and, for text, the
   detokenized predictions and the references beside it, one file each per split:
   text_paths). A family that decodes decodes greedily, with beam search (beam_size > 1)
   or as `sampling` says (its draws from `seed`). Returns (step, metrics, metrics path). A
@@ -98,8 +114,7 @@ def evaluate_run(run: RestoredRun, output: str | None = None, beam_size: int = 1
   check_decoding(exp, beam_size, sampling)
   decoding = Decoding(beam_size, alpha, sampling, seed)
   output = output_path(run, output, decoding)
-  splits = exp.source.eval_splits() if files is None else exp.source.file_split(*files)
-  check_split_lengths(exp, splits)
+  splits = splits_of(run, files) if splits is None else splits
   log.info("evaluating step %d of %s: %s", step, run.workdir,
            ", ".join(f"{name} ({len(split)} examples)" for name, split in splits.items()))
   evaluator = Evaluator(exp, beam_size, alpha, sampling, seed)

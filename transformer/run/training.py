@@ -12,7 +12,10 @@ What a run guarantees, whatever fails:
   * a checkpoint in flight is committed (or cleanly abandoned) on every way out, and the
     final one is saved before the final evaluation;
   * a stop request (signal) is honoured between steps and between evaluation batches, and
-    reported once its checkpoint is committed;
+    reported once its checkpoint is committed: the loop dispatches a step only once the one
+    before the last has finished, so the step it stops at is at most one step ahead of the
+    device (JAX's asynchronous dispatch would otherwise run it up to train.log_every steps
+    ahead, and "the next step" would come that many steps later);
   * metrics.jsonl and the trackers record each step once: a run that goes on from its
     newest checkpoint, or begins again from scratch without one, first drops the records
     after it, and an evaluation cut short there is done again (workdir.truncate_metrics);
@@ -48,7 +51,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
   ConfigError for a bad config or workdir (before anything is written) and RunError when
   the run cannot go on (the workdir is locked, training diverged, no checkpoint restores).
   """
-  exp = experiment.build(cfg, workdir)
+  exp = experiment.build(cfg, workdir, announce=False)  # said once every check has passed
   workdir_lib.check_usable(workdir)
   has_checkpoints = checkpoint.has_checkpoints(workdir)
   workdir_lib.check_identity(cfg, workdir, has_checkpoints)
@@ -61,6 +64,7 @@ def train_and_evaluate(cfg: Config, workdir: str,
   splits = exp.source.eval_splits(exp.train.eval_examples)
   check_split_lengths(exp, splits)
   with lock.hold(workdir):
+    experiment.announce_kernels(exp)  # the run begins: nothing was said before a refusal
     exp.source.prepare()  # writes the tokenizer it trained, encodes the training corpus
     workdir_lib.write_config(cfg, workdir)
     with logs.run_log(workdir):  # from the first file of the run on: WORKDIR/train.log
@@ -159,7 +163,8 @@ class _Loop:
   def _train(self) -> None:
     cfg = self.cfg
     interval_start, interval_steps, timed_steps, timed_seconds = time.time(), 0, 0, 0.0
-    first_interval = True
+    compiling = True  # the first call compiles the step (or loads it): not training time
+    previous = None  # the metrics of the step dispatched before the last
     while self.step < cfg.num_steps:
       if self.should_stop():
         self._save(wait=True)
@@ -169,6 +174,11 @@ class _Loop:
       self._profile()
       batch = jax.make_array_from_process_local_data(self.batch_sharding, next(self.batches))
       self.state, metrics = self.train_step(self.state, batch)
+      if compiling:  # its compilation returned once the step was dispatched
+        interval_start, compiling = time.time(), False
+      if previous is not None:
+        jax.block_until_ready(previous)  # one step in flight at most (module docstring)
+      previous = metrics
       self.step += 1
       self.pending.append(metrics)
       self.unchecked.append((self.step, metrics))
@@ -176,12 +186,9 @@ class _Loop:
       if self.step % cfg.log_every == 0 or self.step == cfg.num_steps:
         self._check_finite()  # also waits for the dispatched steps: time them to completion
         elapsed = time.time() - interval_start
-        if not first_interval:  # the first interval includes compilation
-          timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
-        first_interval = False
-        sec_per_step = timed_seconds / timed_steps if timed_steps else elapsed / interval_steps
+        timed_steps, timed_seconds = timed_steps + interval_steps, timed_seconds + elapsed
         record = log_train(self.step, cfg.num_steps, self.pending, elapsed, interval_steps,
-                           eta_seconds=sec_per_step * (cfg.num_steps - self.step))
+                           eta_seconds=timed_seconds / timed_steps * (cfg.num_steps - self.step))
         self._write(record)
         if record["skipped_steps"] < interval_steps:
           self.last_loss = record["loss"]

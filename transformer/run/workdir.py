@@ -6,6 +6,7 @@ dtype or where the data lives may differ when a run is resumed or evaluated else
 workdir with no checkpoint yet holds no run: a corrected config replaces its config.json.
 """
 
+import difflib
 import json
 
 import jax
@@ -41,13 +42,16 @@ def check_identity(cfg: config_lib.Config, workdir: str, has_checkpoints: bool) 
   A field missing from the saved config (added to the code since the run began) is compared
   at the value its parse gives it: the default, or the legacy value a field declares, means
   what the run did before the field existed (an old rotary run rotated every dimension, and
-  resuming it with model.position_settings.rotary.rotated_fraction=0.5 is another model)."""
+  resuming it with model.position_settings.rotary.rotated_fraction=0.5 is another model).
+  The refusal names the fields changed: a field that one config reads and the other does not
+  (rotary's settings, once model.position is another) follows from a change named there."""
   path = epath.Path(workdir) / CONFIG_FILE
   if not has_checkpoints or not path.exists():
     return
   saved = fields.identity(saved_config(workdir))
   new = fields.identity(cfg)
-  changed = [k for k in saved if new.get(k) != saved[k]]
+  changed = ([k for k in saved if k in new and new[k] != saved[k]]
+             or [k for k in saved if k not in new])
   if changed:
     section = min((k.split(".")[0] for k in changed), key=config_lib.SECTIONS.index)
     fields_changed = sorted(k.split(".", 1)[1] for k in changed if k.startswith(section + "."))
@@ -66,13 +70,38 @@ _JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a num
                bool: "a boolean", type(None): "null"}
 
 
+def near_name(path: str) -> str:
+  """'; did you mean FOLDER/NAME?' naming the directory beside `path` (which does not exist)
+  whose name is nearest its own, as a mistyped one would be; '' if none is near."""
+  parent, name = epath.Path(path).parent, epath.Path(path).name
+  try:
+    names = [p.name for p in parent.iterdir() if p.is_dir()]
+  except OSError:
+    return ""
+  close = difflib.get_close_matches(name, names, n=1)
+  return f"; did you mean {storage.join(str(parent), close[0])}?" if close else ""
+
+
+def check_is_run(workdir: str) -> None:
+  """A ConfigError unless `workdir` is a directory holding a run's config.json, saying what
+  it is instead: no such directory (and the nearest name beside it), a file, a directory
+  that holds no run."""
+  path = epath.Path(workdir)
+  if not path.exists():
+    raise ConfigError(f"{workdir}: no such directory{near_name(workdir)}")
+  if not path.is_dir():
+    raise ConfigError(f"{workdir} is a file, not a directory (a run's workdir, as train.py "
+                      "writes)")
+  if not (path / CONFIG_FILE).exists():
+    raise ConfigError(f"{workdir} has no {CONFIG_FILE}: not a training workdir")
+
+
 def load_config(workdir: str) -> dict:
   """The saved config of the run in `workdir`, as written (saved_config makes it typed); a
-  ConfigError naming the file if it is missing, not JSON (cut short, garbled) or not a
-  JSON object."""
+  ConfigError naming the file if it is missing (check_is_run), not JSON (cut short,
+  garbled) or not a JSON object."""
+  check_is_run(workdir)
   path = epath.Path(workdir) / CONFIG_FILE
-  if not path.exists():
-    raise ConfigError(f"{workdir} has no {CONFIG_FILE}: not a training workdir")
   damaged = ("the run's saved config is damaged; restore it from a copy, or train into a "
              "new --workdir")
   try:

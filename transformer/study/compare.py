@@ -58,9 +58,7 @@ def entries(paths: Sequence[str], ignore: Sequence[str] = ()
   for path in paths:
     if path in configs:
       raise ConfigError(f"{path} is given twice; give each run once")
-    if not epath.Path(path).is_dir():
-      raise ConfigError(f"{path} is not a directory (a run's workdir, as train.py writes)")
-    cfg = workdir_lib.saved_config(path)  # a ConfigError names a missing or damaged config
+    cfg = workdir_lib.saved_config(path)  # a ConfigError says what the path is, if not a run
     states[path] = run_state(path, cfg.train.num_steps)
     if states[path].state == "unfinished":
       raise ConfigError(f"{path} has no results: {states[path].note}; compare finished (or "

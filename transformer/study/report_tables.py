@@ -14,6 +14,9 @@ from transformer.study import bootstrap, report_grids, stats
 from transformer.study.results import Results, baseline_of, grid
 
 CLIPPED = "‡"  # after an interval the metric's range clipped
+# A paired difference over one shared seed: the runs' training draws are one, so nothing
+# tells the variants apart (the bootstrap over its examples tests these two runs only).
+ONE_SEED = "none: one seed cannot show a difference between variants"
 COUNTS = ("seeds", *STATES[1:])  # the columns of the run counts: finished ones are the seeds
 
 
@@ -143,8 +146,12 @@ def _paired_lines(results: Results, baseline: str) -> list[str]:
       lines.append(f"| {cell(variant)} | 0 | no shared seed | | | | | |")
       continue
     t = "identical in every seed" if pair.identical else interval(pair.ci, pair.clipped)
+    test = _bootstrap_cells(results.paired_bootstrap(base, variant, main))
+    if len(pair.seeds) == 1:  # said where the numbers are, not only in the header
+      t = ONE_SEED
+      test[1] = "* (of these two runs only)" if test[1] else ""
     cells = [str(len(pair.seeds)), f"{pair.mean:+.4f}", t, "*" if pair.excludes_zero else "",
-             *_bootstrap_cells(results.paired_bootstrap(base, variant, main))]
+             *test]
     lines.append(f"| {cell(variant)} | " + " | ".join(cells) + " |")
   return lines
 

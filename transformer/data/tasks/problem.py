@@ -203,13 +203,21 @@ def drawn_by(rule: type[SplitsRule], problems: Mapping[str, type[Problem]]) -> d
 
 @dataclasses.dataclass(frozen=True)
 class TaskChoice(Chosen):
-  """config.task of a generated source: `name` picks the task of the registry; a key of
-  `renamed` (another name of a task) is read as the name it maps to."""
+  """config.task of a generated source: `name` picks the task of the registry. A name in
+  `renamed` (a task's former name) is refused in a config (parse), and read as its new one
+  in a run's saved config (rename, which the source's `saved` applies first): a saved run
+  restores unchanged, and a new one is written under the name it will be listed by."""
 
   renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def parse(self, section: Mapping[str, Any], name: str):
-    return super().parse(self.rename(section), name)
+    given = section.get(self.key)
+    if isinstance(given, str) and given in self.renamed:
+      raise ConfigError(f"config.{name}.{self.key}={given!r} is the former name of "
+                        f"{self.renamed[given]!r}: write --config.{name}.{self.key}="
+                        f"{self.renamed[given]} (a run saved under the former name restores "
+                        "as it is)")
+    return super().parse(section, name)
 
   def rename(self, section: Mapping[str, Any]) -> dict[str, Any]:
     section = dict(section)

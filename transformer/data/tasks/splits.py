@@ -21,6 +21,7 @@ import numpy as np
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_1, Range, check, check_ranges
+from transformer.core.registry import one_of
 from transformer.data.tasks.problem import Instance, SplitsRule
 
 MAX_DRAWS = 10_000  # a split with no input of its kind is an error, not a hang
@@ -59,7 +60,7 @@ class LengthSplits(SplitsRule):
     check(self.test_max_len >= self.max_len, "test_max_len", self.test_max_len,
           f"≥ max_len ({self.max_len}); equal: no test split")
     check(self.train_lengths in TRAIN_LENGTHS, "train_lengths", self.train_lengths,
-          f"one of {', '.join(TRAIN_LENGTHS)}")
+          one_of(TRAIN_LENGTHS))
 
   def splits(self) -> dict[str, range]:
     train = range(self.min_len, self.max_len + 1)

@@ -5,8 +5,9 @@ space; `valid` and `longer` hold only it), cast seq2seq: an encoder-decoder read
 and decodes the answer. Besides loss, accuracy and exact match, each split reports exact
 match by input length.
 
-task.name `reverse` and `sort` are read as reverse_string and bucket_sort (the same
-problems), so configs and saved runs that use those names restore unchanged.
+The names `reverse` and `sort` are read as reverse_string and bucket_sort, the same
+problems, in a run's saved config, so a saved run restores unchanged; a config given today
+is refused them (problem.TaskChoice).
 """
 
 import numpy as np

@@ -41,6 +41,7 @@ import numpy as np
 from transformer.core.errors import ConfigError
 from transformer.core.fields import (AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, check,
                                      check_ranges, execution)
+from transformer.core.registry import one_of
 
 ABOVE_1 = Range(1, lo_open=True)
 
@@ -102,7 +103,7 @@ class Frequencies:
   yarn_beta: float = execution(32.0)  # yarn: pairs turning more times over L: kept
 
   def __post_init__(self):
-    check(self.scaling in SCALINGS, "scaling", self.scaling, f"one of {', '.join(SCALINGS)}")
+    check(self.scaling in SCALINGS, "scaling", self.scaling, one_of(SCALINGS))
     check_ranges(self, base=ABOVE_1, factor=AT_LEAST_1, original_length=AT_LEAST_0,
                  yarn_alpha=POSITIVE)
     check(isinstance(self.yarn_beta, (int, float)) and math.isfinite(self.yarn_beta)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import POSITIVE, Range, check, check_ranges
+from transformer.core.registry import one_of
 from transformer.model.positions.base import PositionalEncoding
 from transformer.model.positions.rope_scaling import Frequencies, frequencies
 
@@ -111,7 +112,7 @@ class Rotary(PositionalEncoding):
     def __post_init__(self):
       super().__post_init__()
       check_ranges(self, rotated_fraction=Range(0, 1, lo_open=True))
-      check(self.partial in PARTIAL, "partial", self.partial, f"one of {', '.join(PARTIAL)}")
+      check(self.partial in PARTIAL, "partial", self.partial, one_of(PARTIAL))
 
   def __init__(self, d_model, num_heads, max_len, *, causal=False, settings=None, rngs=None):
     settings = settings or self.Settings()
