@@ -24,7 +24,7 @@ from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernels.capabilities import CAPABILITIES, Needs
 from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Target, check,
-                                             choose, offered)
+                                             choose, choosing_for, offered)
 from transformer.model.kernels.log import kernel_choices, kernel_warnings
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
@@ -409,22 +409,26 @@ def test_cudnn_by_hand_is_refused_for_a_learned_bias(position):
   with pytest.raises(ConfigError, match=(
       f"^attention.kernel 'cudnn' gives no reliable gradient for the learned logit bias of "
       f"position '{position}' \\(cuDNN's bias gradient, JAX issue #23701\\); use kernel "
-      "'reference' or 'xla'")):
+      "'reference' or 'xla'")), choosing_for(Target("gpu")):
     MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                       encoding=encoding, position=position, target=Target("gpu"),
-                       rngs=nnx.Rngs(0))
+                       encoding=encoding, position=position, rngs=nnx.Rngs(0))
 
 
 def test_cudnn_by_hand_takes_a_fixed_bias_and_refuses_float32():
+  """A layer made inside choosing_for(gpu) is chosen for the GPU, and one made after it for
+  this process's backend again (the CPU, where cudnn is refused)."""
   alibi = make_positional_encoding("alibi", 16, H, 16, causal=True, rngs=None)
-  layer = MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                             encoding=alibi, position="alibi", target=Target("gpu"),
-                             rngs=nnx.Rngs(0))
-  assert layer.kernel_choice.name == "cudnn"
-  with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
-                                        "float16 only, and model.dtype is float32"):
-    MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), target=Target("gpu"),
-                       rngs=nnx.Rngs(0))
+  cudnn = lambda **kw: MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"),  # noqa: E731
+                                          rngs=nnx.Rngs(0), **kw)
+  with choosing_for(Target("gpu")):
+    layer = cudnn(dtype=jnp.bfloat16, encoding=alibi, position="alibi")
+    assert layer.kernel_choice.name == "cudnn"
+    with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
+                                          "float16 only, and model.dtype is float32"):
+      cudnn()
+  with pytest.raises(ConfigError, match="kernel='cudnn' runs on gpu only; this machine's JAX "
+                                        "backend is cpu"):
+    cudnn(dtype=jnp.bfloat16)
 
 
 def test_auto_is_a_kernel_name_and_the_default(tiny_config):

@@ -14,7 +14,6 @@ from transformer.core.registry import lookup
 from transformer.model import layer_pattern
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig, compute_dtype
-from transformer.model.kernels import Target
 from transformer.model.layers import Dropout
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.positions import PositionalEncoding, make_positional_encoding
@@ -37,9 +36,7 @@ class Stack(nnx.Module):
   model.attention.window=`local+full` its mask has entry i mod 2's window; the kernel of
   each layer is chosen for what that layer needs."""
 
-  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs,
-               target: Target | None = None):
-    """target: where the model will run, for its attention kernels (None: here)."""
+  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
     self.max_position = cfg.max_position if cfg.random_positions else None
     self.draw = (lookup(DRAWS, cfg.random_positions_draw, "model random_positions_draw")(
         cfg.max_position) if cfg.random_positions else None)
@@ -56,7 +53,7 @@ class Stack(nnx.Module):
     self.period = layer_pattern.period(cfg.position, cfg.attention.window)
     self.dropout = Dropout(cfg.dropout)
     self.layers = nnx.List([layer(
-        cfg, encoding=self.handed(i), target=target, rngs=rngs,
+        cfg, encoding=self.handed(i), rngs=rngs,
         position=layer_pattern.of_layer(cfg.position, i),
         attention=dataclasses.replace(cfg.attention,
                                       window=layer_pattern.of_layer(cfg.attention.window, i)))

@@ -5,10 +5,10 @@ layer's kernel (choice.py), the log of those choices (log.py), the formula itsel
 flash-attention kernels (pallas/). The rest of the package enters here."""
 
 from transformer.model.kernels.capabilities import Needs
-from transformer.model.kernels.choice import Target, check_kernel_name, choose
+from transformer.model.kernels.choice import Target, check_kernel_name, choose, choosing_for
 from transformer.model.kernels.log import kernel_choices, kernel_warnings
 from transformer.model.kernels.reference import attention_weights, repeat_heads
 from transformer.model.kernels.registry import KERNELS
 
-__all__ = ["KERNELS", "Needs", "Target", "attention_weights", "check_kernel_name", "choose",
+__all__ = ["KERNELS", "Needs", "Target", "attention_weights", "check_kernel_name", "choose", "choosing_for",
            "kernel_choices", "kernel_warnings", "repeat_heads"]

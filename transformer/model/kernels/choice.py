@@ -2,8 +2,12 @@
 
 A layer states what it asks of a kernel as one record, Needs, built once when the layer is
 made (transformer/model/attention.py); the run states where the model will execute as a
-Target: the JAX backend, the mesh, training or evaluating (transformer/run/experiment.py
-builds it; the model wing never reads the run's config). choose() compares the two with
+Target: the JAX backend, the mesh, training or evaluating. The run sets the target around
+the model's construction (`with choosing_for(target):`, in make_model), and each layer's
+choice reads it there: the target is where the model executes, a context like JAX's mesh,
+not a part of any layer, so no constructor between the run and the layers carries it,
+while each choice is still made where the layer's parts are known and a refusal is raised
+as the model is built. Outside such a scope: this process's backend, one device, training. choose() compares the two with
 what each kernel offers (KERNELS, transformer/model/kernels/registry.py; the capabilities,
 each declared once: transformer/model/kernels/capabilities.py):
 
@@ -23,8 +27,10 @@ each declared once: transformer/model/kernels/capabilities.py):
 The log lines of a model's choices, one per distinct choice: transformer/model/kernels/log.py.
 """
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 
@@ -65,6 +71,19 @@ class Target:
   @property
   def devices(self) -> int:
     return 1 if self.mesh is None else self.mesh.size
+
+
+_TARGET: contextvars.ContextVar[Target | None] = contextvars.ContextVar("target", default=None)
+
+
+@contextlib.contextmanager
+def choosing_for(target: Target | None) -> Iterator[None]:
+  """The kernels of the layers made inside are chosen for `target` (None: Target.here())."""
+  token = _TARGET.set(target)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +182,10 @@ def _for_evaluation(asked: str, why: str, needs: Needs, target: Target) -> Kerne
 
 def choose(asked: str, needs: Needs, target: Target | None = None
            ) -> tuple[KernelChoice, Callable]:
-  """(the choice, the kernel function) for a layer with these needs, on `target` (None:
-  this process's backend, one device, training); the rules are the module docstring's."""
-  target = target or Target.here()
+  """(the choice, the kernel function) for a layer with these needs, on `target` (None: the
+  one choosing_for set, else this process's backend, one device, training); the rules are
+  the module docstring's."""
+  target = target or _TARGET.get() or Target.here()
   check_kernel_name(asked)
   if asked == AUTO:
     choice = _auto(needs, target)
