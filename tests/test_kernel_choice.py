@@ -1,8 +1,8 @@
 """Kernel choice (transformer/model/kernels/choice.py): a layer's Needs from its parts (the
 capabilities of transformer/model/kernels/capabilities.py); each kernel refused exactly what
-it does not offer; `auto` per layer, the first kernel of the
-backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log (transformer/model/kernels/log.py), one line per distinct choice.
+it does not offer; `auto` per layer, the first kernel of the backend's order that fits; a
+kernel that does not run here or over the mesh refused in training and replaced in
+evaluation; the log, one line per distinct choice.
 The kernels' values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
@@ -24,11 +24,11 @@ from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernels.capabilities import CAPABILITIES, Needs
 from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Target, check,
-                                             choose, choosing_for, offered)
-from transformer.model.kernels.log import kernel_choices, kernel_warnings
+                                             choose, choosing_for, kernel_choices,
+                                             kernel_warnings, offered)
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets

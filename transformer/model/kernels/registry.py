@@ -36,7 +36,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.kernels.blockwise import blockwise_kernel
 from transformer.model.kernels.capabilities import CAPABILITIES
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import flash_attention
 from transformer.model.kernels.reference import reference_kernel, repeat_heads
 
