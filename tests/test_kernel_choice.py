@@ -59,7 +59,7 @@ def test_a_layer_states_its_needs_from_its_parts():
   cfg = AttentionConfig(score="additive", window="local", dropout=0.1, logit_softcap=5.0,
                         block_size=8, kernel="reference")
   layer = lambda **kw: MultiHeadAttention(16, 4, cfg, num_kv_heads=2, rngs=nnx.Rngs(0), **kw)  # noqa: E731
-  assert layer(encoding=fire, position="fire", dtype=jnp.bfloat16).needs == Needs(
+  assert layer(encoding=fire, dtype=jnp.bfloat16).needs == Needs(
       {"any_score", "dropout", "softcap", "learned_bias", "local_window", "grouped_query"},
       score="additive", dropout=0.1, softcap=5.0, position="fire", bias=True,
       dtype="bfloat16", block_size=8)
@@ -67,7 +67,7 @@ def test_a_layer_states_its_needs_from_its_parts():
                                           score="additive", dropout=0.1, softcap=5.0,
                                           block_size=8)
   cope = make_positional_encoding("cope", 16, 4, 16, causal=True, rngs=nnx.Rngs(1))
-  assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope, position="cope",
+  assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope,
                             rngs=nnx.Rngs(0)).needs == Needs({"content_bias"}, position="cope")
 
 
@@ -411,7 +411,7 @@ def test_cudnn_by_hand_is_refused_for_a_learned_bias(position):
       f"position '{position}' \\(cuDNN's bias gradient, JAX issue #23701\\); use kernel "
       "'reference' or 'xla'")), choosing_for(Target("gpu")):
     MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                       encoding=encoding, position=position, rngs=nnx.Rngs(0))
+                       encoding=encoding, rngs=nnx.Rngs(0))
 
 
 def test_cudnn_by_hand_takes_a_fixed_bias_and_refuses_float32():
@@ -421,7 +421,7 @@ def test_cudnn_by_hand_takes_a_fixed_bias_and_refuses_float32():
   cudnn = lambda **kw: MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"),  # noqa: E731
                                           rngs=nnx.Rngs(0), **kw)
   with choosing_for(Target("gpu")):
-    layer = cudnn(dtype=jnp.bfloat16, encoding=alibi, position="alibi")
+    layer = cudnn(dtype=jnp.bfloat16, encoding=alibi)
     assert layer.kernel_choice.name == "cudnn"
     with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
                                           "float16 only, and model.dtype is float32"):

@@ -64,11 +64,10 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
-               position: str = "none", cross: bool = False, rngs: nnx.Rngs):
+               cross: bool = False, rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
-    its calls will be handed (None: none), whose declarations the kernel must meet;
-    position: its config name, for error lines. cross: cross-attention (its masks carry no
-    window). The kernel is chosen for the target of the model's construction
+    its calls will be handed (None: none), whose declarations the kernel must meet. cross:
+    cross-attention (its masks carry no window). The kernel is chosen for the target of the model's construction
     (kernels.choosing_for)."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
@@ -93,7 +92,7 @@ class MultiHeadAttention(nnx.Module):
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
         self.score, encoding or PositionalEncoding(), score=cfg.score, dropout=cfg.dropout,
-        softcap=cfg.logit_softcap, position=position,
+        softcap=cfg.logit_softcap,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
         block_size=cfg.block_size)

@@ -54,7 +54,6 @@ class Stack(nnx.Module):
     self.dropout = Dropout(cfg.dropout)
     self.layers = nnx.List([layer(
         cfg, encoding=self.handed(i), rngs=rngs,
-        position=layer_pattern.of_layer(cfg.position, i),
         attention=dataclasses.replace(cfg.attention,
                                       window=layer_pattern.of_layer(cfg.attention.window, i)))
         for i in range(num_layers)])

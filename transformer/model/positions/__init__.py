@@ -96,8 +96,10 @@ def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: i
         f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
         "never after the query), and this model has a bidirectional (encoder) stack: use "
         "another position, or a decoder-only model (model.arch=decoder) on data it learns")
-  return cls(d_model, num_heads, max_len, causal=causal,
-             settings=settings_of(settings, POSITIONS, name), rngs=rngs)
+  encoding = cls(d_model, num_heads, max_len, causal=causal,
+                 settings=settings_of(settings, POSITIONS, name), rngs=rngs)
+  encoding.name = name
+  return encoding
 
 
 class PositionPattern(nnx.Module):

@@ -127,8 +127,8 @@ class AtSampledOffsets:
   def __init__(self, encoding, table: jax.Array | None):
     """table None: a declaration only (what a layer asks of its kernel)."""
     self.encoding, self.table = encoding, table
-    for name in ("biases", "learned_bias", "content_biases", "causal_only", "takes_positions",
-                 "relative"):
+    for name in ("name", "biases", "learned_bias", "content_biases", "causal_only",
+                 "takes_positions", "relative"):
       setattr(self, name, getattr(encoding, name))
 
   def offsets(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
