@@ -68,10 +68,11 @@ class ModelFamily(nnx.Module):
 
   def draw_positions_from(self, key: jax.Array) -> None:
     """Random positions drawn per batch (model.random_positions_draw=per_batch) in the calls
-    without rngs (evaluation, decoding) from `key` instead of key 0: each stack's draw_key.
+    without rngs (evaluation, decoding) from `key` instead of key 0 (positions/randomized.py).
     The evaluator sets one per batch, so each batch gets a fresh, reproducible draw."""
     for stack in self.stacks().values():
-      stack.draw_key = key
+      if stack.random is not None:
+        stack.random.draw_from(key)
 
   def init_decoding(self, batch: dict[str, jax.Array], max_len: int, repeat: int = 1) -> None:
     """Prepares decode_step for the rows of `batch` (its `inputs` and optional positions and

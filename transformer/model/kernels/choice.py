@@ -7,9 +7,11 @@ the model's construction (`with choosing_for(target):`, in make_model), and each
 choice reads it there: the target is where the model executes, a context like JAX's mesh,
 not a part of any layer, so no constructor between the run and the layers carries it,
 while each choice is still made where the layer's parts are known and a refusal is raised
-as the model is built. Outside such a scope: this process's backend, one device, training. choose() compares the two with
-what each kernel offers (KERNELS, transformer/model/kernels/registry.py; the capabilities,
-each declared once: transformer/model/kernels/capabilities.py):
+as the model is built. Outside such a scope: this process's backend, one device, training.
+
+choose() compares the two with what each kernel offers (KERNELS,
+transformer/model/kernels/registry.py; the capabilities, each declared once:
+transformer/model/kernels/capabilities.py):
 
   * a kernel named by hand must run on the backend, be partitioned over the mesh when it
     has several devices, and accept the layer's needs (check); otherwise a ConfigError. One
