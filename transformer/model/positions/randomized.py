@@ -17,10 +17,9 @@ has seen every position an encoding can take up to max_position. Two ways of dra
              so each row's sample is uniform over the subsets of its length and rows of one
              length share it. A packed segment shorter than its row's longest reads the
              longest's offsets (theirs packs nothing).
-  per_row    the draw before per_batch (runs saved before the setting keep it): each row
-             its own sample of positions, shared by the embedding and every layer; relative
-             encodings read |p_i − p_j| of the drawn positions, which is not a function of
-             j − i.
+  per_row    each row its own sample of positions, shared by the embedding and every
+             layer; relative encodings read |p_i − p_j| of the drawn positions, which is not
+             a function of j − i (the draw of runs saved without the setting).
 
 Training draws from the step's key (resumes exactly); an evaluation call from the key its
 caller sets (RandomPositions.draw_from: the evaluator's batch_key, fresh per batch) or key 0.
@@ -130,7 +129,7 @@ class AtSampledOffsets:
   row of `table` [b or 1, size] (batch_offsets). The encoding's other seams are the
   identity (a relative encoding has no other). Not a module: made per layer and call by the
   stack. Its bias is a gather from the table, which a kernel evaluating biases in-kernel
-  from positions has not (`gathered_bias`: kernel_choice refuses them)."""
+  from positions has not (`gathered_bias`: transformer/model/kernels/capabilities.py)."""
 
   gathered_bias = True
 
