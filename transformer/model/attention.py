@@ -67,8 +67,8 @@ class MultiHeadAttention(nnx.Module):
                cross: bool = False, rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
     its calls will be handed (None: none), whose declarations the kernel must meet. cross:
-    cross-attention (its masks carry no window). The kernel is chosen for the target of the model's construction
-    (kernels.choosing_for)."""
+    cross-attention (its masks carry no window). The kernel is chosen for the target of the
+    model's construction (kernels.choosing_for)."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     num_kv_heads = num_kv_heads or num_heads

@@ -44,8 +44,8 @@ class EncoderLayer(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
                attention: AttentionConfig | None = None, rngs: nnx.Rngs):
     """encoding: the one its self-attention will be handed (the stack's, or under a
-    layer-wise pattern this layer's entry's); attention: this layer's attention config (default cfg.attention; a pattern's stack
-    gives each layer its window)."""
+    layer-wise pattern this layer's entry's); attention: this layer's attention config
+    (default cfg.attention; a pattern's stack gives each layer its window)."""
     dtype = compute_dtype(cfg)
     attention = attention or cfg.attention
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, attention,

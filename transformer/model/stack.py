@@ -93,8 +93,8 @@ class Stack(nnx.Module):
     if self.random is not None:
       self.check_length(mask.k_positions.shape[1] if cached else mask.q_positions.shape[1])
       mask, keys = self.random.start(mask, rngs, len(self.layers), cached)
-    embedded = mask.q_positions if keys is None else self.random.embed_positions(mask, keys,
-                                                                                 cached)
+    embedded = (mask.q_positions if self.random is None
+                else self.random.embed_positions(mask, keys, cached))
     x = self.position.embed(x, embedded)
     x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
     masks = [dataclasses.replace(mask, window=window) for window in self.windows]

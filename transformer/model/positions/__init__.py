@@ -44,14 +44,14 @@ from transformer.model.positions.contextual import CoPE
 from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, alibi_slopes,
                                                   relative_position_bucket)
 from transformer.model.positions.rotary import Rotary, XPos, rotate_half_pairs, xpos_scale
-from transformer.model.positions.randomized import RandomPositions, batch_key
-from transformer.model.positions.randomized import check_config as check_random_positions
+from transformer.model.positions.randomized import (RandomPositions, batch_key,
+                                                    check_random_positions)
 
 __all__ = ["ALiBi", "CausalOnly", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "PER_LAYER",
            "POSITIONS", "PositionPattern", "PositionSettings", "PositionalEncoding",
            "RandomPositions", "Rotary", "Sinusoidal", "T5Bias", "XPos", "alibi_slopes",
-           "batch_key", "check_position", "check_random_positions", "make_positional_encoding", "relative_position_bucket", "rotate_half_pairs",
-           "sinusoid", "xpos_scale"]
+           "batch_key", "check_position", "check_random_positions", "make_positional_encoding",
+           "relative_position_bucket", "rotate_half_pairs", "sinusoid", "xpos_scale"]
 
 # Every encoding, by its config name: the entries each module declares (a new encoding is
 # one class and one line in its module's ENCODINGS).

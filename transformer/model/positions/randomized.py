@@ -24,10 +24,10 @@ has seen every position an encoding can take up to max_position. Two ways of dra
 Training draws from the step's key (resumes exactly); an evaluation call from the key its
 caller sets (RandomPositions.draw_from: the evaluator's batch_key, fresh per batch) or key 0.
 
-This module owns randomized positions: the config's check (check_config), a stack's draws
-(RandomPositions, which transformer/model/stack.py calls), the evaluator's keys (batch_key)
-and the view of a relative encoding at sampled offsets that the kernels are handed
-(AtSampledOffsets, declaring `gathered_bias`: transformer/model/kernels/capabilities.py).
+This module owns randomized positions: the config's check (check_random_positions), a
+stack's draws (RandomPositions, which transformer/model/stack.py calls), the evaluator's
+keys (batch_key) and the view of a relative encoding at sampled offsets that the kernels are
+handed (AtSampledOffsets, declaring `gathered_bias`: transformer/model/kernels/capabilities.py).
 """
 
 import dataclasses
@@ -254,7 +254,7 @@ class PerBatch(PerRow):
 DRAWS = {"per_batch": PerBatch, "per_row": PerRow}
 
 
-def check_config(cfg, encodings) -> None:
+def check_random_positions(cfg, encodings) -> None:
   """A FieldError unless config.model's randomized positions fit the rest of it (`cfg`, a
   ModelConfig; `encodings`, the classes its position names): some encoding reads positions,
   and no attention window spans ±window_size positions."""
