@@ -42,8 +42,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.kernels.log_once import log_once
-from transformer.model.kernels.pallas import layouts
-from transformer.model.kernels.pallas.bodies import Static, dkv_kernel, dq_kernel, forward_kernel
+from transformer.model.kernels.pallas import layouts, sparsity
+from transformer.model.kernels.pallas.bodies import (LOG2E, Static, dkv_kernel, dq_kernel,
+                                                     forward_kernel)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.positions import BiasSpec, spec_bias
@@ -64,23 +65,39 @@ class _Config:
   block_q: int
   block_k: int
   variants: tuple  # ((platform or None: the default, layout name, interpret), ...)
+  count: bool = False  # the kernels also count the blocks they visit (visited_blocks)
 
 
-def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block):
+def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, visits,
+            reverse=False):
   return Static(fn=cfg.fn, learned=cfg.learned, causal=cfg.causal, window=cfg.window,
                 block_q=bq, block_k=bk, params=packing, width=width, lanes=layout.lanes,
-                grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block)
+                grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block,
+                axes=layout.axes, visits=visits, count=cfg.count,
+                reverse=reverse and cfg.causal and layout.heaviest_first)
+
+
+def _lists(layout, kind):
+  """The visit lists of a block classification [b, n, m] (sparsity.visit_lists), each
+  [2 + m] entries wide (a power of two for Triton)."""
+  m = kind.shape[-1]
+  width = layout.dim(m + 2)
+  return sparsity.visit_lists(kind, width), width
 
 
 def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
-  """One layout's forward: out [b, tq, h, d_v] and logsumexp float32 [b, h, tq]."""
+  """One layout's forward: out [b, tq, h, d_v], base-2 logsumexp float32 [b, h, tq] and
+  (cfg.count) the blocks visited and masked per query block [b, h, nq] each."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
   bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False)
   lq, lk = -(-tq // bq) * bq, -(-tk // bk) * bk
   dp, dvp = layout.dim(d), layout.dim(dv)
   flat, packing, width = layouts.pack(layout, params)
-  st = _static(cfg, layout, bq, bk, packing, width, lk // bk, bk)
+  kind = sparsity.classify(qs, ks, qp, kp, causal=cfg.causal, window=cfg.window,
+                           block_q=bq, block_k=bk, lq=lq, lk=lk)
+  lists, visits = _lists(layout, kind)
+  st = _static(cfg, layout, bq, bk, packing, width, lk // bk, bk, visits, reverse=True)
   groups = h // k.shape[2]
   inputs = [Operand(layouts.heads(q, lq, dp), "heads"),
             Operand(layouts.query_side(layout, qs, lq), "query"),
@@ -92,15 +109,17 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
   inputs += [Operand(flat, "params")] if cfg.fn else []
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dvp), v.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lq, layout.lanes), jnp.float32), "stats")]
-  out, lse = layouts.call(
-      layout, forward_kernel, st, name="flash_forward", outer=lq // bq, inputs=inputs,
-      outputs=outputs, scratch=[(bq, layout.lanes)] * 2 + [(bq, dvp)], interpret=interpret,
-      head_dim=dp)
-  return layouts.unheads(out, tq, dv), lse[:, :, :tq, 0]
+  out, lse, *counts = layouts.call(
+      layout, forward_kernel, st, name="flash_forward", outer=lq // bq, lists=lists,
+      inputs=inputs, outputs=outputs, scratch=[(bq, layout.lanes)] * 2 + [(bq, dvp)],
+      interpret=interpret, head_dim=dp)
+  return (layouts.unheads(out, tq, dv), lse[:, :, :tq, 0],
+          *(c[:, :, ::bq, 0] for c in counts))
 
 
 def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, do):
-  """One layout's gradients of q, k, v and of the bias parameters ([h, size] each)."""
+  """One layout's gradients of q, k, v and of the bias parameters ([h, size] each), and
+  (cfg.count) the blocks visited and masked per query block by dq, per key block by dk/dv."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
   bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True)
@@ -108,6 +127,8 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
   dp, dvp = layout.dim(d), layout.dim(dv)
   flat, packing, width = layouts.pack(layout, params)
   groups = h // k.shape[2]
+  kind = sparsity.classify(qs, ks, qp, kp, causal=cfg.causal, window=cfg.window,
+                           block_q=bq, block_k=bk, lq=lq, lk=lk)
   delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
   query = [Operand(layouts.heads(q, lq, dp), "heads"),
            Operand(layouts.query_side(layout, qs, lq), "query"),
@@ -122,29 +143,34 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
   par = [Operand(flat, "params")] if cfg.fn else []
   inner = lambda ops: [dataclasses.replace(op, role="inner") for op in ops]  # noqa: E731
 
-  st = _static(cfg, layout, bq, bk, packing, width, nk, bk)
+  lists, visits = _lists(layout, kind)
+  st = _static(cfg, layout, bq, bk, packing, width, nk, bk, visits, reverse=True)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")]
   if cfg.learned:
     outputs.append(Operand(jax.ShapeDtypeStruct((b, h, nq, 1, width), jnp.float32), "drow"))
-  dq, *drow = layouts.call(
-      layout, dq_kernel, st, name="flash_dq", outer=nq, inputs=query + inner(keys) + par,
-      outputs=outputs, scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret,
-      head_dim=dp)
+  dq, *rest = layouts.call(
+      layout, dq_kernel, st, name="flash_dq", outer=nq, lists=lists,
+      inputs=query + inner(keys) + par, outputs=outputs,
+      scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret, head_dim=dp)
+  drow, dq_counts = rest[:cfg.learned], rest[cfg.learned:]
 
-  st = _static(cfg, layout, bq, bk, packing, width, nq, bq)
+  lists, visits = _lists(layout, jnp.swapaxes(kind, 1, 2))
+  st = _static(cfg, layout, bq, bk, packing, width, nq, bq, visits)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lk, dp), k.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
-  dk, dv_ = layouts.call(
-      layout, dkv_kernel, st, name="flash_dkv", outer=nk, inputs=keys + inner(query) + par,
-      outputs=outputs, scratch=[(bk, dp), (bk, dvp)], interpret=interpret, head_dim=dp)
+  dk, dv_, *dkv_counts = layouts.call(
+      layout, dkv_kernel, st, name="flash_dkv", outer=nk, lists=lists,
+      inputs=keys + inner(query) + par, outputs=outputs, scratch=[(bk, dp), (bk, dvp)],
+      interpret=interpret, head_dim=dp)
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
   if cfg.learned:
     dparams = layouts.unpack(st, drow[0].sum((0, 2))[:, 0])
   else:
     dparams = jax.tree.map(jnp.zeros_like, params)
+  counts = [c[:, :, ::bq, 0] for c in dq_counts] + [c[:, :, ::bk, 0] for c in dkv_counts]
   return (layouts.unheads(dq, tq, d), layouts.unheads(dk, tk, d).astype(k.dtype),
-          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams)
+          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams, *counts)
 
 
 def _per_platform(cfg: _Config, what, *args):
@@ -176,6 +202,23 @@ def _flash_bwd(cfg, residuals, do):
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def visited_blocks(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
+                   causal: bool = False, window: int | None = None, block_q: int = 128,
+                   block_k: int = 128, layout: str = "generic") -> dict:
+  """The blocks each kernel visits, counted by the kernels themselves (in interpret mode,
+  with `layout`'s blocks and driver): {"forward", "dq": per query block, "dkv": per key
+  block: (visited, masked) int [b, h, blocks]}. Arguments as flash_attention's (no bias,
+  q unscaled); for tests."""
+  cfg = _Config(fn=None, learned=False, causal=causal, window=window, block_q=block_q,
+                block_k=block_k, variants=((None, layout, True),), count=True)
+  ids = (q_segments, k_segments, q_positions, k_positions)
+  out, lse, *forward = _forward(cfg, layout, True, q, k, v, *ids, {})
+  *_, dq_v, dq_m, dkv_v, dkv_m = _backward(cfg, layout, True, q, k, v, *ids, {}, out, lse,
+                                           jnp.ones_like(out))
+  as_int = lambda *x: tuple(c.astype(jnp.int32) for c in x)  # noqa: E731
+  return {"forward": as_int(*forward), "dq": as_int(dq_v, dq_m), "dkv": as_int(dkv_v, dkv_m)}
 
 
 def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None):
@@ -224,12 +267,12 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
     KV-cached decoding step) are computed by the reference formula instead (_one_query),
     which is logged.
   """
-  q = q * jnp.asarray(scale, q.dtype)
   if q.shape[1] == 1:  # a KV-cached decoding step
     log_once("flash_attention: one query per row (a decoding step) runs the reference "
              f"formula over the row [b, h, 1, {k.shape[1]}], not the Pallas kernels")
     mask = Mask(q_segments, k_segments, q_positions, k_positions, causal=causal, window=window)
-    return _one_query(q, k, v, mask, bias_spec)
+    return _one_query(q * jnp.asarray(scale, q.dtype), k, v, mask, bias_spec)
+  q = q * jnp.asarray(scale * LOG2E, q.dtype)  # the kernels' logits are in base 2
   if layout is not None:
     if interpret is False:
       raise ValueError(f"flash_attention: layout {layout!r} runs in interpret mode only "

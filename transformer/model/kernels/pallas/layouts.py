@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from transformer.model.kernels.pallas.bodies import Static
+from transformer.model.kernels.pallas.bodies import Static, outer_block
 
 
 def _ceil_pow2(n: int) -> int:
@@ -57,6 +57,10 @@ class Layout:
   min_size: int = 1  # blocks and head dims are at least this
   caps: tuple[int, int] | None = None  # (forward, backward) largest block
   smem_params: bool = False  # the bias parameters in scalar memory
+  # the grid's axes in order: on a GPU the first is the fastest-varying program id, so the
+  # query (outer) block comes first, as in JAX's and FlashAttention-2's Triton kernels
+  axes: tuple[str, ...] = ("outer", "batch", "head")
+  heaviest_first: bool = False  # a causal mask's query blocks from the last (the heaviest)
 
   def blocks(self, block_q: int, block_k: int, tq: int, tk: int, backward: bool):
     """(query block, key block) for lengths tq, tk from the asked sizes."""
@@ -72,25 +76,40 @@ class Layout:
     """A head dim or parameter row of n entries as laid out."""
     return max(self.min_size, _ceil_pow2(n)) if self.power_of_two else n
 
-  def compiler_params(self, head_dim: int):
+  def compiler_params(self, head_dim: int, axes: tuple[str, ...]):
     if self.name == "triton":
-      return _lowering("triton").CompilerParams(num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+      warps, stages = triton_tuning(head_dim)
+      return _lowering("triton").CompilerParams(num_warps=warps, num_stages=stages)
     if self.name == "mosaic_tpu":
-      return _lowering("tpu").CompilerParams(dimension_semantics=("parallel",) * 3 + ("arbitrary",))
+      return _lowering("tpu").CompilerParams(dimension_semantics=tuple(
+          "arbitrary" if axis == "inner" else "parallel" for axis in axes))
     return None
+
+
+# Triton's num_warps and num_stages per padded head dim (≤ 64, ≤ 128, larger): FlashAttention-2's
+# and JAX's Triton attention's choices (4 warps up to 64, 8 above; 2-3 stages, fewer for a
+# large head dim whose blocks fill shared memory). NOT measured on a GPU: none was at hand.
+TRITON_TUNING = ((64, 4, 3), (128, 8, 2), (None, 8, 1))
+
+
+def triton_tuning(head_dim: int) -> tuple[int, int]:
+  """(num_warps, num_stages) for a padded head dim, from TRITON_TUNING."""
+  return next((warps, stages) for limit, warps, stages in TRITON_TUNING
+              if limit is None or head_dim <= limit)
 
 
 def _lowering(name: str):
   """jax.experimental.pallas.tpu or .triton, imported when a layout of theirs is used: they
-  take 0.4 s of imports that a run on the CPU never needs (issue 31: start-up time)."""
+  take 0.4 s of imports that a run on the CPU never needs."""
   return importlib.import_module(f"jax.experimental.pallas.{name}")
 
 
 LAYOUTS = {
     "generic": Layout("generic", 1, 1, 8, 8, grid_inner=False),
     "triton": Layout("triton", 1, 1, 16, 16, grid_inner=False, power_of_two=True,
-                     min_size=16, caps=(128, 64)),
-    "mosaic_tpu": Layout("mosaic_tpu", 128, 8, 128, 128, grid_inner=True, smem_params=True),
+                     min_size=16, caps=(128, 64), heaviest_first=True),
+    "mosaic_tpu": Layout("mosaic_tpu", 128, 8, 128, 128, grid_inner=True, smem_params=True,
+                         axes=("batch", "head", "outer", "inner")),
 }
 
 
@@ -145,8 +164,9 @@ def unpack(st: Static, rows):
 class Operand:
   """An array and how a kernel sees it: kind "heads" [b, H, t, d], "query" [b, t, lanes],
   "keys" [b, sublanes, t], "stats" [b, h, t, lanes], "params" (whole), "drow" [b, h, n, 1,
-  width]; role "outer" (the grid's block n) or "inner" (block m, or the whole row when the
-  kernel loops); groups: query heads per head of this array (grouped-query K and V)."""
+  width], "lists" [b, n, width] (the visit lists); role "outer" (the grid's block n) or
+  "inner" (the listed block, or the whole row when the kernel loops); groups: query heads
+  per head of this array (grouped-query K and V)."""
 
   array: object
   kind: str
@@ -154,49 +174,81 @@ class Operand:
   groups: int = 1
 
 
-def _spec(layout: Layout, st: Static, op: Operand, block: int):
+def _spec(layout: Layout, st: Static, op: Operand, block: int, outers: int):
   if op.kind == "params":
     if layout.smem_params:
       return pl.BlockSpec(memory_space=_lowering("tpu").SMEM)
     return pl.BlockSpec(op.array.shape, lambda *grid: (0,))
   shape = op.array.shape
   whole = op.role == "inner" and not layout.grid_inner
-  t = {"heads": 2, "query": 1, "keys": 2, "stats": 2, "drow": 2}[op.kind]
+  t = {"heads": 2, "query": 1, "keys": 2, "stats": 2, "drow": 2, "lists": 1}[op.kind]
   size = shape[t] if whole else block
 
-  def at(n, m):  # the block index along t
-    return 0 if whole else (n if op.role == "outer" else m[0])
+  def index(build):
+    """An index map from the grid's indices (and the lists in scalar memory, on the grid
+    driver) to build(batch, head, outer block, this operand's block along t)."""
+    def index_map(*args):
+      grid = dict(zip(st.axes, args))
+      i, j, n = grid["batch"], grid["head"], outer_block(st, grid["outer"], outers)
+      if whole:
+        at = 0
+      elif op.role == "outer":
+        at = n
+      else:  # the grid driver's inner step m: the m-th block of (i, n)'s visit list
+        lists = args[len(st.axes)]
+        at = lists[(i * outers + n) * st.visits + 2 + grid["inner"]]
+      return build(i, j, n, at)
+    return index_map
 
   def head(j):  # lax.div: jnp's // lowers through sign, which Mosaic asks a TPU about
     return j if op.groups == 1 else jax.lax.div(j, op.groups)
 
   if op.kind == "heads":
     return pl.BlockSpec((None, None, size, shape[3]),
-                        lambda i, j, n, *m: (i, head(j), at(n, m), 0))
+                        index(lambda i, j, n, at: (i, head(j), at, 0)))
   if op.kind == "query":
-    return pl.BlockSpec((None, size, shape[2]), lambda i, j, n, *m: (i, at(n, m), 0))
+    return pl.BlockSpec((None, size, shape[2]), index(lambda i, j, n, at: (i, at, 0)))
   if op.kind == "keys":
-    return pl.BlockSpec((None, shape[1], size), lambda i, j, n, *m: (i, 0, at(n, m)))
+    return pl.BlockSpec((None, shape[1], size), index(lambda i, j, n, at: (i, 0, at)))
   if op.kind == "stats":
-    return pl.BlockSpec((None, None, size, shape[3]), lambda i, j, n, *m: (i, j, at(n, m), 0))
-  return pl.BlockSpec((None, None, None, 1, shape[4]), lambda i, j, n, *m: (i, j, n, 0, 0))
+    return pl.BlockSpec((None, None, size, shape[3]), index(lambda i, j, n, at: (i, j, at, 0)))
+  if op.kind == "lists":
+    return pl.BlockSpec((None, None, shape[2]), index(lambda i, j, n, at: (i, n, 0)))
+  return pl.BlockSpec((None, None, None, 1, shape[4]), index(lambda i, j, n, at: (i, j, n, 0, 0)))
 
 
-def call(layout: Layout, kernel, st: Static, *, name: str, outer: int, inputs, outputs,
+def call(layout: Layout, kernel, st: Static, *, name: str, outer: int, lists, inputs, outputs,
          scratch, interpret: bool, head_dim: int):
-  """pallas_call of kernel(*inputs, *outputs, *scratch, st=st) over the grid (batch, head,
-  outer block[, inner block]). inputs, outputs: Operands (an output's array a
-  ShapeDtypeStruct); scratch: the carry's shapes, float32 (the grid driver's only)."""
+  """pallas_call of kernel(lists, *inputs, *outputs, [counts,] *scratch, st=st) over the
+  grid st.axes (batch, head, outer block[, inner step]). lists: the visit lists int32
+  [b, outer, st.visits] (sparsity.visit_lists); inputs, outputs: Operands (an output's
+  array a ShapeDtypeStruct); scratch: the carry's shapes, float32 (the grid driver's only).
+  With st.count, two more outputs [b, h, outer·block, lanes]: the blocks visited and those
+  masked per outer block (each row of its block)."""
   b, h = outputs[0].array.shape[:2]
-  grid = (b, h, outer) + ((st.inner,) if layout.grid_inner else ())
-  outer_block = st.block_k if name == "flash_dkv" else st.block_q
-  block = lambda op: outer_block if op.role == "outer" else st.inner_block  # noqa: E731
-  scratch_shapes = [_lowering("tpu").VMEM(shape, jnp.float32) for shape in scratch] \
-      if layout.grid_inner else []
+  outer_size = st.block_k if name == "flash_dkv" else st.block_q
+  sizes = {"batch": b, "head": h, "outer": outer, "inner": st.inner}
+  grid = tuple(sizes[axis] for axis in st.axes)
+  block = lambda op: outer_size if op.role == "outer" else st.inner_block  # noqa: E731
+  if st.count:
+    outputs = outputs + [Operand(jax.ShapeDtypeStruct((b, h, outer * outer_size, st.lanes),
+                                                      jnp.float32), "stats")] * 2
+    scratch = scratch + [(1, 1)] * 2
+  spec = lambda op: _spec(layout, st, op, block(op), outer)  # noqa: E731
+  in_specs = [spec(op) for op in inputs]
+  out_specs = [spec(op) for op in outputs]
+  if layout.grid_inner:
+    tpu = _lowering("tpu")
+    grid_spec = tpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
+        scratch_shapes=[tpu.VMEM(shape, jnp.float32) for shape in scratch])
+    arrays = [lists.reshape(-1)]
+  else:
+    grid_spec = pl.GridSpec(grid=grid, in_specs=[spec(Operand(lists, "lists"))] + in_specs,
+                            out_specs=out_specs)
+    arrays = [lists]
   return pl.pallas_call(
-      functools.partial(kernel, st=st), grid=grid, name=name,
-      in_specs=[_spec(layout, st, op, block(op)) for op in inputs],
-      out_specs=[_spec(layout, st, op, block(op)) for op in outputs],
-      out_shape=[op.array for op in outputs], scratch_shapes=scratch_shapes,
-      compiler_params=layout.compiler_params(head_dim), interpret=interpret,
-  )(*(op.array for op in inputs))
+      functools.partial(kernel, st=st), grid_spec=grid_spec, name=name,
+      out_shape=[op.array for op in outputs],
+      compiler_params=layout.compiler_params(head_dim, st.axes), interpret=interpret,
+  )(*arrays, *(op.array for op in inputs))
