@@ -4,7 +4,10 @@ softmax(q·kᵀ + bias)·V over the visible keys (the same non-pad segment, opti
 within a local window, read from segment ids and positions as transformer/model/masks.py does), in
 blocks: the forward kernel runs an online softmax over key blocks and saves each query's
 logsumexp; the backward kernels recompute each block's probabilities from it (one kernel per
-query block for dq and the bias parameters' gradient, one per key block for dk and dv). The
+query block for dq and the bias parameters' gradient, one per key block for dk and dv).
+Each kernel visits only the blocks its visit list names, decided in XLA from the segments
+and positions before the kernels (transformer/model/kernels/pallas/sparsity.py): the partial
+ones masked, the full ones not. The
 bias comes from the encoding's BiasSpec (transformer/model/positions/base.py), evaluated on each
 [block_q, block_k] block of positions from the head's parameters, so no [L, L] array exists
 in memory, forward or backward; the gradient of the bias parameters is the vjp of the
