@@ -46,8 +46,8 @@ import jax.numpy as jnp
 
 from transformer.model.kernels.log_once import log_once
 from transformer.model.kernels.pallas import layouts, sparsity
-from transformer.model.kernels.pallas.bodies import (LOG2E, Static, dkv_kernel, dq_kernel,
-                                                     forward_kernel)
+from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Static, dkv_kernel,
+                                                     dq_kernel, forward_kernel)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.positions import BiasSpec, spec_bias
@@ -76,7 +76,7 @@ def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, vi
   return Static(fn=cfg.fn, learned=cfg.learned, causal=cfg.causal, window=cfg.window,
                 block_q=bq, block_k=bk, params=packing, width=width, lanes=layout.lanes,
                 grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block,
-                axes=layout.axes, visits=visits, count=cfg.count,
+                axes=layout.axes, visits=visits, count=cfg.count, dq_atomic=layout.dq_atomic,
                 reverse=reverse and cfg.causal and layout.heaviest_first)
 
 
@@ -122,7 +122,12 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
 
 def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, do):
   """One layout's gradients of q, k, v and of the bias parameters ([h, size] each), and
-  (cfg.count) the blocks visited and masked per query block by dq, per key block by dk/dv."""
+  {kernel name: (blocks visited, blocks masked) per outer block [b, h, n]} (cfg.count).
+
+  Where the layout adds dq atomically (layout.dq_atomic: Triton, interpret mode) one kernel
+  per key block computes dk, dv, the bias parameters' gradient and adds its share of dq into
+  a float32 array (5 matmuls per block pair); elsewhere (Mosaic TPU: no atomics) a dq kernel
+  per query block (with the parameters' gradient) and a dk/dv kernel per key block."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
   bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True)
@@ -145,35 +150,49 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
           Operand(layouts.key_side(layout, kp, lk), "keys")]
   par = [Operand(flat, "params")] if cfg.fn else []
   inner = lambda ops: [dataclasses.replace(op, role="inner") for op in ops]  # noqa: E731
+  drow = lambda n: [Operand(jax.ShapeDtypeStruct(  # noqa: E731
+      (b, h, n, 1, width), jnp.float32), "drow")] * cfg.learned
+  counts = {}
 
-  lists, visits = _lists(layout, kind)
-  st = _static(cfg, layout, bq, bk, packing, width, nk, bk, visits, reverse=True)
-  outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")]
-  if cfg.learned:
-    outputs.append(Operand(jax.ShapeDtypeStruct((b, h, nq, 1, width), jnp.float32), "drow"))
-  dq, *rest = layouts.call(
-      layout, dq_kernel, st, name="flash_dq", outer=nq, lists=lists,
-      inputs=query + inner(keys) + par, outputs=outputs,
-      scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret, head_dim=dp)
-  drow, dq_counts = rest[:cfg.learned], rest[cfg.learned:]
+  if not layout.dq_atomic:
+    lists, visits = _lists(layout, kind)
+    st = _static(cfg, layout, bq, bk, packing, width, nk, bk, visits, reverse=True)
+    outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")] + drow(nq)
+    dq, *rest = layouts.call(
+        layout, dq_kernel, st, name="flash_dq", outer=nq, lists=lists,
+        inputs=query + inner(keys) + par, outputs=outputs,
+        scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret, head_dim=dp)
+    rows, rest = rest[:cfg.learned], rest[cfg.learned:]
+    counts["dq"] = tuple(c[:, :, ::bq, 0] for c in rest)
 
   lists, visits = _lists(layout, jnp.swapaxes(kind, 1, 2))
   st = _static(cfg, layout, bq, bk, packing, width, nq, bq, visits)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lk, dp), k.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
-  dk, dv_, *dkv_counts = layouts.call(
-      layout, dkv_kernel, st, name="flash_dkv", outer=nk, lists=lists,
-      inputs=keys + inner(query) + par, outputs=outputs, scratch=[(bk, dp), (bk, dvp)],
-      interpret=interpret, head_dim=dp)
+  if layout.dq_atomic:  # dq's float32 sums, zeros aliased to the output the kernel adds to
+    outputs += [Operand(jnp.zeros((b, h, lq, dp), jnp.float32), "heads", "inner")] + drow(nk)
+  dk, dv_, *rest = layouts.call(
+      layout, dkv_kernel, st, name="flash_backward" if layout.dq_atomic else "flash_dkv",
+      outer=nk, lists=lists, inputs=keys + inner(query) + par, outputs=outputs,
+      scratch=[(bk, dp), (bk, dvp)], interpret=interpret, head_dim=dp)
+  if layout.dq_atomic:
+    dq, rows, rest = rest[0], rest[1:1 + cfg.learned], rest[1 + cfg.learned:]
+  counts["dkv"] = tuple(c[:, :, ::bk, 0] for c in rest)
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
   if cfg.learned:
-    dparams = layouts.unpack(st, drow[0].sum((0, 2))[:, 0])
+    dparams = layouts.unpack(st, rows[0].sum((0, 2))[:, 0])
   else:
     dparams = jax.tree.map(jnp.zeros_like, params)
-  counts = [c[:, :, ::bq, 0] for c in dq_counts] + [c[:, :, ::bk, 0] for c in dkv_counts]
+  if layout.dq_atomic:
+    dq = (dq * LN2).astype(q.dtype)
   return (layouts.unheads(dq, tq, d), layouts.unheads(dk, tk, d).astype(k.dtype),
-          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams, *counts)
+          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams, counts)
+
+
+def _gradients(cfg, name, interpret, *args):
+  """_backward's gradients alone (its counts differ between layouts)."""
+  return _backward(cfg, name, interpret, *args)[:4]
 
 
 def _per_platform(cfg: _Config, what, *args):
@@ -200,7 +219,7 @@ def _flash_fwd(cfg, q, k, v, qs, ks, qp, kp, params):
 
 
 def _flash_bwd(cfg, residuals, do):
-  dq, dk, dv, dparams = _per_platform(cfg, _backward, *residuals, do)
+  dq, dk, dv, dparams = _per_platform(cfg, _gradients, *residuals, do)
   return dq, dk, dv, None, None, None, None, dparams
 
 
@@ -212,16 +231,15 @@ def visited_blocks(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
                    block_k: int = 128, layout: str = "generic") -> dict:
   """The blocks each kernel visits, counted by the kernels themselves (in interpret mode,
   with `layout`'s blocks and driver): {"forward", "dq": per query block, "dkv": per key
-  block: (visited, masked) int [b, h, blocks]}. Arguments as flash_attention's (no bias,
-  q unscaled); for tests."""
+  block: (visited, masked) int [b, h, blocks]}, "dq" only where the layout has a dq kernel
+  (not layout.dq_atomic). Arguments as flash_attention's (no bias, q unscaled); for tests."""
   cfg = _Config(fn=None, learned=False, causal=causal, window=window, block_q=block_q,
                 block_k=block_k, variants=((None, layout, True),), count=True)
   ids = (q_segments, k_segments, q_positions, k_positions)
   out, lse, *forward = _forward(cfg, layout, True, q, k, v, *ids, {})
-  *_, dq_v, dq_m, dkv_v, dkv_m = _backward(cfg, layout, True, q, k, v, *ids, {}, out, lse,
-                                           jnp.ones_like(out))
-  as_int = lambda *x: tuple(c.astype(jnp.int32) for c in x)  # noqa: E731
-  return {"forward": as_int(*forward), "dq": as_int(dq_v, dq_m), "dkv": as_int(dkv_v, dkv_m)}
+  *_, backward = _backward(cfg, layout, True, q, k, v, *ids, {}, out, lse, jnp.ones_like(out))
+  return {name: tuple(c.astype(jnp.int32) for c in pair)
+          for name, pair in [("forward", forward), *backward.items()]}
 
 
 def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None):

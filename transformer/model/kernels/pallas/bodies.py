@@ -26,6 +26,7 @@ dict name -> tuple of scalars; their gradient leaves each kernel as a row [1, wi
 """
 
 import dataclasses
+import importlib
 import math
 
 import jax
@@ -58,12 +59,19 @@ class Static:
   visits: int = 0  # the width of a visit list (sparsity.visit_lists)
   count: bool = False  # also output how many blocks were visited and masked (for tests)
   reverse: bool = False  # outer blocks from the last: a causal mask's heaviest query blocks first
+  dq_atomic: bool = False  # the dk/dv kernel adds dq atomically and gives the parameters' gradient
 
 
 def outer_block(st: Static, index, outers: int):
   """The outer block at grid index `index` along "outer" (of `outers`): reversed when
   st.reverse."""
   return outers - 1 - index if st.reverse else index
+
+
+def lowering(name: str):
+  """jax.experimental.pallas.tpu or .triton, imported when a layout or kernel uses them: they
+  take 0.4 s of imports that a run on the CPU never needs."""
+  return importlib.import_module(f"jax.experimental.pallas.{name}")
 
 
 def widen(x, n: int):
@@ -203,10 +211,11 @@ def _counting(step, init, finish, count_refs):
   return counted_step, counted_init, counted_finish
 
 
-def _split(st: Static, refs, outputs: int):
+def _split(st: Static, refs, outputs: int, aliased: int = 0):
   """(parameter ref or None, output refs, count refs, scratch refs) of a kernel's refs after
-  its inputs."""
+  its inputs; `aliased`: inputs after the parameters that alias outputs (not used here)."""
   p_ref, refs = (refs[0], refs[1:]) if st.fn else (None, refs)
+  refs = refs[aliased:]
   counts = 2 if st.count else 0
   return p_ref, refs[:outputs], refs[outputs:outputs + counts], refs[outputs + counts:]
 
@@ -286,13 +295,19 @@ def dq_kernel(lists_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref, delta_ref, k_re
 
 def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref,
                delta_ref, *refs, st: Static):
-  """Outer: a key block; dk [bk, d] and dv [bk, d_v] over its listed query blocks."""
-  p_ref, (dk_ref, dv_ref), count_refs, scratch = _split(st, refs, 2)
+  """Outer: a key block; dk [bk, d] and dv [bk, d_v] over its listed query blocks. With
+  st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
+  float32 dq [lq, d] (in natural-log units but for the factor ln 2), and (learned) this key
+  block's share of the bias parameters' gradient [1, width]."""
+  outputs = 2 + (1 + st.learned) * st.dq_atomic
+  p_ref, (dk_ref, dv_ref, *dq_refs), count_refs, scratch = _split(st, refs, outputs,
+                                                                  aliased=int(st.dq_atomic))
   theta = _theta(st, p_ref)
   k, v, ks, kp = k_ref[...], v_ref[...], ks_ref[0:1, :], kp_ref[0:1, :]
+  learned = st.learned and st.dq_atomic
 
   def step(i, carry, masked):
-    dk, dv = carry
+    dk, dv = carry[:2]
     qp = widen(_inner(st, qp_ref, i), st.block_k)
     visible = (_visible(st, widen(_inner(st, qs_ref, i), st.block_k), ks, qp, kp)
                if masked else None)
@@ -301,13 +316,25 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
     dv = dv + _dot(p.T.astype(do.dtype), do)
     delta = widen(_inner(st, delta_ref, i), st.block_k)
     dlogits = p * (_dot(do, v, transpose_b=True) - delta)
-    return dk + _dot(dlogits.T.astype(q.dtype), q), dv
+    if st.dq_atomic:
+      rows = pl.ds(pl.multiple_of(i * st.inner_block, st.inner_block), st.inner_block)
+      lowering("triton").atomic_add(dq_refs[0], (rows, slice(None)),
+                                    _dot(dlogits.astype(k.dtype), k))
+    dk = dk + _dot(dlogits.T.astype(q.dtype), q)
+    if not learned:
+      return dk, dv
+    _, bias_vjp = jax.vjp(lambda theta: st.fn(theta, qp, kp), theta)
+    return dk, dv, carry[2] + _row(st, bias_vjp(dlogits)[0])
+
+  def init():
+    zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
+    return zeros + ((jnp.zeros((1, st.width), jnp.float32),) if learned else ())
 
   def finish(carry):
-    dk, dv = carry
-    dk_ref[...] = (dk * LN2).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dk_ref[...] = (carry[0] * LN2).astype(dk_ref.dtype)
+    dv_ref[...] = carry[1].astype(dv_ref.dtype)
+    if learned:
+      dq_refs[1][...] = carry[2]
 
-  _drive(st, lists_ref, lambda: (jnp.zeros(k.shape, jnp.float32),
-                                 jnp.zeros(v.shape, jnp.float32)),
-         step, finish, scratch, count_refs)
+  _drive(st, lists_ref, init, step, finish, scratch, count_refs)
+

@@ -22,13 +22,12 @@ A Layout meets one lowering's rules:
 
 import dataclasses
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from transformer.model.kernels.pallas.bodies import Static, outer_block
+from transformer.model.kernels.pallas.bodies import Static, lowering, outer_block
 
 
 def _ceil_pow2(n: int) -> int:
@@ -61,6 +60,8 @@ class Layout:
   # query (outer) block comes first, as in JAX's and FlashAttention-2's Triton kernels
   axes: tuple[str, ...] = ("outer", "batch", "head")
   heaviest_first: bool = False  # a causal mask's query blocks from the last (the heaviest)
+  # the dk/dv kernel adds dq atomically (one backward kernel; else a dq kernel besides)
+  dq_atomic: bool = False
 
   def blocks(self, block_q: int, block_k: int, tq: int, tk: int, backward: bool):
     """(query block, key block) for lengths tq, tk from the asked sizes."""
@@ -79,9 +80,9 @@ class Layout:
   def compiler_params(self, head_dim: int, axes: tuple[str, ...]):
     if self.name == "triton":
       warps, stages = triton_tuning(head_dim)
-      return _lowering("triton").CompilerParams(num_warps=warps, num_stages=stages)
+      return lowering("triton").CompilerParams(num_warps=warps, num_stages=stages)
     if self.name == "mosaic_tpu":
-      return _lowering("tpu").CompilerParams(dimension_semantics=tuple(
+      return lowering("tpu").CompilerParams(dimension_semantics=tuple(
           "arbitrary" if axis == "inner" else "parallel" for axis in axes))
     return None
 
@@ -98,16 +99,10 @@ def triton_tuning(head_dim: int) -> tuple[int, int]:
               if limit is None or head_dim <= limit)
 
 
-def _lowering(name: str):
-  """jax.experimental.pallas.tpu or .triton, imported when a layout of theirs is used: they
-  take 0.4 s of imports that a run on the CPU never needs."""
-  return importlib.import_module(f"jax.experimental.pallas.{name}")
-
-
 LAYOUTS = {
-    "generic": Layout("generic", 1, 1, 8, 8, grid_inner=False),
+    "generic": Layout("generic", 1, 1, 8, 8, grid_inner=False, dq_atomic=True),
     "triton": Layout("triton", 1, 1, 16, 16, grid_inner=False, power_of_two=True,
-                     min_size=16, caps=(128, 64), heaviest_first=True),
+                     min_size=16, caps=(128, 64), heaviest_first=True, dq_atomic=True),
     "mosaic_tpu": Layout("mosaic_tpu", 128, 8, 128, 128, grid_inner=True, smem_params=True,
                          axes=("batch", "head", "outer", "inner")),
 }
@@ -177,7 +172,7 @@ class Operand:
 def _spec(layout: Layout, st: Static, op: Operand, block: int, outers: int):
   if op.kind == "params":
     if layout.smem_params:
-      return pl.BlockSpec(memory_space=_lowering("tpu").SMEM)
+      return pl.BlockSpec(memory_space=lowering("tpu").SMEM)
     return pl.BlockSpec(op.array.shape, lambda *grid: (0,))
   shape = op.array.shape
   whole = op.role == "inner" and not layout.grid_inner
@@ -226,6 +221,9 @@ def call(layout: Layout, kernel, st: Static, *, name: str, outer: int, lists, in
   With st.count, two more outputs [b, h, outer·block, lanes]: the blocks visited and those
   masked per outer block (each row of its block)."""
   b, h = outputs[0].array.shape[:2]
+  # an output given as an array (not a ShapeDtypeStruct) starts from it: an aliased input
+  aliased = [n for n, op in enumerate(outputs) if not isinstance(op.array, jax.ShapeDtypeStruct)]
+  inputs = inputs + [outputs[n] for n in aliased]
   outer_size = st.block_k if name == "flash_dkv" else st.block_q
   sizes = {"batch": b, "head": h, "outer": outer, "inner": st.inner}
   grid = tuple(sizes[axis] for axis in st.axes)
@@ -238,7 +236,7 @@ def call(layout: Layout, kernel, st: Static, *, name: str, outer: int, lists, in
   in_specs = [spec(op) for op in inputs]
   out_specs = [spec(op) for op in outputs]
   if layout.grid_inner:
-    tpu = _lowering("tpu")
+    tpu = lowering("tpu")
     grid_spec = tpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
         scratch_shapes=[tpu.VMEM(shape, jnp.float32) for shape in scratch])
@@ -249,6 +247,8 @@ def call(layout: Layout, kernel, st: Static, *, name: str, outer: int, lists, in
     arrays = [lists]
   return pl.pallas_call(
       functools.partial(kernel, st=st), grid_spec=grid_spec, name=name,
-      out_shape=[op.array for op in outputs],
+      out_shape=[jax.ShapeDtypeStruct(op.array.shape, op.array.dtype) for op in outputs],
+      input_output_aliases={len(arrays) + len(inputs) - len(aliased) + a: n
+                            for a, n in enumerate(aliased)},
       compiler_params=layout.compiler_params(head_dim, st.axes), interpret=interpret,
   )(*arrays, *(op.array for op in inputs))
