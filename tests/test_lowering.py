@@ -43,6 +43,7 @@ concern is attention; each program traced once, for both platforms' tests, and e
 from the same jitted function (JAX reuses the trace and the lowering).
 """
 
+import dataclasses
 import functools
 import itertools
 
@@ -142,7 +143,7 @@ def _flash(bias, mask, dtype, kv_heads, gradient, head_dim=64):
       rngs=nnx.Rngs(0)).bias_spec()
 
   def attend(q, k, v, segments, positions, params):
-    bias_spec = None if spec is None else type(spec)(spec.fn, params, spec.learned)
+    bias_spec = None if spec is None else dataclasses.replace(spec, params=params)
     return flash_attention(q, k, v, q_segments=segments, k_segments=segments,
                            q_positions=positions, k_positions=positions, causal=causal,
                            window=window, bias_spec=bias_spec, scale=0.125)

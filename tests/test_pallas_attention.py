@@ -36,7 +36,7 @@ from transformer.model.kernels.registry import KERNELS
 from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
-from transformer.model.kernels.pallas import sparsity
+from transformer.model.kernels.pallas import sparsity, tables
 from transformer.model.kernels.pallas.attention import flash_attention, visited_blocks
 from transformer.model.kernels.pallas.layouts import LAYOUTS
 from transformer.model.positions import POSITIONS, Fire, T5Bias
@@ -428,3 +428,20 @@ def test_rows_not_sorted_by_segment_and_position_are_visited_whole():
                                       block_k=8, lq=24, lk=24))
   assert (kind[1] == sparsity.PARTIAL).all()
   assert (kind[0] == [[1, 0, 0], [2, 1, 0], [2, 2, 1]]).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_t5_table_reads_the_dense_bias_bit_for_bit(causal):
+  """T5's table over k − q (tables.relative_table, 2·max_distance + 1 entries per head),
+  read at clip(k − q, ±max_distance) as the kernels read it, is the dense bias exactly, at
+  offsets within and far beyond max_distance, both directions; the layouts that gather
+  (interpret mode, Triton) read it, Mosaic TPU evaluates the BiasSpec."""
+  spec = _encoding("t5", causal).bias_spec()
+  m = spec.saturates_at
+  pos = jnp.array([[0, 1, 3, 7, 12, 13, 40, 300]])
+  table = tables.relative_table(spec, 32)
+  assert table.shape == (H, 32) and 2 * m + 1 <= 32
+  at = jnp.clip(pos[0][None, :] - pos[0][:, None], -m, m) + m
+  np.testing.assert_array_equal(table[:, at], spec_bias(spec, pos, pos)[0])
+  assert LAYOUTS["generic"].tables and LAYOUTS["triton"].tables
+  assert not LAYOUTS["mosaic_tpu"].tables

@@ -33,12 +33,16 @@ class BiasSpec:
   that fn avoids (a table lookup, an MLP), where fn's select-sums and unrolled loops would
   compile and run many times slower; both are built on the same formula functions, and
   tests check that they agree. None: fn mapped over the heads and rows. `learned`: the
-  params carry gradients a kernel must compute (False for constants)."""
+  params carry gradients a kernel must compute (False for constants). `saturates_at`: the
+  bias is a function of k − q alone, constant for k − q ≤ −saturates_at and for
+  k − q ≥ saturates_at (T5's buckets beyond max_distance), so a kernel may read it from a
+  table of 2·saturates_at + 1 entries per head; None: no such promise."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
   learned: bool = True
   dense: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
+  saturates_at: int | None = None
 
 
 def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,

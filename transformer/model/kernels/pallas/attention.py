@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.kernels.log_once import log_once
-from transformer.model.kernels.pallas import layouts, sparsity
+from transformer.model.kernels.pallas import layouts, sparsity, tables
 from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Static, dkv_kernel,
                                                      dq_kernel, forward_kernel)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
@@ -69,6 +69,8 @@ class _Config:
   block_k: int
   variants: tuple  # ((platform or None: the default, layout name, interpret), ...)
   count: bool = False  # the kernels also count the blocks they visit (visited_blocks)
+  dense: object = None  # the BiasSpec's dense form, or None
+  saturates_at: int | None = None  # the BiasSpec's: a table over k − q where a layout reads one
 
 
 def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, visits,
@@ -77,7 +79,21 @@ def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, vi
                 block_q=bq, block_k=bk, params=packing, width=width, lanes=layout.lanes,
                 grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block,
                 axes=layout.axes, visits=visits, count=cfg.count, dq_atomic=layout.dq_atomic,
-                reverse=reverse and cfg.causal and layout.heaviest_first)
+                reverse=reverse and cfg.causal and layout.heaviest_first,
+                table=cfg.saturates_at if layout.tables else None,
+                table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0)
+
+
+def _bias_operands(cfg: _Config, st: Static, flat, params):
+  """The kernels' bias inputs: the flat parameters, and the table over k − q where the
+  layout reads one (tables.py)."""
+  if cfg.fn is None:
+    return []
+  ops = [Operand(flat, "params")]
+  if st.table is not None:
+    spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
+    ops.append(Operand(tables.relative_table(spec, st.table_width), "table"))
+  return ops
 
 
 def _lists(layout, kind):
@@ -109,7 +125,7 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
             Operand(layouts.heads(v, lk, dvp), "heads", "inner", groups),
             Operand(layouts.key_side(layout, ks, lk), "keys", "inner"),
             Operand(layouts.key_side(layout, kp, lk), "keys", "inner")]
-  inputs += [Operand(flat, "params")] if cfg.fn else []
+  inputs += _bias_operands(cfg, st, flat, params)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dvp), v.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lq, layout.lanes), jnp.float32), "stats")]
   out, lse, *counts = layouts.call(
@@ -148,7 +164,8 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
           Operand(layouts.heads(v, lk, dvp), "heads", groups=groups),
           Operand(layouts.key_side(layout, ks, lk), "keys"),
           Operand(layouts.key_side(layout, kp, lk), "keys")]
-  par = [Operand(flat, "params")] if cfg.fn else []
+  par = _bias_operands(cfg, _static(cfg, layout, bq, bk, packing, width, nk, bk, 0),
+                       flat, params)
   inner = lambda ops: [dataclasses.replace(op, role="inner") for op in ops]  # noqa: E731
   drow = lambda n: [Operand(jax.ShapeDtypeStruct(  # noqa: E731
       (b, h, n, 1, width), jnp.float32), "drow")] * cfg.learned
@@ -305,6 +322,8 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                      if interpret is not False or not interpreted)
   cfg = _Config(fn=None if bias_spec is None else bias_spec.fn,
                 learned=bias_spec is not None and bias_spec.learned, causal=causal,
-                window=window, block_q=block_q, block_k=block_k, variants=variants)
+                window=window, block_q=block_q, block_k=block_k, variants=variants,
+                dense=None if bias_spec is None else bias_spec.dense,
+                saturates_at=None if bias_spec is None else bias_spec.saturates_at)
   params = {} if bias_spec is None else dict(bias_spec.params)
   return _flash(cfg, q, k, v, q_segments, k_segments, q_positions, k_positions, params)

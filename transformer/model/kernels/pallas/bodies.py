@@ -60,6 +60,8 @@ class Static:
   count: bool = False  # also output how many blocks were visited and masked (for tests)
   reverse: bool = False  # outer blocks from the last: a causal mask's heaviest query blocks first
   dq_atomic: bool = False  # the dk/dv kernel adds dq atomically and gives the parameters' gradient
+  table: int | None = None  # the bias read from a table over k − q clipped to ±table (tables.py)
+  table_width: int = 0  # a head's row of that table (the block the kernel sees)
 
 
 def outer_block(st: Static, index, outers: int):
@@ -129,10 +131,14 @@ def _row(st: Static, grads):
 
 def _logits(st, theta, q, k, qp, kp):
   """One block's biased logits in base 2 [bq, bk] float32: q·kᵀ (q already multiplied by
-  scale·log2 e) + log2(e)·bias."""
+  scale·log2 e) + log2(e)·bias. theta: (this head's parameters, the table's ref or None)."""
   logits = _dot(q, k, transpose_b=True)
-  if st.fn is not None:
-    logits = logits + LOG2E * st.fn(theta, qp, kp)
+  params, table_ref = theta
+  if st.table is not None:  # a gather from this head's row of the table (tables.py)
+    at = jnp.clip(kp - qp, -st.table, st.table) + st.table
+    logits = logits + LOG2E * table_ref[at]
+  elif st.fn is not None:
+    logits = logits + LOG2E * st.fn(params, qp, kp)
   return logits
 
 
@@ -212,19 +218,21 @@ def _counting(step, init, finish, count_refs):
 
 
 def _split(st: Static, refs, outputs: int, aliased: int = 0):
-  """(parameter ref or None, output refs, count refs, scratch refs) of a kernel's refs after
-  its inputs; `aliased`: inputs after the parameters that alias outputs (not used here)."""
+  """(theta: (this head's parameters, the table's ref or None), output refs, count refs,
+  scratch refs) of a kernel's refs after its inputs; `aliased`: inputs after the parameters
+  and table that alias outputs (not read here)."""
   p_ref, refs = (refs[0], refs[1:]) if st.fn else (None, refs)
+  t_ref, refs = (refs[0], refs[1:]) if st.table is not None else (None, refs)
   refs = refs[aliased:]
   counts = 2 if st.count else 0
-  return p_ref, refs[:outputs], refs[outputs:outputs + counts], refs[outputs + counts:]
+  return ((_theta(st, p_ref), t_ref), refs[:outputs], refs[outputs:outputs + counts],
+          refs[outputs + counts:])
 
 
 def forward_kernel(lists_ref, q_ref, qs_ref, qp_ref, k_ref, v_ref, ks_ref, kp_ref, *refs,
                    st: Static):
   """Outer: a query block; this block's output [bq, d_v] and base-2 logsumexp [bq, lanes]."""
-  p_ref, (o_ref, lse_ref), count_refs, scratch = _split(st, refs, 2)
-  theta = _theta(st, p_ref)
+  theta, (o_ref, lse_ref), count_refs, scratch = _split(st, refs, 2)
   q, qs, qp = q_ref[...], widen(qs_ref[...], st.block_k), widen(qp_ref[...], st.block_k)
   rows, dv = q.shape[0], o_ref.shape[-1]
 
@@ -263,8 +271,7 @@ def dq_kernel(lists_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref, delta_ref, k_re
               ks_ref, kp_ref, *refs, st: Static):
   """Outer: a query block; dq [bq, d] and (learned) this block's share of the bias
   parameters' gradient [1, width]."""
-  p_ref, (dq_ref, *drow), count_refs, scratch = _split(st, refs, 1 + st.learned)
-  theta = _theta(st, p_ref)
+  theta, (dq_ref, *drow), count_refs, scratch = _split(st, refs, 1 + st.learned)
   q, do = q_ref[...], do_ref[...]
   qs, qp = widen(qs_ref[...], st.block_k), widen(qp_ref[...], st.block_k)
   lse, delta = lse_ref[...], widen(delta_ref[...], st.block_k)
@@ -278,7 +285,7 @@ def dq_kernel(lists_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref, delta_ref, k_re
     dq = carry[0] + _dot(dlogits.astype(k.dtype), k)
     if not st.learned:
       return (dq,)
-    _, bias_vjp = jax.vjp(lambda theta: st.fn(theta, qp, kp), theta)
+    _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
     return dq, carry[1] + _row(st, bias_vjp(dlogits)[0])  # the vjp of the block's bias
 
   def init():
@@ -300,9 +307,8 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   float32 dq [lq, d] (in natural-log units but for the factor ln 2), and (learned) this key
   block's share of the bias parameters' gradient [1, width]."""
   outputs = 2 + (1 + st.learned) * st.dq_atomic
-  p_ref, (dk_ref, dv_ref, *dq_refs), count_refs, scratch = _split(st, refs, outputs,
+  theta, (dk_ref, dv_ref, *dq_refs), count_refs, scratch = _split(st, refs, outputs,
                                                                   aliased=int(st.dq_atomic))
-  theta = _theta(st, p_ref)
   k, v, ks, kp = k_ref[...], v_ref[...], ks_ref[0:1, :], kp_ref[0:1, :]
   learned = st.learned and st.dq_atomic
 
@@ -323,7 +329,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
     dk = dk + _dot(dlogits.T.astype(q.dtype), q)
     if not learned:
       return dk, dv
-    _, bias_vjp = jax.vjp(lambda theta: st.fn(theta, qp, kp), theta)
+    _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
     return dk, dv, carry[2] + _row(st, bias_vjp(dlogits)[0])
 
   def init():

@@ -62,6 +62,7 @@ class Layout:
   heaviest_first: bool = False  # a causal mask's query blocks from the last (the heaviest)
   # the dk/dv kernel adds dq atomically (one backward kernel; else a dq kernel besides)
   dq_atomic: bool = False
+  tables: bool = False  # the kernels gather a bias from a table in memory (tables.py)
 
   def blocks(self, block_q: int, block_k: int, tq: int, tk: int, backward: bool):
     """(query block, key block) for lengths tq, tk from the asked sizes."""
@@ -100,9 +101,11 @@ def triton_tuning(head_dim: int) -> tuple[int, int]:
 
 
 LAYOUTS = {
-    "generic": Layout("generic", 1, 1, 8, 8, grid_inner=False, dq_atomic=True),
+    "generic": Layout("generic", 1, 1, 8, 8, grid_inner=False, dq_atomic=True,
+                      tables=True),
     "triton": Layout("triton", 1, 1, 16, 16, grid_inner=False, power_of_two=True,
-                     min_size=16, caps=(128, 64), heaviest_first=True, dq_atomic=True),
+                     min_size=16, caps=(128, 64), heaviest_first=True, dq_atomic=True,
+                     tables=True),
     "mosaic_tpu": Layout("mosaic_tpu", 128, 8, 128, 128, grid_inner=True, smem_params=True,
                          axes=("batch", "head", "outer", "inner")),
 }
@@ -158,8 +161,8 @@ def unpack(st: Static, rows):
 @dataclasses.dataclass(frozen=True)
 class Operand:
   """An array and how a kernel sees it: kind "heads" [b, H, t, d], "query" [b, t, lanes],
-  "keys" [b, sublanes, t], "stats" [b, h, t, lanes], "params" (whole), "drow" [b, h, n, 1,
-  width], "lists" [b, n, width] (the visit lists); role "outer" (the grid's block n) or
+  "keys" [b, sublanes, t], "stats" [b, h, t, lanes], "params" (whole), "table" [h, width]
+  (the head's row), "drow" [b, h, n, 1, width], "lists" [b, n, width] (the visit lists); role "outer" (the grid's block n) or
   "inner" (the listed block, or the whole row when the kernel loops); groups: query heads
   per head of this array (grouped-query K and V)."""
 
@@ -175,6 +178,8 @@ def _spec(layout: Layout, st: Static, op: Operand, block: int, outers: int):
       return pl.BlockSpec(memory_space=lowering("tpu").SMEM)
     return pl.BlockSpec(op.array.shape, lambda *grid: (0,))
   shape = op.array.shape
+  if op.kind == "table":
+    return pl.BlockSpec((None, shape[1]), lambda *grid: (grid[st.axes.index("head")], 0))
   whole = op.role == "inner" and not layout.grid_inner
   t = {"heads": 2, "query": 1, "keys": 2, "stats": 2, "drow": 2, "lists": 1}[op.kind]
   size = shape[t] if whole else block
