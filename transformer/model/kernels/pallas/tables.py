@@ -11,14 +11,13 @@ still comes from the vjp of the BiasSpec's fn (bodies.dq_kernel, dkv_kernel)."""
 
 import jax.numpy as jnp
 
-from transformer.model.positions import BiasSpec
-from transformer.model.positions.base import pair_bias
+from transformer.model.positions import BiasSpec, spec_bias
 
 
 def relative_table(spec: BiasSpec, width: int):
   """The bias over Δ = −M..M (M = spec.saturates_at), zero-padded to `width` ≥ 2M + 1:
   float32 [heads, width]."""
   m = spec.saturates_at
-  offsets = jnp.arange(-m, m + 1, dtype=jnp.int32)[None, None, :]  # [1, 1, 2M + 1]
-  table = pair_bias(spec, jnp.zeros((1, 1, 1), jnp.int32), offsets)[0, :, 0]  # [h, 2M + 1]
+  offsets = jnp.arange(-m, m + 1, dtype=jnp.int32)[None, :]  # [1, 2M + 1]
+  table = spec_bias(spec, jnp.zeros((1, 1), jnp.int32), offsets)[0, :, 0]  # [h, 2M + 1]
   return jnp.pad(table.astype(jnp.float32), [(0, 0), (0, width - 2 * m - 1)])
