@@ -3,12 +3,17 @@ arrays and blocks for each lowering, and the pallas_call that runs them.
 
 A Layout meets one lowering's rules:
 - `generic`: interpret mode (the kernel bodies as ordinary JAX ops, on the CPU); blocks of
-  multiples of 8, ids and statistics [t, 1], an inner-block loop in the kernel.
+  multiples of 8, ids and statistics [t, 1], an inner-block loop in the kernel; as Triton's,
+  one backward kernel adding dq atomically, and a bias table read by a gather.
 - `triton`: Pallas' Triton lowering (GPU). Every array a kernel loads or computes has a
   power-of-two size, and tl.dot wants each matrix dimension ≥ 16: blocks are powers of two
   ≥ 16, head dims are zero-padded to one, and the parameter row to a power of two. Blocks
   are capped (128 forward, 64 backward, as JAX's own Triton attention keeps register use
-  bounded); the inner loop runs in the kernel over whole rows left in global memory.
+  bounded); the inner loop runs in the kernel over whole rows left in global memory, over
+  the blocks of the outer block's visit list (a power-of-two row). The grid's first axis
+  (the fastest-varying program id) is the outer block, a causal forward's query blocks
+  from the last; one backward kernel per key block adds dq atomically into a float32
+  array; a bias table over k − q (tables.py) is read by a gather.
 - `mosaic_tpu`: Mosaic (TPU). A block's last two dimensions are multiples of (8, 128) or
   the array's own: query and key blocks of multiples of 128 (the query side's 8 would do
   for the blocks, but the backward pass transposes [block_q, block_k] probabilities, and
@@ -17,7 +22,10 @@ A Layout meets one lowering's rules:
   the 128 lanes [t, 128], the key side's along 8 sublanes [8, t], and the row statistics
   (logsumexp, delta) are [t, 128]; the bias parameters live in SMEM (scalar memory) and
   their gradient leaves as a [1, width] block. The inner blocks are the grid's last
-  ("arbitrary") axis, so VMEM holds blocks, never whole rows.
+  ("arbitrary") axis, so VMEM holds blocks, never whole rows: the visit lists are a scalar
+  prefetch (flat, in SMEM) that the index maps read, so only listed blocks are copied, and
+  steps past a list's end repeat its last block (no copy). No atomics: dq has its own
+  kernel; no gather from memory: the bias is evaluated per element.
 """
 
 import dataclasses
