@@ -225,18 +225,20 @@ def test_compiled_layouts_over_many_blocks(layout):
 def test_layout_blocks_meet_their_lowerings_rules(name):
   """Mosaic TPU: blocks of a [t, ·] array are multiples of 8 rows, of a key side's [8, t]
   multiples of 128 lanes; Triton: powers of two ≥ 16 (tl.dot's least), ≤ 128 forward and
-  ≤ 64 backward, head dims padded to one; every layout: blocks within the asked size (or
+  ≤ 64 backward (half that for head dims above 128), head dims padded to one; every layout: blocks within the asked size (or
   the least allowed) and never twice a length or more (or the least allowed)."""
   layout = LAYOUTS[name]
   least = max(layout.q_multiple, layout.k_multiple, layout.min_size)
   for asked, length, backward in itertools.product((8, 100, 128, 512), (1, 19, 128, 300),
                                                    (False, True)):
-    for block in layout.blocks(asked, asked, length, length, backward):
-      assert block <= max(asked, least) and block < max(2 * length, least + 1)
-      if name == "mosaic_tpu":
-        assert block % 128 == 0
-      if name == "triton":
-        assert block & (block - 1) == 0 and 16 <= block <= (64 if backward else 128)
+    for head_dim in (16, 64, 128, 256):
+      for block in layout.blocks(asked, asked, length, length, backward, head_dim):
+        assert block <= max(asked, least) and block < max(2 * length, least + 1)
+        if name == "mosaic_tpu":
+          assert block % 128 == 0
+        if name == "triton":
+          cap = (64 if backward else 128) // (2 if head_dim > 128 else 1)
+          assert block & (block - 1) == 0 and 16 <= block <= cap
   for dim in (1, 8, 11, 64, 66):
     padded = layout.dim(dim)
     assert padded == (max(16, 1 << (dim - 1).bit_length()) if name == "triton" else dim)

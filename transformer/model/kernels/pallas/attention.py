@@ -109,7 +109,8 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
   (cfg.count) the blocks visited and masked per query block [b, h, nq] each."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
-  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False)
+  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False,
+                         head_dim=layout.dim(d))
   lq, lk = -(-tq // bq) * bq, -(-tk // bk) * bk
   dp, dvp = layout.dim(d), layout.dim(dv)
   flat, packing, width = layouts.pack(layout, params)
@@ -146,7 +147,8 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
   per query block (with the parameters' gradient) and a dk/dv kernel per key block."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
-  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True)
+  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True,
+                         head_dim=layout.dim(d))
   lq, lk, nq, nk = -(-tq // bq) * bq, -(-tk // bk) * bk, -(-tq // bq), -(-tk // bk)
   dp, dvp = layout.dim(d), layout.dim(dv)
   flat, packing, width = layouts.pack(layout, params)

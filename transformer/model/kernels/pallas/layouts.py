@@ -8,8 +8,8 @@ A Layout meets one lowering's rules:
 - `triton`: Pallas' Triton lowering (GPU). Every array a kernel loads or computes has a
   power-of-two size, and tl.dot wants each matrix dimension ≥ 16: blocks are powers of two
   ≥ 16, head dims are zero-padded to one, and the parameter row to a power of two. Blocks
-  are capped (128 forward, 64 backward, as JAX's own Triton attention keeps register use
-  bounded); the inner loop runs in the kernel over whole rows left in global memory, over
+  are capped per head dim (TRITON_TUNING: 128 forward and 64 backward up to 128, half that
+  above, as JAX's own Triton attention keeps register use bounded); the inner loop runs in the kernel over whole rows left in global memory, over
   the blocks of the outer block's visit list (a power-of-two row). The grid's first axis
   (the fastest-varying program id) is the outer block, a causal forward's query blocks
   from the last; one backward kernel per key block adds dq atomically into a float32
@@ -62,7 +62,7 @@ class Layout:
   grid_inner: bool  # the inner blocks are the grid's last axis (else a loop in the kernel)
   power_of_two: bool = False  # blocks, head dims and the parameter row are powers of two
   min_size: int = 1  # blocks and head dims are at least this
-  caps: tuple[int, int] | None = None  # (forward, backward) largest block
+  tuned: bool = False  # the largest blocks per head dim from TRITON_TUNING
   smem_params: bool = False  # the bias parameters in scalar memory
   # the grid's axes in order: on a GPU the first is the fastest-varying program id, so the
   # query (outer) block comes first, as in JAX's and FlashAttention-2's Triton kernels
@@ -72,11 +72,13 @@ class Layout:
   dq_atomic: bool = False
   tables: bool = False  # the kernels gather a bias from a table in memory (tables.py)
 
-  def blocks(self, block_q: int, block_k: int, tq: int, tk: int, backward: bool):
-    """(query block, key block) for lengths tq, tk from the asked sizes."""
+  def blocks(self, block_q: int, block_k: int, tq: int, tk: int, backward: bool,
+             head_dim: int = 64):
+    """(query block, key block) for lengths tq, tk from the asked sizes (and the padded
+    head dim, which sets a tuned layout's largest blocks)."""
     def size(block, length, multiple):
-      if self.caps:
-        block = min(block, self.caps[backward])
+      if self.tuned:
+        block = min(block, triton_tuning(head_dim)[1 + backward])
       if self.power_of_two:
         return max(self.min_size, min(_floor_pow2(block), _ceil_pow2(length)))
       return max(multiple, min(block // multiple * multiple, _round_up(length, multiple)))
@@ -88,7 +90,7 @@ class Layout:
 
   def compiler_params(self, head_dim: int, axes: tuple[str, ...]):
     if self.name == "triton":
-      warps, stages = triton_tuning(head_dim)
+      warps, stages = triton_tuning(head_dim)[2:]
       return lowering("triton").CompilerParams(num_warps=warps, num_stages=stages)
     if self.name == "mosaic_tpu":
       return lowering("tpu").CompilerParams(dimension_semantics=tuple(
@@ -96,23 +98,25 @@ class Layout:
     return None
 
 
-# Triton's num_warps and num_stages per padded head dim (≤ 64, ≤ 128, larger): FlashAttention-2's
-# and JAX's Triton attention's choices (4 warps up to 64, 8 above; 2-3 stages, fewer for a
-# large head dim whose blocks fill shared memory). NOT measured on a GPU: none was at hand.
-TRITON_TUNING = ((64, 4, 3), (128, 8, 2), (None, 8, 1))
+# Triton's largest blocks (forward, backward), num_warps and num_stages per padded head dim
+# (≤ 64, ≤ 128, larger): FlashAttention-2's and JAX's Triton attention's choices (blocks of
+# 128 forward and 64 backward, halved above 128 where q, k, v blocks fill registers and
+# shared memory; 4 warps up to 64, 8 above; fewer stages for larger blocks).
+# NOT measured on a GPU: none was at hand.
+TRITON_TUNING = ((64, 128, 64, 4, 3), (128, 128, 64, 8, 2), (None, 64, 32, 8, 1))
 
 
-def triton_tuning(head_dim: int) -> tuple[int, int]:
-  """(num_warps, num_stages) for a padded head dim, from TRITON_TUNING."""
-  return next((warps, stages) for limit, warps, stages in TRITON_TUNING
-              if limit is None or head_dim <= limit)
+def triton_tuning(head_dim: int) -> tuple[int, int, int, int]:
+  """(forward block, backward block, num_warps, num_stages) for a padded head dim, from
+  TRITON_TUNING."""
+  return next(row[1:] for row in TRITON_TUNING if row[0] is None or head_dim <= row[0])
 
 
 LAYOUTS = {
     "generic": Layout("generic", 1, 1, 8, 8, grid_inner=False, dq_atomic=True,
                       tables=True),
     "triton": Layout("triton", 1, 1, 16, 16, grid_inner=False, power_of_two=True,
-                     min_size=16, caps=(128, 64), heaviest_first=True, dq_atomic=True,
+                     min_size=16, tuned=True, heaviest_first=True, dq_atomic=True,
                      tables=True),
     "mosaic_tpu": Layout("mosaic_tpu", 128, 8, 128, 128, grid_inner=True, smem_params=True,
                          axes=("batch", "head", "outer", "inner")),
