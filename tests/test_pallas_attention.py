@@ -36,7 +36,8 @@ from transformer.model.kernels.registry import KERNELS
 from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
-from transformer.model.kernels.pallas.attention import flash_attention
+from transformer.model.kernels.pallas import sparsity, tables
+from transformer.model.kernels.pallas.attention import flash_attention, visited_blocks
 from transformer.model.kernels.pallas.layouts import LAYOUTS
 from transformer.model.positions import POSITIONS, Fire, T5Bias
 from transformer.model.positions.base import spec_bias
@@ -224,18 +225,20 @@ def test_compiled_layouts_over_many_blocks(layout):
 def test_layout_blocks_meet_their_lowerings_rules(name):
   """Mosaic TPU: blocks of a [t, ·] array are multiples of 8 rows, of a key side's [8, t]
   multiples of 128 lanes; Triton: powers of two ≥ 16 (tl.dot's least), ≤ 128 forward and
-  ≤ 64 backward, head dims padded to one; every layout: blocks within the asked size (or
+  ≤ 64 backward (half that for head dims above 128), head dims padded to one; every layout: blocks within the asked size (or
   the least allowed) and never twice a length or more (or the least allowed)."""
   layout = LAYOUTS[name]
   least = max(layout.q_multiple, layout.k_multiple, layout.min_size)
   for asked, length, backward in itertools.product((8, 100, 128, 512), (1, 19, 128, 300),
                                                    (False, True)):
-    for block in layout.blocks(asked, asked, length, length, backward):
-      assert block <= max(asked, least) and block < max(2 * length, least + 1)
-      if name == "mosaic_tpu":
-        assert block % 128 == 0
-      if name == "triton":
-        assert block & (block - 1) == 0 and 16 <= block <= (64 if backward else 128)
+    for head_dim in (16, 64, 128, 256):
+      for block in layout.blocks(asked, asked, length, length, backward, head_dim):
+        assert block <= max(asked, least) and block < max(2 * length, least + 1)
+        if name == "mosaic_tpu":
+          assert block % 128 == 0
+        if name == "triton":
+          cap = (64 if backward else 128) // (2 if head_dim > 128 else 1)
+          assert block & (block - 1) == 0 and 16 <= block <= cap
   for dim in (1, 8, 11, 64, 66):
     padded = layout.dim(dim)
     assert padded == (max(16, 1 << (dim - 1).bit_length()) if name == "triton" else dim)
@@ -343,3 +346,103 @@ def test_pallas_query_key_width_may_differ_from_the_values():
       for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
   _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+
+
+def _block_structure(mask: Mask, bq: int, bk: int):
+  """The exact block structure from the dense mask: per (row, query block, key block),
+  whether any pair is visible and whether all are, for lengths padded to whole blocks."""
+  dense = np.asarray(mask.dense())[:, 0]  # [b, tq, tk]
+  b, tq, tk = dense.shape
+  lq, lk = -(-tq // bq) * bq, -(-tk // bk) * bk
+  dense = np.pad(dense, [(0, 0), (0, lq - tq), (0, lk - tk)])
+  dense = dense.reshape(b, lq // bq, bq, lk // bk, bk)
+  return dense.any((2, 4)), dense.all((2, 4))
+
+
+def _packed_rows(t=40):
+  """Three rows of length t: packed (three segments of about t/3, positions restarting),
+  padded (gapped sorted positions, then a quarter of padding), one segment throughout."""
+  a, c = t // 3, t // 4
+  gapped = np.cumsum(np.random.default_rng(2).integers(1, 4, t - c)) - 1
+  seg = jnp.array([[1] * a + [2] * a + [3] * (t - 2 * a), [1] * (t - c) + [0] * c, [1] * t])
+  pos = jnp.array([list(range(a)) * 2 + list(range(t - 2 * a)), list(gapped) + [0] * c,
+                   list(range(t))])
+  return seg, pos
+
+
+BLOCK_CASES = [(layout, mask_kind) for layout in ("generic", "triton", "mosaic_tpu")
+               for mask_kind in ("causal", "bidirectional", "window", "causal_window")]
+
+
+@pytest.mark.parametrize("layout,mask_kind", BLOCK_CASES,
+                         ids=[f"{layout}-{mask}" for layout, mask in BLOCK_CASES])
+def test_kernels_visit_exactly_the_visible_blocks(layout, mask_kind):
+  """Counted by the kernels in interpret mode, with each lowering's blocks and driver: the
+  forward and (Mosaic TPU's) dq kernels visit, per query block, exactly the key blocks
+  holding a visible pair and mask exactly those not wholly visible; the dk/dv kernel (which
+  adds dq atomically on the other layouts) the same per key block (the transposed lists). Packed, padded and single-segment rows; causal, bidirectional, a local
+  window and both."""
+  t, block = (300, 128) if layout == "mosaic_tpu" else (40, 16 if layout == "triton" else 8)
+  causal, window = {"causal": (True, None), "bidirectional": (False, None),  # windows: some
+                    "window": (False, 3 * block // 2),  # diagonal blocks full, others partial
+                    "causal_window": (True, 2 * block + 1)}[mask_kind]
+  seg, pos = _packed_rows(t)
+  mask = Mask(seg, seg, pos, pos, causal=causal, window=window)
+  q, k, v = (jnp.zeros((3, t, 1, 8), jnp.float32) for _ in range(3))
+  counts = jax.jit(lambda q, k, v: visited_blocks(
+      q, k, v, q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos, causal=causal,
+      window=window, block_q=block, block_k=block, layout=layout),
+      compiler_options=FAST_COMPILE)(q, k, v)
+  bq = bk = LAYOUTS[layout].blocks(block, block, t, t, backward=False)[0]
+  visible, full = _block_structure(mask, bq, bk)
+  assert LAYOUTS[layout].blocks(block, block, t, t, backward=True) == (bq, bk)
+  assert set(counts) == ({"forward", "dkv"} if LAYOUTS[layout].dq_atomic
+                         else {"forward", "dq", "dkv"})
+  for kernel, axis in (("forward", 2), ("dq", 2), ("dkv", 1)):
+    if kernel not in counts:  # one backward kernel: dq added atomically by the dk/dv kernel
+      continue
+    visited, masked = (np.asarray(c)[:, 0] for c in counts[kernel])
+    np.testing.assert_array_equal(visited, visible.sum(axis), err_msg=kernel)
+    np.testing.assert_array_equal(masked, (visible & ~full).sum(axis), err_msg=kernel)
+  assert visible.sum() < visible.size and full.any()  # the cases do skip and unmask blocks
+
+
+def test_causal_8k_visits_half_the_blocks_and_masks_the_diagonal():
+  """Causal at 8192 tokens in blocks of 128: 2080 of the 4096 blocks visited, 64 masked
+  (the diagonal), and the visit lists name them in order, partial first."""
+  t, n = 8192, 64
+  seg, pos = jnp.ones((1, t), jnp.int32), jnp.arange(t)[None]
+  kind = sparsity.classify(seg, seg, pos, pos, causal=True, window=None, block_q=128,
+                           block_k=128, lq=t, lk=t)
+  assert int(jnp.sum(kind > 0)) == 2080 and int(jnp.sum(kind == sparsity.PARTIAL)) == 64
+  lists = np.asarray(sparsity.visit_lists(kind, n + 2))[0]
+  for i in (0, 5, 63):
+    assert lists[i, 0] == 1 and lists[i, 1] == i + 1
+    assert list(lists[i, 2:3 + i]) == [i] + list(range(i))  # the diagonal, then 0..i-1
+
+
+def test_rows_not_sorted_by_segment_and_position_are_visited_whole():
+  """Keys not sorted by (segment, position) (here: positions descending) fall back to every
+  block, masked: conservative, and the kernels' masks keep the result exact."""
+  seg, pos = jnp.ones((2, 24), jnp.int32), jnp.array([list(range(24)), list(range(24))[::-1]])
+  kind = np.asarray(sparsity.classify(seg, seg, pos, pos, causal=True, window=None, block_q=8,
+                                      block_k=8, lq=24, lk=24))
+  assert (kind[1] == sparsity.PARTIAL).all()
+  assert (kind[0] == [[1, 0, 0], [2, 1, 0], [2, 2, 1]]).all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_t5_table_reads_the_dense_bias_bit_for_bit(causal):
+  """T5's table over k − q (tables.relative_table, 2·max_distance + 1 entries per head),
+  read at clip(k − q, ±max_distance) as the kernels read it, is the dense bias exactly, at
+  offsets within and far beyond max_distance, both directions; the layouts that gather
+  (interpret mode, Triton) read it, Mosaic TPU evaluates the BiasSpec."""
+  spec = _encoding("t5", causal).bias_spec()
+  m = spec.saturates_at
+  pos = jnp.array([[0, 1, 3, 7, 12, 13, 40, 300]])
+  table = tables.relative_table(spec, 32)
+  assert table.shape == (H, 32) and 2 * m + 1 <= 32
+  at = jnp.clip(pos[0][None, :] - pos[0][:, None], -m, m) + m
+  np.testing.assert_array_equal(table[:, at], spec_bias(spec, pos, pos)[0])
+  assert LAYOUTS["generic"].tables and LAYOUTS["triton"].tables
+  assert not LAYOUTS["mosaic_tpu"].tables

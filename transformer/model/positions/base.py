@@ -24,12 +24,16 @@ class BiasSpec:
   kernel on every backend. dense(params, q_positions, k_positions) -> [b, h, tq, tk], if
   given, is the same bias over whole arrays (gathers and matmuls allowed; tests check that
   the two agree); None: fn mapped over heads and rows. learned: the params carry gradients
-  a kernel must compute."""
+  a kernel must compute. `saturates_at`:
+  the bias is a function of k − q alone, constant for k − q ≤ −saturates_at and for
+  k − q ≥ saturates_at (T5's buckets beyond max_distance), so a kernel may read it from a
+  table of 2·saturates_at + 1 entries per head; None: no such promise."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
   learned: bool = True
   dense: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
+  saturates_at: int | None = None
 
 
 def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,

@@ -129,7 +129,8 @@ class T5Bias(PositionalEncoding):
                            max_distance=self.max_distance)
     dense = functools.partial(t5_dense_bias, bidirectional=self.bidirectional,
                               max_distance=self.max_distance)
-    return BiasSpec(fn, {"table": self.table[...].T}, dense=dense)  # [h, num_buckets]
+    return BiasSpec(fn, {"table": self.table[...].T}, dense=dense,  # [h, num_buckets]
+                    saturates_at=self.max_distance)
 
 
 def t5_dense_bias(params, q_positions, k_positions, *, bidirectional: bool, max_distance: int):

@@ -1,6 +1,7 @@
 """Flash attention as Pallas kernels, the positional bias computed inside them: the
-custom-VJP function and its block structure (attention.py), the kernel bodies (bodies.py)
-and each lowering's layout of arrays and blocks (layouts.py)."""
+custom-VJP function (attention.py), the blocks each kernel visits (sparsity.py), a bias as a
+table over k − q (tables.py), the kernel bodies (bodies.py) and each lowering's layout of
+arrays and blocks (layouts.py)."""
 
 from transformer.model.kernels.pallas.attention import flash_attention
 

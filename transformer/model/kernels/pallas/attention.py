@@ -4,7 +4,10 @@ softmax(q·kᵀ + bias)·V over the visible keys (the same non-pad segment, opti
 within a local window, read from segment ids and positions as transformer/model/masks.py does), in
 blocks: the forward kernel runs an online softmax over key blocks and saves each query's
 logsumexp; the backward kernels recompute each block's probabilities from it (one kernel per
-query block for dq and the bias parameters' gradient, one per key block for dk and dv). The
+query block for dq and the bias parameters' gradient, one per key block for dk and dv).
+Each kernel visits only the blocks its visit list names, decided in XLA from the segments
+and positions before the kernels (transformer/model/kernels/pallas/sparsity.py): the partial
+ones masked, the full ones not. The
 bias comes from the encoding's BiasSpec (transformer/model/positions/base.py), evaluated on each
 [block_q, block_k] block of positions from the head's parameters, so no [L, L] array exists
 in memory, forward or backward; the gradient of the bias parameters is the vjp of the
@@ -42,8 +45,9 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.kernels.fallbacks import log_once
-from transformer.model.kernels.pallas import layouts
-from transformer.model.kernels.pallas.bodies import Static, dkv_kernel, dq_kernel, forward_kernel
+from transformer.model.kernels.pallas import layouts, sparsity, tables
+from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Static, dkv_kernel,
+                                                     dq_kernel, forward_kernel)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.positions import BiasSpec, spec_bias
@@ -64,23 +68,56 @@ class _Config:
   block_q: int
   block_k: int
   variants: tuple  # ((platform or None: the default, layout name, interpret), ...)
+  count: bool = False  # the kernels also count the blocks they visit (visited_blocks)
+  dense: object = None  # the BiasSpec's dense form, or None
+  saturates_at: int | None = None  # the BiasSpec's: a table over k − q where a layout reads one
 
 
-def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block):
+def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, visits,
+            reverse=False):
   return Static(fn=cfg.fn, learned=cfg.learned, causal=cfg.causal, window=cfg.window,
                 block_q=bq, block_k=bk, params=packing, width=width, lanes=layout.lanes,
-                grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block)
+                grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block,
+                axes=layout.axes, visits=visits, count=cfg.count, dq_atomic=layout.dq_atomic,
+                reverse=reverse and cfg.causal and layout.heaviest_first,
+                table=cfg.saturates_at if layout.tables else None,
+                table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0)
+
+
+def _bias_operands(cfg: _Config, st: Static, flat, params):
+  """The kernels' bias inputs: the flat parameters, and the table over k − q where the
+  layout reads one (tables.py)."""
+  if cfg.fn is None:
+    return []
+  ops = [Operand(flat, "params")]
+  if st.table is not None:
+    spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
+    ops.append(Operand(tables.relative_table(spec, st.table_width), "table"))
+  return ops
+
+
+def _lists(layout, kind):
+  """The visit lists of a block classification [b, n, m] (sparsity.visit_lists), each
+  [2 + m] entries wide (a power of two for Triton)."""
+  m = kind.shape[-1]
+  width = layout.dim(m + 2)
+  return sparsity.visit_lists(kind, width), width
 
 
 def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
-  """One layout's forward: out [b, tq, h, d_v] and logsumexp float32 [b, h, tq]."""
+  """One layout's forward: out [b, tq, h, d_v], base-2 logsumexp float32 [b, h, tq] and
+  (cfg.count) the blocks visited and masked per query block [b, h, nq] each."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
-  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False)
+  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False,
+                         head_dim=layout.dim(d))
   lq, lk = -(-tq // bq) * bq, -(-tk // bk) * bk
   dp, dvp = layout.dim(d), layout.dim(dv)
   flat, packing, width = layouts.pack(layout, params)
-  st = _static(cfg, layout, bq, bk, packing, width, lk // bk, bk)
+  kind = sparsity.classify(qs, ks, qp, kp, causal=cfg.causal, window=cfg.window,
+                           block_q=bq, block_k=bk, lq=lq, lk=lk)
+  lists, visits = _lists(layout, kind)
+  st = _static(cfg, layout, bq, bk, packing, width, lk // bk, bk, visits, reverse=True)
   groups = h // k.shape[2]
   inputs = [Operand(layouts.heads(q, lq, dp), "heads"),
             Operand(layouts.query_side(layout, qs, lq), "query"),
@@ -89,25 +126,35 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
             Operand(layouts.heads(v, lk, dvp), "heads", "inner", groups),
             Operand(layouts.key_side(layout, ks, lk), "keys", "inner"),
             Operand(layouts.key_side(layout, kp, lk), "keys", "inner")]
-  inputs += [Operand(flat, "params")] if cfg.fn else []
+  inputs += _bias_operands(cfg, st, flat, params)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dvp), v.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lq, layout.lanes), jnp.float32), "stats")]
-  out, lse = layouts.call(
-      layout, forward_kernel, st, name="flash_forward", outer=lq // bq, inputs=inputs,
-      outputs=outputs, scratch=[(bq, layout.lanes)] * 2 + [(bq, dvp)], interpret=interpret,
-      head_dim=dp)
-  return layouts.unheads(out, tq, dv), lse[:, :, :tq, 0]
+  out, lse, *counts = layouts.call(
+      layout, forward_kernel, st, name="flash_forward", outer=lq // bq, lists=lists,
+      inputs=inputs, outputs=outputs, scratch=[(bq, layout.lanes)] * 2 + [(bq, dvp)],
+      interpret=interpret, head_dim=dp)
+  return (layouts.unheads(out, tq, dv), lse[:, :, :tq, 0],
+          *(c[:, :, ::bq, 0] for c in counts))
 
 
 def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, do):
-  """One layout's gradients of q, k, v and of the bias parameters ([h, size] each)."""
+  """One layout's gradients of q, k, v and of the bias parameters ([h, size] each), and
+  {kernel name: (blocks visited, blocks masked) per outer block [b, h, n]} (cfg.count).
+
+  Where the layout adds dq atomically (layout.dq_atomic: Triton, interpret mode) one kernel
+  per key block computes dk, dv, the bias parameters' gradient and adds its share of dq into
+  a float32 array (5 matmuls per block pair); elsewhere (Mosaic TPU: no atomics) a dq kernel
+  per query block (with the parameters' gradient) and a dk/dv kernel per key block."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
-  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True)
+  bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=True,
+                         head_dim=layout.dim(d))
   lq, lk, nq, nk = -(-tq // bq) * bq, -(-tk // bk) * bk, -(-tq // bq), -(-tk // bk)
   dp, dvp = layout.dim(d), layout.dim(dv)
   flat, packing, width = layouts.pack(layout, params)
   groups = h // k.shape[2]
+  kind = sparsity.classify(qs, ks, qp, kp, causal=cfg.causal, window=cfg.window,
+                           block_q=bq, block_k=bk, lq=lq, lk=lk)
   delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
   query = [Operand(layouts.heads(q, lq, dp), "heads"),
            Operand(layouts.query_side(layout, qs, lq), "query"),
@@ -119,32 +166,52 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
           Operand(layouts.heads(v, lk, dvp), "heads", groups=groups),
           Operand(layouts.key_side(layout, ks, lk), "keys"),
           Operand(layouts.key_side(layout, kp, lk), "keys")]
-  par = [Operand(flat, "params")] if cfg.fn else []
+  par = _bias_operands(cfg, _static(cfg, layout, bq, bk, packing, width, nk, bk, 0),
+                       flat, params)
   inner = lambda ops: [dataclasses.replace(op, role="inner") for op in ops]  # noqa: E731
+  drow = lambda n: [Operand(jax.ShapeDtypeStruct(  # noqa: E731
+      (b, h, n, 1, width), jnp.float32), "drow")] * cfg.learned
+  counts = {}
 
-  st = _static(cfg, layout, bq, bk, packing, width, nk, bk)
-  outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")]
-  if cfg.learned:
-    outputs.append(Operand(jax.ShapeDtypeStruct((b, h, nq, 1, width), jnp.float32), "drow"))
-  dq, *drow = layouts.call(
-      layout, dq_kernel, st, name="flash_dq", outer=nq, inputs=query + inner(keys) + par,
-      outputs=outputs, scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret,
-      head_dim=dp)
+  if not layout.dq_atomic:
+    lists, visits = _lists(layout, kind)
+    st = _static(cfg, layout, bq, bk, packing, width, nk, bk, visits, reverse=True)
+    outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")] + drow(nq)
+    dq, *rest = layouts.call(
+        layout, dq_kernel, st, name="flash_dq", outer=nq, lists=lists,
+        inputs=query + inner(keys) + par, outputs=outputs,
+        scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret, head_dim=dp)
+    rows, rest = rest[:cfg.learned], rest[cfg.learned:]
+    counts["dq"] = tuple(c[:, :, ::bq, 0] for c in rest)
 
-  st = _static(cfg, layout, bq, bk, packing, width, nq, bq)
+  lists, visits = _lists(layout, jnp.swapaxes(kind, 1, 2))
+  st = _static(cfg, layout, bq, bk, packing, width, nq, bq, visits)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lk, dp), k.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
-  dk, dv_ = layouts.call(
-      layout, dkv_kernel, st, name="flash_dkv", outer=nk, inputs=keys + inner(query) + par,
-      outputs=outputs, scratch=[(bk, dp), (bk, dvp)], interpret=interpret, head_dim=dp)
+  if layout.dq_atomic:  # dq's float32 sums, zeros aliased to the output the kernel adds to
+    outputs += [Operand(jnp.zeros((b, h, lq, dp), jnp.float32), "heads", "inner")] + drow(nk)
+  dk, dv_, *rest = layouts.call(
+      layout, dkv_kernel, st, name="flash_backward" if layout.dq_atomic else "flash_dkv",
+      outer=nk, lists=lists, inputs=keys + inner(query) + par, outputs=outputs,
+      scratch=[(bk, dp), (bk, dvp)], interpret=interpret, head_dim=dp)
+  if layout.dq_atomic:
+    dq, rows, rest = rest[0], rest[1:1 + cfg.learned], rest[1 + cfg.learned:]
+  counts["dkv"] = tuple(c[:, :, ::bk, 0] for c in rest)
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
   if cfg.learned:
-    dparams = layouts.unpack(st, drow[0].sum((0, 2))[:, 0])
+    dparams = layouts.unpack(st, rows[0].sum((0, 2))[:, 0])
   else:
     dparams = jax.tree.map(jnp.zeros_like, params)
+  if layout.dq_atomic:
+    dq = (dq * LN2).astype(q.dtype)
   return (layouts.unheads(dq, tq, d), layouts.unheads(dk, tk, d).astype(k.dtype),
-          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams)
+          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams, counts)
+
+
+def _gradients(cfg, name, interpret, *args):
+  """_backward's gradients alone (its counts differ between layouts)."""
+  return _backward(cfg, name, interpret, *args)[:4]
 
 
 def _per_platform(cfg: _Config, what, *args):
@@ -171,11 +238,27 @@ def _flash_fwd(cfg, q, k, v, qs, ks, qp, kp, params):
 
 
 def _flash_bwd(cfg, residuals, do):
-  dq, dk, dv, dparams = _per_platform(cfg, _backward, *residuals, do)
+  dq, dk, dv, dparams = _per_platform(cfg, _gradients, *residuals, do)
   return dq, dk, dv, None, None, None, None, dparams
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def visited_blocks(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
+                   causal: bool = False, window: int | None = None, block_q: int = 128,
+                   block_k: int = 128, layout: str = "generic") -> dict:
+  """The blocks each kernel visits, counted by the kernels themselves (in interpret mode,
+  with `layout`'s blocks and driver): {"forward", "dq": per query block, "dkv": per key
+  block: (visited, masked) int [b, h, blocks]}, "dq" only where the layout has a dq kernel
+  (not layout.dq_atomic). Arguments as flash_attention's (no bias, q unscaled); for tests."""
+  cfg = _Config(fn=None, learned=False, causal=causal, window=window, block_q=block_q,
+                block_k=block_k, variants=((None, layout, True),), count=True)
+  ids = (q_segments, k_segments, q_positions, k_positions)
+  out, lse, *forward = _forward(cfg, layout, True, q, k, v, *ids, {})
+  *_, backward = _backward(cfg, layout, True, q, k, v, *ids, {}, out, lse, jnp.ones_like(out))
+  return {name: tuple(c.astype(jnp.int32) for c in pair)
+          for name, pair in [("forward", forward), *backward.items()]}
 
 
 def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None):
@@ -211,12 +294,12 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
     bias_spec: the positional bias, evaluated on blocks inside the kernels; its learned
       parameters get gradients.
     block_q, block_k: the largest blocks of queries and keys; each lowering takes the
-      nearest it allows (pallas_layouts.LAYOUTS), capped at the lengths; lengths are
+      nearest it allows (layouts.LAYOUTS), capped at the lengths; lengths are
       zero-padded to whole blocks inside.
     interpret: run the kernels in Pallas' interpret mode; None: on the CPU (and platforms
       without a Pallas lowering) only, decided for the platform being lowered for; False:
       never (compiled on cuda, rocm and tpu; lowering for the CPU then fails).
-    layout: a key of pallas_layouts.LAYOUTS run in interpret mode on every platform (a
+    layout: a key of layouts.LAYOUTS run in interpret mode on every platform (a
       compiled lowering's layout checked on the CPU, as tests do); None: each platform's
       own (PLATFORMS).
   Returns:
@@ -224,12 +307,12 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
     KV-cached decoding step) are computed by the reference formula instead (_one_query),
     which is logged.
   """
-  q = q * jnp.asarray(scale, q.dtype)
   if q.shape[1] == 1:  # a KV-cached decoding step
     log_once("flash_attention: one query per row (a decoding step) runs the reference "
              f"formula over the row [b, h, 1, {k.shape[1]}], not the Pallas kernels")
     mask = Mask(q_segments, k_segments, q_positions, k_positions, causal=causal, window=window)
-    return _one_query(q, k, v, mask, bias_spec)
+    return _one_query(q * jnp.asarray(scale, q.dtype), k, v, mask, bias_spec)
+  q = q * jnp.asarray(scale * LOG2E, q.dtype)  # the kernels' logits are in base 2
   if layout is not None:
     if interpret is False:
       raise ValueError(f"flash_attention: layout {layout!r} runs in interpret mode only "
@@ -241,6 +324,8 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                      if interpret is not False or not interpreted)
   cfg = _Config(fn=None if bias_spec is None else bias_spec.fn,
                 learned=bias_spec is not None and bias_spec.learned, causal=causal,
-                window=window, block_q=block_q, block_k=block_k, variants=variants)
+                window=window, block_q=block_q, block_k=block_k, variants=variants,
+                dense=None if bias_spec is None else bias_spec.dense,
+                saturates_at=None if bias_spec is None else bias_spec.saturates_at)
   params = {} if bias_spec is None else dict(bias_spec.params)
   return _flash(cfg, q, k, v, q_segments, k_segments, q_positions, k_positions, params)

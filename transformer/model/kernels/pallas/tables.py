@@ -1,0 +1,23 @@
+"""A positional bias as a table over the offset Δ = k − q, built in XLA once per call, for
+the kernels to read instead of evaluating the BiasSpec per element (bodies._logits).
+
+For a BiasSpec that declares `saturates_at` = M (its bias a function of Δ alone, constant
+beyond ±M: T5's buckets past max_distance), the table holds, per head, the bias at
+Δ = −M, …, M (2M + 1 entries, then zeros up to the layout's width), computed by the
+encoding's own formula (its dense form where it has one) at query position 0 and key
+position Δ; a kernel reads entry clip(Δ, −M, M) + M. On integer positions the value read is
+the dense bias's, bit for bit (the same formula at the same Δ). The parameters' gradient
+still comes from the vjp of the BiasSpec's fn (bodies.dq_kernel, dkv_kernel)."""
+
+import jax.numpy as jnp
+
+from transformer.model.positions import BiasSpec, spec_bias
+
+
+def relative_table(spec: BiasSpec, width: int):
+  """The bias over Δ = −M..M (M = spec.saturates_at), zero-padded to `width` ≥ 2M + 1:
+  float32 [heads, width]."""
+  m = spec.saturates_at
+  offsets = jnp.arange(-m, m + 1, dtype=jnp.int32)[None, :]  # [1, 2M + 1]
+  table = spec_bias(spec, jnp.zeros((1, 1), jnp.int32), offsets)[0, :, 0]  # [h, 2M + 1]
+  return jnp.pad(table.astype(jnp.float32), [(0, 0), (0, width - 2 * m - 1)])
