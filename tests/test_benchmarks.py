@@ -66,6 +66,14 @@ def test_smoke_mode_runs(name, cli, quickstart_run, multi30k_like, tmp_path):
   assert result.stdout.strip(), f"benchmarks/{name} --smoke printed no figures"
 
 
+def test_train_step_runs_at_big_widths(cli):
+  """--dims big at --smoke: the big model's widths (d 1024, 16 heads, ff 4096) with one
+  layer each side, on a smoke-sized batch."""
+  result = cli.run("benchmarks/train_step.py", "--dims=big", "--smoke", timeout=300)
+  assert result.returncode == 0, result.stderr
+  assert "model             big: 29,446,144 params" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("name,args,fragment", [
     ("decoding.py", ["--workdir", "{run}", "--split", "test"],
      "has the held-out splits valid, longer"),

@@ -59,6 +59,15 @@ def default_segments(tokens: jax.Array) -> jax.Array:
   return (tokens != PAD_ID).astype(jnp.int32)
 
 
+def target_weights(batch: dict[str, jax.Array]) -> jax.Array:
+  """[b, t] bool: the target tokens scored, where batch["targets_segmentation"] > 0, or, in
+  a batch without it (one sequence per row, padded at the right), where a target is not
+  PAD_ID."""
+  if "targets_segmentation" in batch:
+    return batch["targets_segmentation"] > 0
+  return batch["targets"] != PAD_ID
+
+
 def inputs_mask(batch: dict[str, jax.Array], causal: bool) -> tuple[jax.Array, Mask]:
   """batch["inputs"] and its self-attention Mask from the optional positions/segmentation.
 

@@ -13,6 +13,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer.core.metrics import loss_head_metrics
+from transformer.model.embeddings import target_weights
 from transformer.run import experiment, sharding
 
 
@@ -42,7 +43,7 @@ def make_train_step(graphdef, optimizer, schedule, *, label_smoothing: float, se
     w_out, bias = model.projection(y.dtype)
     flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731
     sums = loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]),
-                             flat(batch["targets_segmentation"] > 0).astype(jnp.float32),
+                             flat(target_weights(batch)).astype(jnp.float32),
                              label_smoothing, loss_chunks, z_loss)
     return sums["loss"], sums
 
