@@ -55,6 +55,7 @@ flags.DEFINE_integer("vocab_size", 8192, "Vocabulary size.")
 flags.DEFINE_integer("batch_size", 32, "Sequences per step.")
 flags.DEFINE_integer("length", 0, "Source and target tokens per sequence; 0: the dims' own "
                      f"({', '.join(f'{k} {v}' for k, v in LENGTHS.items())}).")
+flags.DEFINE_string("json", None, "Append the figures as one JSON line to this file.")
 flags.DEFINE_integer("layers", 0, "Encoder and decoder layers each; 0: the dims' own.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after one warm-up step).")
 flags.DEFINE_integer("peak_size", 0, "Matmul size for the peak; 0: 2048 on CPU, 8192 else.")
@@ -192,6 +193,14 @@ def report() -> None:
         f"{', which counts a loop body once (scanned layers, loss chunks)' if loops else ''})")
   temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
   print(f"peak memory       {peak_memory()}; XLA temporaries of the step {temp:.2f} GiB")
+  if FLAGS.json:
+    with open(FLAGS.json, "a") as file:
+      file.write(json.dumps({
+          "benchmark": "train_step", "model": "this project", "device": jax.devices()[0].device_kind,
+          "dims": FLAGS.dims, "layers": config.model.num_encoder_layers, "batch": b, "length": t,
+          "vocab": v, "dtype": dtype.name, "kernel": config.model.attention.kernel,
+          "cudnn": uses_cudnn, "compile s": compile_s, "step ms": 1e3 * step_s,
+          "MFU": flops / step_s / peak, "peak TFLOP/s": peak / 1e12}) + "\n")
   if FLAGS.profile:
     print_profile(profile(compiled, state, batch)[1], flops, peak)
 
