@@ -36,19 +36,12 @@ from absl import flags
 from ml_collections import config_flags
 
 import harness
+from mfu import DIMS, LENGTHS, matmul_peak, model_flops
 from transformer.core.vocab import NUM_RESERVED
 from transformer.run import experiment
 from transformer.run import step as step_lib
 from transformer.run.config import parse
 
-DIMS = {
-    "small": dict(d_model=256, num_heads=4, d_ff=1024, num_encoder_layers=3, num_decoder_layers=3),
-    "tiny": dict(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1, num_decoder_layers=1),
-    "base": dict(d_model=512, num_heads=8, d_ff=2048, num_encoder_layers=6, num_decoder_layers=6),
-    "big": dict(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=6,
-                num_decoder_layers=6),
-}
-LENGTHS = {"small": 64, "tiny": 8, "base": 64, "big": 512}
 config_flags.DEFINE_config_file("config", "configs/default.py", "Base config.")
 flags.DEFINE_enum("dims", "small", list(DIMS), "Model dimensions.")
 flags.DEFINE_integer("vocab_size", 8192, "Vocabulary size.")
@@ -66,28 +59,6 @@ harness.define_smoke(dims="tiny", vocab_size=64, batch_size=4, length=8, steps=2
                      peak_size=128, layers=1)
 
 MATMUL_OPS = re.compile(r"dot|ynn_fusion|gemm|cublas|cutlass|xmma|fmha|flash", re.IGNORECASE)
-
-
-def matmul_peak(n: int, dtype, repeats: int = 10) -> float:
-  """Best n×n matmul throughput of the default device in `dtype`, FLOP/s."""
-  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    f(a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n ** 3 / best
-
-
-def model_flops(m, vocab: int, batch: int, src: int, tgt: int) -> float:
-  """Matmul FLOPs of one training step (3 × forward) of the encoder-decoder."""
-  d, ff = m.d_model, m.d_ff
-  encoder = m.num_encoder_layers * src * (8 * d * d + 4 * d * ff + 4 * src * d)
-  decoder = m.num_decoder_layers * (tgt * (8 * d * d + 4 * tgt * d + 4 * d * d + 4 * src * d
-                                           + 4 * d * ff) + src * 4 * d * d)
-  return 3.0 * batch * (encoder + decoder + tgt * 2 * d * vocab)
 
 
 def profile(step_fn, state, batch, steps: int = 3):

@@ -49,18 +49,65 @@ def quickstart_run(cli, tmp_path_factory):
   return workdir
 
 
-def needs(name, run, corpus, tmp):
-  """What benchmark `name` reads, as flags: a trained run, a Multi30k directory."""
-  return {"decoding.py": ["--workdir", run],
+# A stand-in for flax's examples/wmt/models.py with its interface (TransformerConfig, and
+# Transformer(config)(inputs, targets) -> logits), a few lines of linen: flax's file is
+# never copied here, and the benchmark that loads it is tested on this one.
+WMT_STAND_IN = """
+import dataclasses
+from typing import Any
+import jax.numpy as jnp
+from flax import linen as nn
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  vocab_size: int
+  output_vocab_size: int
+  share_embeddings: bool = False
+  logits_via_embedding: bool = False
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_layers: int = 6
+  qkv_dim: int = 512
+  mlp_dim: int = 2048
+  max_len: int = 2048
+  dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  deterministic: bool = False
+
+class Transformer(nn.Module):
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, inputs, targets):
+    embed = nn.Embed(self.config.vocab_size, self.config.emb_dim)
+    x = embed(targets) + embed(inputs).mean(axis=1, keepdims=True)
+    x = nn.Dropout(self.config.dropout_rate)(x, deterministic=self.config.deterministic)
+    return embed.attend(nn.Dense(self.config.emb_dim, dtype=self.config.dtype)(x))
+"""
+
+
+@pytest.fixture(scope="module")
+def wmt_models(tmp_path_factory):
+  path = tmp_path_factory.mktemp("wmt") / "models.py"
+  path.write_text(WMT_STAND_IN)
+  return str(path)
+
+
+def needs(name, run, corpus, tmp, wmt=None):
+  """What benchmark `name` reads, as flags: a trained run, a Multi30k directory, a stand-in
+  for flax's examples/wmt/models.py."""
+  return {"decoding.py": ["--workdir", run], "flax_wmt_step.py": ["--models", wmt],
           "packers.py": [f"--config.data.dir={corpus}", "--workdir", tmp],
           "packing.py": [f"--config.data.dir={corpus}", "--workdir", tmp],
           "data_scale.py": ["--multi30k", corpus, "--work", tmp]}.get(name, [])
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)
-def test_smoke_mode_runs(name, cli, quickstart_run, multi30k_like, tmp_path):
+def test_smoke_mode_runs(name, cli, quickstart_run, multi30k_like, wmt_models, tmp_path):
   result = cli.run(f"benchmarks/{name}", "--smoke",
-                   *needs(name, quickstart_run, multi30k_like, str(tmp_path)), timeout=300)
+                   *needs(name, quickstart_run, multi30k_like, str(tmp_path), wmt_models),
+                   timeout=300)
   assert result.returncode == 0, f"benchmarks/{name} --smoke: {result.stderr}"
   assert "Traceback" not in result.stderr, result.stderr
   assert result.stdout.strip(), f"benchmarks/{name} --smoke printed no figures"
@@ -83,6 +130,7 @@ def test_train_step_runs_at_big_widths(cli):
      "corpus file not found"),
     ("data_scale.py", ["--multi30k", "{tmp}/none", "--work", "{tmp}/work"], "Multi30k not found"),
     ("fixed_costs.py", ["--repo", "{tmp}/work"], "has no train.py: give a checkout"),
+    ("flax_wmt_step.py", ["--models", "{tmp}/none.py"], "examples/wmt/models.py not found"),
 ])
 def test_without_what_it_needs_one_error_line(name, args, fragment, cli, quickstart_run,
                                               tmp_path):
