@@ -11,7 +11,8 @@ import numpy as np
 from flax import nnx
 
 from transformer.core.errors import ConfigError
-from transformer.model.kernels.choice import Needs, check
+from transformer.model.kernels.capabilities import Needs
+from transformer.model.kernels.choice import check
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask

@@ -31,7 +31,8 @@ from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig
-from transformer.model.kernels.choice import Needs, check
+from transformer.model.kernels.capabilities import Needs
+from transformer.model.kernels.choice import check
 from transformer.model.masks import Mask
 from transformer.model.positions import (ALiBi, Kerple, T5Bias, alibi_slopes,
                                          relative_position_bucket)

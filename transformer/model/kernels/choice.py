@@ -4,7 +4,8 @@ A layer states what it asks of a kernel as one record, Needs, built once when th
 made (transformer/model/attention.py); the run states where the model will execute as a
 Target: the JAX backend, the mesh, training or evaluating (transformer/run/experiment.py
 builds it; the model wing never reads the run's config). choose() compares the two with
-the kernels' declared capabilities (KERNELS, transformer/model/kernels/registry.py):
+what each kernel offers (KERNELS, transformer/model/kernels/registry.py; the capabilities,
+each declared once: transformer/model/kernels/capabilities.py):
 
   * a kernel named by hand must run on the backend, be partitioned over the mesh when it
     has several devices, and accept the layer's needs (check); otherwise a ConfigError. One
@@ -29,60 +30,21 @@ import jax
 
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
-from transformer.model.kernels.registry import KERNELS, Kernel, able
-from transformer.model.positions import PositionalEncoding
-from transformer.model.scores import Scorer
+from transformer.model.kernels.capabilities import CAPABILITIES, Needs
+from transformer.model.kernels.registry import KERNELS, able
 
 AUTO = "auto"
 
-# Fastest first. GPU: cuDNN's flash attention (bf16/fp16, no learned bias, no attention
-# dropout); then, offered only to a layer with a positional bias (ALiBi, T5, KERPLE, FIRE:
-# Kernel.auto_only_with_bias), Pallas' flash attention, which computes that bias in-kernel
-# instead of holding a [b, h, L, L] array (lowered for Triton and Mosaic by
-# tests/test_lowering.py, never run on a GPU or TPU); then XLA's fused attention, then the
-# formula. TPU: the same without cuDNN. CPU: the reference kernel runs everything, and the
-# default config ran it before `auto` (at small sizes it is as fast as `xla`; `blockwise`
-# trades speed for memory, which auto does not judge: choose it by hand for long
-# sequences). A name missing from KERNELS is passed over, so an order may name a kernel
-# that is not registered everywhere.
+# Fastest first, per backend: cuDNN where it applies; Pallas for a layer with a positional
+# bias, computed in-kernel instead of held as [b, h, L, L]; XLA; the formula, which runs
+# every layer (on the CPU as fast as xla at small sizes). A name missing from KERNELS is
+# passed over.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "gpu": ("cudnn", "pallas", "xla", "reference"),
     "tpu": ("pallas", "xla", "reference"),
     "cpu": ("reference",),  # runs every layer
 }
 OTHER_BACKENDS = ("xla", "reference")
-
-
-@dataclasses.dataclass(frozen=True)
-class Needs:
-  """What one attention layer asks of its kernel: one field per capability a kernel
-  declares (kernels.Kernel). Every kernel takes padding, packing and causal masks; the
-  conformance test (tests/test_kernel_conformance.py) holds each one to every need it
-  declares it meets."""
-
-  score: str = "scaled_dot"  # the scorer's config name (for error lines)
-  dot_product: bool = True  # the scorer declares a dot product (scores.DotProduct)
-  dropout: float = 0.0  # on the attention weights
-  softcap: float = 0.0  # c > 0: logits capped to c·tanh(score / c)
-  position: str = "none"  # the positional encoding's config name (for error lines)
-  bias: bool = False  # the encoding adds a positional logit bias (what auto offers pallas)
-  learned_bias: bool = False  # the encoding's logit bias has parameters (their gradient)
-  content_bias: bool = False  # the encoding adds a content bias (a whole row of logits)
-  # the encoding's bias reads a table at each pair (randomized offsets drawn per batch)
-  gathered_bias: bool = False
-  window: bool = False  # its masks carry a local window (self-attention, window=local)
-  grouped: bool = False  # fewer key/value heads than query heads
-  dtype: str = "float32"  # the compute dtype's name
-  block_size: int = 512  # queries and keys per block, for the kernels working in blocks
-
-  @classmethod
-  def of(cls, scorer: Scorer, encoding: PositionalEncoding, /, **fields) -> "Needs":
-    """The needs of a layer with this scorer and positional encoding (what they declare),
-    and the other `fields`."""
-    return cls(dot_product=scorer.dot_product is not None, bias=encoding.biases,
-               learned_bias=encoding.learned_bias, content_bias=encoding.content_biases,
-               gathered_bias=encoding.gathered_bias,
-               **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +93,7 @@ def check_kernel_name(name: str) -> None:
 def check(name: str, needs: Needs, target: Target | None = None) -> None:
   """A ConfigError naming what kernel `name` cannot do for a layer with these needs: where it
   runs (given a target: its backends, a mesh of several devices), then what it computes
-  (its declared capabilities against the needs)."""
+  (the capabilities it offers against those the layer needs), then in what dtype."""
   kernel = lookup(KERNELS, name, "attention kernel")
   if target is not None and kernel.backends is not None and target.backend not in kernel.backends:
     raise ConfigError(f"model.attention.kernel={name!r} runs on {' or '.join(kernel.backends)} "
@@ -141,44 +103,15 @@ def check(name: str, needs: Needs, target: Target | None = None) -> None:
     raise ConfigError(f"model.attention.kernel={name!r} runs on one device (its kernel is not "
                       f"partitioned over a mesh) and this run's mesh has {target.devices}; use "
                       f"kernel 'auto' or {able(lambda k: k.multi_device)}")
-  for meets, refusal in _rules(needs):
-    if not meets(kernel):
-      raise ConfigError(f"attention.kernel '{name}' {refusal(kernel, able(meets))}")
-
-
-def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, str], str]]]:
-  """What a kernel must declare to meet the needs `n`: (meets(kernel), the refusal of a
-  kernel that does not, given the kernels that do)."""
-  return [
-      (lambda k: k.any_score or n.dot_product, lambda k, able: (
-          f"computes dot-product scores only, and score '{n.score}' declares no dot product; "
-          f"use kernel {able}")),
-      (lambda k: k.dropout or not n.dropout, lambda k, able: (
-          f"has no attention dropout; set model.attention.dropout=0 (got {n.dropout}) or "
-          f"kernel {able}")),
-      (lambda k: k.softcap or not n.softcap, lambda k, able: (
-          f"cannot soft-cap the attention logits; set model.attention.logit_softcap=0 (got "
-          f"{n.softcap}) or use kernel {able}")),
-      (lambda k: k.content_bias or not n.content_bias, lambda k, able: (
-          f"cannot add the content-dependent logit bias of position '{n.position}' (it needs "
-          f"each query's whole row of logits); use kernel {able} or another position")),
-      (lambda k: k.gathered_bias or not n.gathered_bias, lambda k, able: (
-          f"evaluates positional biases in-kernel from positions, and position "
-          f"'{n.position}' with model.random_positions_draw=per_batch reads its bias at "
-          f"sampled offsets from a table; use kernel {able}")),
-      (lambda k: k.learned_bias or not n.learned_bias, lambda k, able: (
-          f"gives no reliable gradient for the learned logit bias of position '{n.position}' "
-          f"(cuDNN's bias gradient, JAX issue #23701); use kernel {able} or 'auto'")),
-      (lambda k: k.local_window or not n.window, lambda k, able: (
-          f"takes no local attention window; set model.attention.window=full or use kernel "
-          f"{able}")),
-      (lambda k: k.grouped_query or not n.grouped, lambda k, able: (
-          f"has no grouped-query attention; set model.num_kv_heads=0 (= num_heads) or use "
-          f"kernel {able}")),
-      (lambda k: k.dtypes is None or n.dtype in k.dtypes, lambda k, able: (
-          f"computes in {' or '.join(k.dtypes)} only, and model.dtype is {n.dtype}; set "
-          f"model.dtype={k.dtypes[0]} or use kernel {able}")),
-  ]
+  for capability in CAPABILITIES:  # in their order: the first refusal is said
+    if capability in needs.capabilities and capability not in kernel.offers:
+      raise ConfigError(f"attention.kernel '{name}' "
+                        f"{needs.refusal(capability, able(capability))}")
+  if kernel.dtypes is not None and needs.dtype not in kernel.dtypes:
+    raise ConfigError(
+        f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} only, and "
+        f"model.dtype is {needs.dtype}; set model.dtype={kernel.dtypes[0]} or use kernel "
+        f"{able(lambda k: k.dtypes is None or needs.dtype in k.dtypes)}")
 
 
 def _emulated(name: str, target: Target) -> str:
