@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from transformer.model.embeddings import inputs_mask
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.registry import fused_kernel
 from transformer.model.masks import Mask
 from transformer.model.positions import make_positional_encoding

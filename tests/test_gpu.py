@@ -154,13 +154,13 @@ def test_auto_on_the_gpu_avoids_cudnn_for_a_learned_bias_and_refuses_it_by_hand(
   for position in ("t5", "alibi"):
     encoding = make_positional_encoding(position, 256, 4, 64, causal=True, rngs=nnx.Rngs(2))
     made[position] = MultiHeadAttention(256, 4, cfg, dtype=jnp.bfloat16, encoding=encoding,
-                                        position=position, rngs=nnx.Rngs(0)).kernel_choice.name
+                                        rngs=nnx.Rngs(0)).kernel_choice.name
   assert "learned_bias" in KERNELS[made["t5"]].offers and made["t5"] != "cudnn"
   assert made["alibi"] in GPU_KERNELS
   t5 = make_positional_encoding("t5", 256, 4, 64, causal=True, rngs=nnx.Rngs(2))
   with pytest.raises(ConfigError, match="JAX issue #23701"):
     MultiHeadAttention(256, 4, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                       encoding=t5, position="t5", rngs=nnx.Rngs(0))
+                       encoding=t5, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("kind, position", [

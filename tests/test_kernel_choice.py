@@ -1,8 +1,8 @@
 """Kernel choice (transformer/model/kernels/choice.py): a layer's Needs from its parts (the
 capabilities of transformer/model/kernels/capabilities.py); each kernel refused exactly what
-it does not offer; `auto` per layer, the first kernel of the
-backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log (transformer/model/kernels/log.py), one line per distinct choice.
+it does not offer; `auto` per layer, the first kernel of the backend's order that fits; a
+kernel that does not run here or over the mesh refused in training and replaced in
+evaluation; the log, one line per distinct choice.
 The kernels' values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
@@ -26,11 +26,11 @@ from transformer.model.kernels.capabilities import CAPABILITIES, Needs
 from transformer.model.kernels.measured import SPEEDS, ranked
 from transformer.model.kernels.memory import too_big
 from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Target, check,
-                                             choose, offered)
-from transformer.model.kernels.log import kernel_choices, kernel_warnings
+                                             choose, choosing_for, kernel_choices,
+                                             kernel_warnings, offered)
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets
@@ -61,7 +61,7 @@ def test_a_layer_states_its_needs_from_its_parts():
   cfg = AttentionConfig(score="additive", window="local", dropout=0.1, logit_softcap=5.0,
                         block_size=8, kernel="reference")
   layer = lambda **kw: MultiHeadAttention(16, 4, cfg, num_kv_heads=2, rngs=nnx.Rngs(0), **kw)  # noqa: E731
-  assert layer(encoding=fire, position="fire", dtype=jnp.bfloat16).needs == Needs(
+  assert layer(encoding=fire, dtype=jnp.bfloat16).needs == Needs(
       {"any_score", "dropout", "softcap", "learned_bias", "local_window", "grouped_query"},
       score="additive", dropout=0.1, softcap=5.0, position="fire", bias=True,
       dtype="bfloat16", block_size=8, heads=4)
@@ -69,7 +69,7 @@ def test_a_layer_states_its_needs_from_its_parts():
                                           score="additive", dropout=0.1, softcap=5.0,
                                           block_size=8, heads=4)
   cope = make_positional_encoding("cope", 16, 4, 16, causal=True, rngs=nnx.Rngs(1))
-  assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope, position="cope",
+  assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope,
                             rngs=nnx.Rngs(0)).needs == Needs({"content_bias"}, position="cope",
                                                              heads=4)
 
@@ -460,22 +460,26 @@ def test_cudnn_by_hand_is_refused_for_a_learned_bias(position):
   with pytest.raises(ConfigError, match=(
       f"^attention.kernel 'cudnn' gives no reliable gradient for the learned logit bias of "
       f"position '{position}' \\(cuDNN's bias gradient, JAX issue #23701\\); use kernel "
-      "'reference' or 'xla'")):
+      "'reference' or 'xla'")), choosing_for(Target("gpu")):
     MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                       encoding=encoding, position=position, target=Target("gpu"),
-                       rngs=nnx.Rngs(0))
+                       encoding=encoding, rngs=nnx.Rngs(0))
 
 
 def test_cudnn_by_hand_takes_a_fixed_bias_and_refuses_float32():
+  """A layer made inside choosing_for(gpu) is chosen for the GPU, and one made after it for
+  this process's backend again (the CPU, where cudnn is refused)."""
   alibi = make_positional_encoding("alibi", 16, H, 16, causal=True, rngs=None)
-  layer = MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                             encoding=alibi, position="alibi", target=Target("gpu"),
-                             rngs=nnx.Rngs(0))
-  assert layer.kernel_choice.name == "cudnn"
-  with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
-                                        "float16 only, and model.dtype is float32"):
-    MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), target=Target("gpu"),
-                       rngs=nnx.Rngs(0))
+  cudnn = lambda **kw: MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"),  # noqa: E731
+                                          rngs=nnx.Rngs(0), **kw)
+  with choosing_for(Target("gpu")):
+    layer = cudnn(dtype=jnp.bfloat16, encoding=alibi)
+    assert layer.kernel_choice.name == "cudnn"
+    with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
+                                          "float16 only, and model.dtype is float32"):
+      cudnn()
+  with pytest.raises(ConfigError, match="kernel='cudnn' runs on gpu only; this machine's JAX "
+                                        "backend is cpu"):
+    cudnn(dtype=jnp.bfloat16)
 
 
 def test_auto_is_a_kernel_name_and_the_default(tiny_config):

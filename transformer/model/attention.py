@@ -20,7 +20,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
-from transformer.model.kernels import Needs, Target, check_kernel_name, choose
+from transformer.model.kernels import Needs, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.positions import PositionalEncoding
@@ -64,13 +64,11 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
-               position: str = "none", cross: bool = False, target: Target | None = None,
-               rngs: nnx.Rngs):
+               cross: bool = False, rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
-    its calls will be handed (None: none), whose declarations the kernel must meet;
-    position: its config name, for error lines. cross: cross-attention (its masks carry no
-    window). target: where the model will run, for the kernel's choice (None: this
-    process's backend, one device, training)."""
+    its calls will be handed (None: none), whose declarations the kernel must meet. cross:
+    cross-attention (its masks carry no window). The kernel is chosen for the target of the model's construction
+    (kernels.choosing_for)."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     num_kv_heads = num_kv_heads or num_heads
@@ -94,11 +92,11 @@ class MultiHeadAttention(nnx.Module):
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
         self.score, encoding or PositionalEncoding(), score=cfg.score, dropout=cfg.dropout,
-        softcap=cfg.logit_softcap, position=position,
+        softcap=cfg.logit_softcap,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
         block_size=cfg.block_size, heads=num_heads)
-    self.kernel_choice, self.kernel = choose(cfg.kernel, self.needs, target)
+    self.kernel_choice, self.kernel = choose(cfg.kernel, self.needs)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 

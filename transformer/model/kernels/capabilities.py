@@ -100,12 +100,12 @@ class Needs:
   @classmethod
   def of(cls, scorer: Scorer, encoding: PositionalEncoding, /, *, window: bool = False,
          grouped: bool = False, **fields) -> "Needs":
-    """The needs of a layer of these parts (the encoding as its kernel is handed it) and
-    the other `fields`."""
+    """The needs of a layer of these parts (the encoding as its kernel is handed it; its
+    name unless `position` is given) and the other `fields`."""
     layer = Layer(scorer, encoding, fields.get("dropout", 0.0), fields.get("softcap", 0.0),
                   window, grouped)
     needed = frozenset(name for name, c in CAPABILITIES.items() if c.needed(layer))
-    return cls(needed, bias=encoding.biases, **fields)
+    return cls(needed, bias=encoding.biases, **{"position": encoding.name, **fields})
 
   def refusal(self, capability: str, able: str) -> str:
     """The words of a kernel's refusal of `capability`, the kernels offering it being

@@ -2,10 +2,16 @@
 
 A layer states what it asks of a kernel as one record, Needs, built once when the layer is
 made (transformer/model/attention.py); the run states where the model will execute as a
-Target: the JAX backend, the mesh, training or evaluating (transformer/run/experiment.py
-builds it; the model wing never reads the run's config). choose() compares the two with
-what each kernel offers (KERNELS, transformer/model/kernels/registry.py; the capabilities,
-each declared once: transformer/model/kernels/capabilities.py):
+Target: the JAX backend, the mesh, training or evaluating. The run sets the target around
+the model's construction (`with choosing_for(target):`, in make_model), and each layer's
+choice reads it there: the target is where the model executes, a context like JAX's mesh,
+not a part of any layer, so no constructor between the run and the layers carries it,
+while each choice is still made where the layer's parts are known and a refusal is raised
+as the model is built. Outside such a scope: this process's backend, one device, training.
+
+choose() compares the two with what each kernel offers (KERNELS,
+transformer/model/kernels/registry.py; the capabilities, each declared once:
+transformer/model/kernels/capabilities.py):
 
   * a kernel named by hand must run on the backend, be partitioned over the mesh when it
     has several devices, and accept the layer's needs (check); otherwise a ConfigError. One
@@ -23,13 +29,19 @@ each declared once: transformer/model/kernels/capabilities.py):
     that need not hold here: one that is refused or emulated here is replaced by its
     stand-in, which computes the same function, or else by `auto`'s choice.
 
-The log lines of a model's choices, one per distinct choice: transformer/model/kernels/log.py.
+The run logs a model's choices (kernel_choices: one line per distinct choice, with the
+layers it holds for and its reasons) and the warnings of kernels emulated here
+(kernel_warnings) when it builds the model.
 """
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 
 import jax
+from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
@@ -76,6 +88,19 @@ class Target:
   @property
   def devices(self) -> int:
     return 1 if self.mesh is None else self.mesh.size
+
+
+_TARGET: contextvars.ContextVar[Target | None] = contextvars.ContextVar("target", default=None)
+
+
+@contextlib.contextmanager
+def choosing_for(target: Target | None) -> Iterator[None]:
+  """The kernels of the layers made inside are chosen for `target` (None: Target.here())."""
+  token = _TARGET.set(target)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,9 +213,10 @@ def _for_evaluation(asked: str, why: str, needs: Needs, target: Target) -> Kerne
 
 def choose(asked: str, needs: Needs, target: Target | None = None
            ) -> tuple[KernelChoice, Callable]:
-  """(the choice, the kernel function) for a layer with these needs, on `target` (None:
-  this process's backend, one device, training); the rules are the module docstring's."""
-  target = target or Target.here()
+  """(the choice, the kernel function) for a layer with these needs, on `target` (None: the
+  one choosing_for set, else this process's backend, one device, training); the rules are
+  the module docstring's."""
+  target = target or _TARGET.get() or Target.here()
   check_kernel_name(asked)
   if asked == AUTO:
     choice = _auto(needs, target)
@@ -214,3 +240,63 @@ def choose(asked: str, needs: Needs, target: Target | None = None
   kernel = KERNELS[choice.name]
   return choice, kernel.make(block_size=needs.block_size, softcap=needs.softcap,
                              mesh=target.mesh)
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def _choices(model):
+  """(path, choice) of each attention layer of `model` (an NNX module, abstract or not), in
+  NNX's graph order (attributes by name, list entries by index)."""
+  for path, node in nnx.iter_modules(model):
+    choice = getattr(node, "kernel_choice", None)
+    if isinstance(choice, KernelChoice):
+      yield ".".join(str(p) for p in path), choice
+
+
+def kernel_choices(model) -> list[str]:
+  """A log line for each distinct choice that was made, not merely taken as asked (`auto`'s,
+  or a substitution), among `model`'s attention layers: "kernel auto -> reference for 3
+  layers: decoder.layers.*.self_attention, ... (reasons)", layer indices written as * where
+  the choice holds for every layer at that place, else listed (a layer-wise pattern's layers
+  may need different kernels: "decoder.layers.{0,2}.self_attention")."""
+  choices = list(_choices(model))
+  everywhere: dict[str, set[str]] = {}  # each place (indices as *): its layers' paths
+  for path, _ in choices:
+    everywhere.setdefault(_place(path), set()).add(path)
+  layers: dict[KernelChoice, list[str]] = {}
+  for path, choice in choices:
+    if choice.asked == AUTO or choice.asked != choice.name:
+      layers.setdefault(choice, []).append(path)
+  lines = []
+  for choice, paths in layers.items():
+    places: dict[str, set[str]] = {}
+    for path in paths:
+      places.setdefault(_place(path), set()).add(path)
+    where = sorted(place if chosen == everywhere[place] else _listed(place, chosen)
+                   for place, chosen in places.items())
+    count = f"{len(paths)} layer{'s' if len(paths) > 1 else ''}"
+    lines.append(choice.describe(f" for {count}: {', '.join(where)}"))
+  return lines
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def _place(path: str) -> str:
+  return _INDEX.sub("*", path)
+
+
+def _listed(place: str, paths: set[str]) -> str:
+  """Some of the layers at `place`: by their indices where the place has one index, else
+  by their paths."""
+  if place.count("*") != 1:
+    return ", ".join(sorted(paths))
+  indices = sorted(int(_INDEX.search(path).group()) for path in paths)
+  shown = str(indices[0]) if len(indices) == 1 else "{" + ",".join(map(str, indices)) + "}"
+  return place.replace("*", shown)
+
+
+def kernel_warnings(model) -> list[str]:
+  """The distinct warnings of `model`'s kernel choices (a kernel emulated here)."""
+  return list(dict.fromkeys(choice.warning for _, choice in _choices(model) if choice.warning))

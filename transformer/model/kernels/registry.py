@@ -37,7 +37,7 @@ from transformer.core.registry import lookup
 from transformer.model.kernels.blockwise import blockwise_kernel
 from transformer.model.kernels.capabilities import CAPABILITIES
 from transformer.model.kernels.cudnn_mask import bias_positions, cudnn_mask, dense_mask
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import flash_attention
 from transformer.model.kernels.reference import reference_kernel, repeat_heads
 

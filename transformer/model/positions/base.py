@@ -62,6 +62,7 @@ class PositionalEncoding(nnx.Module):
   """No positional information: the identity at every seam."""
 
   Settings = NoSettings
+  name = "none"  # its config name (make_positional_encoding sets it), for error lines
   biases = False  # bias() is not zero: the attention kernel must add it
   learned_bias = False  # bias() has parameters: the kernel must give their gradient
   content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it
