@@ -76,7 +76,7 @@ def measure(kernel: str, position: str, window: int | None, length: int):
   encoding = make_positional_encoding(position, f.d_model, f.heads, length, causal=f.causal,
                                       rngs=rngs)
   attn = MultiHeadAttention(f.d_model, f.heads, AttentionConfig(kernel=kernel, block_size=f.block),
-                            dtype=dtype, encoding=encoding, position=position, rngs=rngs)
+                            dtype=dtype, encoding=encoding, rngs=rngs)
   graphdef, params = nnx.split((attn, encoding))
   x = jax.random.normal(jax.random.key(0), (f.batch, length, f.d_model), dtype)
   mask = whole_rows(length, window)
