@@ -161,3 +161,43 @@ def test_auto_on_the_gpu_avoids_cudnn_for_a_learned_bias_and_refuses_it_by_hand(
   with pytest.raises(ConfigError, match="JAX issue #23701"):
     MultiHeadAttention(256, 4, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
                        encoding=t5, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("kind, position", [
+    (kind, position) for kind in ("causal", "padding", "causal_window", "cross")
+    for position in ("none", "alibi") if kind != "cross" or position == "none"])
+def test_padded_masks_through_cudnn_own_arguments_in_bfloat16(kind, position):
+  """A padded mask reaches cuDNN as sequence lengths, a causal flag and a left window
+  (kernels/cudnn_mask.py; tests/test_cudnn_mask.py checks the arguments on any machine):
+  values and q, k, v gradients on the real rows, bf16 against the f32 reference."""
+  b, t, s, h, d = 3, 128, 96, 4, 64
+  rows = lambda lengths, n: (  # noqa: E731
+      jnp.asarray(np.arange(n)[None] < np.array(lengths)[:, None], jnp.int32),
+      jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)))
+  seg, pos = rows([128, 77, 1], t)
+  k_seg, k_pos = rows([96, 40, 60], s) if kind == "cross" else (seg, pos)
+  causal, window = {"causal": (True, None), "padding": (False, None),
+                    "causal_window": (True, 16), "cross": (False, None)}[kind]
+  mask = Mask(seg, k_seg, pos, k_pos, causal=causal, window=window, padded=True)
+  keys = jax.random.split(jax.random.key(3), 4)
+  q = jax.random.normal(keys[0], (b, t, h, d), jnp.bfloat16)
+  k, v = (jax.random.normal(key, (b, k_seg.shape[1], h, d), jnp.bfloat16) for key in keys[1:3])
+  g = jax.random.normal(keys[3], (b, t, h, d), jnp.float32) * seg[:, :, None, None]
+  encoding = make_positional_encoding(position, h * d, h, 256, causal=causal, rngs=nnx.Rngs(2))
+  score, dropout = ScaledDot(h, d), nnx.Dropout(0.0)
+  cudnn = KERNELS["cudnn"].make(block_size=64)
+
+  def loss(kernel, q, k, v):
+    out = kernel(q, k, v, mask, encoding, score, dropout, None)
+    return jnp.sum(out.astype(jnp.float32) * g), out
+
+  fused = jax.jit(jax.value_and_grad(lambda *x: loss(cudnn, *x), (0, 1, 2), has_aux=True))
+  (_, out), grads = fused(q, k, v)
+  f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+  (_, ref), ref_grads = jax.value_and_grad(
+      lambda *x: loss(reference_kernel, *map(f32, x)), (0, 1, 2), has_aux=True)(q, k, v)
+  keep = np.asarray(seg) > 0
+  assert np.isfinite(np.asarray(out, np.float32)[keep]).all()
+  assert _relative_error(np.asarray(out, np.float32)[keep], np.asarray(ref)[keep]) < 1e-2
+  for name, got, want in zip("qkv", grads, ref_grads):
+    assert _relative_error(f32(got), want) < 3e-2, name

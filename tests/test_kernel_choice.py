@@ -23,6 +23,8 @@ from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernels.capabilities import CAPABILITIES, Needs
+from transformer.model.kernels.measured import SPEEDS, ranked
+from transformer.model.kernels.memory import too_big
 from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Target, check,
                                              choose, choosing_for, kernel_choices,
                                              kernel_warnings, offered)
@@ -62,13 +64,14 @@ def test_a_layer_states_its_needs_from_its_parts():
   assert layer(encoding=fire, dtype=jnp.bfloat16).needs == Needs(
       {"any_score", "dropout", "softcap", "learned_bias", "local_window", "grouped_query"},
       score="additive", dropout=0.1, softcap=5.0, position="fire", bias=True,
-      dtype="bfloat16", block_size=8)
+      dtype="bfloat16", block_size=8, heads=4)
   assert layer(cross=True).needs == Needs({"any_score", "dropout", "softcap", "grouped_query"},
                                           score="additive", dropout=0.1, softcap=5.0,
-                                          block_size=8)
+                                          block_size=8, heads=4)
   cope = make_positional_encoding("cope", 16, 4, 16, causal=True, rngs=nnx.Rngs(1))
   assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope,
-                            rngs=nnx.Rngs(0)).needs == Needs({"content_bias"}, position="cope")
+                            rngs=nnx.Rngs(0)).needs == Needs({"content_bias"}, position="cope",
+                                                             heads=4)
 
 
 # The words of each capability's refusal, and the Needs fields they name (a capability
@@ -124,15 +127,23 @@ def test_a_kernel_is_refused_a_dtype_it_does_not_take(name):
     check(name, Needs(dtype="float32"))
 
 
+def _order(backend, position, dtype, training=True):
+  """The kernels auto tries, in order: those measured for the layer (kernels/measured.py),
+  fastest first, then the backend's AUTO_ORDER."""
+  measured = ranked(backend, dtype, position if position in BIASED else "none", None, training)
+  return list(dict.fromkeys([*measured[0], *AUTO_ORDER.get(backend, ("xla", "reference"))]))
+
+
 def _expected(backend, score, position, dropout, dtype, softcap):
-  """The kernel auto should choose, from the kernels' documented capabilities (the docs'
-  kernel table and orders): cuDNN where it applies (GPU, bf16, no learned bias), then
-  pallas for a layer with a positional bias, then xla, then the formula."""
+  """The kernel auto should choose, from the kernels' documented capabilities and the
+  measured order: cuDNN where it applies (GPU, bf16, no learned bias); on a GPU in bf16, a
+  learned bias's fastest measured kernel; elsewhere xla (pallas, never measured faster
+  there, is not first), then the formula."""
   fused_fits = score in DOT and not dropout and not softcap and position not in CONTENT
   if backend == "gpu" and fused_fits and position not in LEARNED and dtype == "bfloat16":
     return "cudnn"
-  if backend != "cpu" and fused_fits and position in BIASED:
-    return "pallas"
+  if backend == "gpu" and fused_fits and position in LEARNED and dtype == "bfloat16":
+    return next(k for k in _order(backend, position, dtype) if k != "cudnn")
   if backend != "cpu" and fused_fits:
     return "xla"
   return "reference"
@@ -144,42 +155,81 @@ CASES = list(itertools.product(["cpu", "gpu", "tpu"], sorted(SCORES),
 
 @pytest.mark.parametrize("backend,score,position,dropout,dtype", CASES)
 def test_auto_takes_the_first_kernel_that_fits(backend, score, position, dropout, dtype):
-  """Every kernel of the backend's order before the choice is passed over with its reason,
-  but pallas for a layer without a positional bias: auto does not offer it there (and the
-  log does not name it)."""
+  """Every kernel tried before the choice is passed over with its reason, but pallas for a
+  layer without a positional bias: auto does not offer it there (and the log does not name
+  it)."""
   choice, function = choose(AUTO, _needs(score, position, dropout=dropout, dtype=dtype),
                             Target(backend))
   assert choice.name == _expected(backend, score, position, dropout, dtype, softcap=0)
-  preferred = AUTO_ORDER[backend][:AUTO_ORDER[backend].index(choice.name)]
-  offered = [n for n in preferred if n != "pallas" or position in BIASED]
+  order = _order(backend, position, dtype)
+  offered = [n for n in order[:order.index(choice.name)] if n != "pallas" or position in BIASED]
   assert [name for name, _ in choice.passed_over] == offered
   assert callable(function)
 
 
+def test_the_measured_table_decides_the_gpu_order():
+  """On a GPU in bf16, training: T5's layer takes pallas (22.4 ms forward + backward against
+  xla's 30.4 at L 2048 on the H100), FIRE's and KERPLE's xla (14.4 and 6.21 against
+  pallas' 110 and 6.44), ALiBi's cuDNN; evaluating (forward), T5's takes xla (3.41 against
+  14.2). The log line names the measurement."""
+  training, evaluating = Target("gpu"), Target("gpu", evaluating=True)
+  picks = {p: choose(AUTO, _needs("scaled_dot", p, dtype="bfloat16"), training)[0]
+           for p in ("t5", "fire", "kerple", "alibi")}
+  assert {p: c.name for p, c in picks.items()} == {
+      "t5": "pallas", "fire": "xla", "kerple": "xla", "alibi": "cudnn"}
+  assert picks["t5"].describe().endswith(
+      "[fastest forward + backward at L 2048 measured on NVIDIA H100 80GB HBM3, 2026-11-28]")
+  t5 = choose(AUTO, _needs("scaled_dot", "t5", dtype="bfloat16"), evaluating)[0]
+  assert t5.name == "xla" and "[fastest forward at L 2048" in t5.describe()
+  assert SPEEDS["gpu", "bfloat16", 2048][1]["t5"]["pallas"][1] < \
+      SPEEDS["gpu", "bfloat16", 2048][1]["t5"]["xla"][1]
+
+
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
 @pytest.mark.parametrize("position", BIASED)
-def test_auto_offers_pallas_on_accelerators_for_each_bias_encoding(backend, position):
-  """On a GPU or a TPU (a Target: no such device needed), on one device or a mesh: a bias
-  encoding's layer takes pallas unless cuDNN applies (GPU, bf16, a bias without
-  parameters), each kernel passed over with its reason; a layer without a bias (no
-  encoding, as a cross-attention; rotary) takes xla or cuDNN, as before pallas had a place,
-  and pallas is not named in its log line."""
+def test_auto_puts_no_unmeasured_kernel_first(backend, position):
+  """Where nothing was measured (a TPU; float32 on a GPU), a bias layer takes xla, not the
+  never-measured pallas, on one device or a mesh; a layer without a bias takes xla or
+  cuDNN, pallas unnamed in its log line."""
   for mesh, dtype in itertools.product([None, TWO_DEVICES], ["float32", "bfloat16"]):
     target = Target(backend, mesh)
     choice, _ = choose(AUTO, _needs("scaled_dot", position, dtype=dtype), target)
-    cudnn = backend == "gpu" and dtype == "bfloat16" and position not in LEARNED
-    assert choice.name == ("cudnn" if cudnn else "pallas")
-    reasons = dict(choice.passed_over)
-    if backend == "gpu" and not cudnn:
-      assert list(reasons) == ["cudnn"]
-      assert (f"learned logit bias of position '{position}'" if position in LEARNED
-              else "computes in bfloat16 or float16 only") in reasons["cudnn"]
-    else:
-      assert reasons == {}
+    if backend == "tpu" or dtype == "float32":
+      assert ranked(backend, dtype, position, None, True) == ((), "")
+      assert choice.name == "xla" and "pallas" not in dict(choice.passed_over)
     for plain in ("none", "rotary"):
       bare, _ = choose(AUTO, _needs("scaled_dot", plain, dtype=dtype), target)
       assert bare.name == ("cudnn" if backend == "gpu" and dtype == "bfloat16" else "xla")
       assert "pallas" not in dict(bare.passed_over)
+
+
+def test_a_layer_whose_temporaries_would_not_fit_takes_the_o_l_kernel():
+  """With the device's memory, rows and length known: FIRE's layer (measured fastest with
+  xla) at L 16384 × 4 rows × 16 heads would need ~160 GiB of xla temporaries, so it takes
+  pallas, the reason logged; so does a layer without a bias in float32 (pallas offered
+  once xla is passed over for memory); with the memory unknown, xla as before."""
+  heads16 = dict(dtype="bfloat16", heads=16)
+  big = Target("gpu", memory=80 * 2**30, rows=4, length=16384)
+  choice, _ = choose(AUTO, _needs("scaled_dot", "fire", **heads16), big)
+  assert choice.name == "pallas"
+  assert "would not fit in half of this device's 80 GiB" in dict(choice.passed_over)["xla"]
+  assert "about 160.0 GiB at 4 rows x 16 heads x L 16384" in choice.describe()
+  plain, _ = choose(AUTO, _needs(dtype="float32", heads=16), big)
+  assert plain.name == "pallas" and "would not fit" in dict(plain.passed_over)["xla"]
+  unknown = Target("gpu", rows=4, length=16384)
+  assert choose(AUTO, _needs("scaled_dot", "fire", **heads16), unknown)[0].name == "xla"
+  small = Target("gpu", memory=80 * 2**30, rows=4, length=2048)
+  assert choose(AUTO, _needs("scaled_dot", "fire", **heads16), small)[0].name == "xla"
+
+
+def test_the_memory_estimate_meets_the_h100_measurement():
+  """xla's forward + backward at batch 4, 16 heads, L 8192, bf16: XLA allocated 40 GiB on
+  the H100; cuDNN with ALiBi's bias 24 GiB; estimated from the bytes per pair."""
+  for kernel, gib in (("xla", 40), ("cudnn", 24)):
+    why = too_big(kernel, "bfloat16", True, 16, 4, 8192, 2**30, training=True)
+    assert f"about {gib}.0 GiB" in why
+  assert too_big("pallas", "bfloat16", True, 16, 4, 8192, 2**30, training=True) == ""
+  assert too_big("cudnn", "bfloat16", False, 16, 4, 8192, 2**30, training=True) == ""
 
 
 # What passes pallas over on an accelerator for a layer with ALiBi's bias: the layer's
@@ -212,15 +262,20 @@ def test_auto_falls_back_from_pallas_with_its_reason(backend, need):
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
 def test_auto_passes_pallas_over_for_a_bias_at_sampled_offsets(backend):
   """ALiBi at randomized offsets drawn per batch (random_positions_draw=per_batch) reads its
-  bias from a table, which pallas cannot do in-kernel: passed over with that reason, for
-  xla (float32: cuDNN passes the GPU's layer over too)."""
+  bias from a table, which pallas cannot do in-kernel: where xla's temporaries do not fit,
+  pallas is passed over with that reason, for the formula's (which still holds them: no
+  kernel fits, one error line); otherwise xla (float32: cuDNN passes the GPU's layer over
+  too)."""
   alibi = make_positional_encoding("alibi", 16, H, 16, causal=True, rngs=None)
   needs = Needs.of(make_score("scaled_dot", H, D, rngs=nnx.Rngs(0)),
-                   AtSampledOffsets(alibi, None), position="alibi")
+                   AtSampledOffsets(alibi, None), position="alibi", heads=H)
   assert needs.bias and "gathered_bias" in needs.capabilities
   choice, _ = choose(AUTO, needs, Target(backend))
   assert choice.name == "xla"
-  assert "reads its bias at sampled offsets" in dict(choice.passed_over)["pallas"]
+  big = Target(backend, memory=2**30, rows=4, length=16384)
+  with pytest.raises(ConfigError, match="pallas: attention.kernel 'pallas' evaluates "
+                                        "positional biases in-kernel"):
+    choose(AUTO, needs, big)
 
 
 def test_the_declaration_decides_what_auto_offers(monkeypatch):
@@ -302,24 +357,20 @@ def _model(monkeypatch, backend, **cfg):
 
 
 def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(monkeypatch):
-  """On a (faked) GPU in bf16 with T5's learned bias: the self-attention layers pass cuDNN
-  over for that bias and take pallas; the decoder's cross-attention, which has no positional
-  bias, takes cuDNN. On a (faked) TPU: pallas and xla, pallas unnamed in xla's line (not
-  offered to a layer without a bias). One line per distinct choice, with its layers and
-  reasons."""
+  """On a (faked) GPU in bf16 with T5's learned bias: the self-attention layers take pallas,
+  measured fastest for T5 there (cuDNN, which refuses that bias, was not measured for it
+  and is not tried first); the decoder's cross-attention, which has no positional bias,
+  takes cuDNN. On a (faked) TPU, where nothing was measured: xla for all. One line per
+  distinct choice, with its layers, reasons and the measurement that ordered it."""
   model = _model(monkeypatch, "gpu", position="t5", dtype="bfloat16")
-  able = kernels.able("learned_bias")
-  learned = ("(cudnn: attention.kernel 'cudnn' gives no reliable gradient for the learned logit "
-             f"bias of position 't5' (cuDNN's bias gradient, JAX issue #23701); use kernel {able} "
-             "or 'auto')")
+  measured = "[fastest forward + backward at L 2048 measured on NVIDIA H100 80GB HBM3, 2026-11-28]"
   assert kernel_choices(model) == [
-      "kernel auto -> cudnn for 2 layers: decoder.layers.*.cross_attention",
+      f"kernel auto -> cudnn for 2 layers: decoder.layers.*.cross_attention {measured}",
       "kernel auto -> pallas for 4 layers: decoder.layers.*.self_attention, "
-      f"encoder.layers.*.self_attention {learned}"]
+      f"encoder.layers.*.self_attention {measured}"]
   assert kernel_choices(_model(monkeypatch, "tpu", position="t5", dtype="bfloat16")) == [
-      "kernel auto -> xla for 2 layers: decoder.layers.*.cross_attention",
-      "kernel auto -> pallas for 4 layers: decoder.layers.*.self_attention, "
-      "encoder.layers.*.self_attention"]
+      "kernel auto -> xla for 6 layers: decoder.layers.*.cross_attention, "
+      "decoder.layers.*.self_attention, encoder.layers.*.self_attention"]
   assert kernel_choices(_model(monkeypatch, "gpu", position="t5", dtype="bfloat16",
                                attention=AttentionConfig(kernel="xla"))) == []  # not chosen
   assert kernel_warnings(model) == []
@@ -328,17 +379,17 @@ def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(mon
 def test_a_layer_wise_pattern_chooses_each_layers_kernel_and_the_log_lists_its_layers(
     monkeypatch):
   """Under model.position=rotary+t5 (faked GPU, bf16) the rotary layers take cuDNN and the
-  T5 layers, whose bias is learned, pallas: the log lists the layers of each choice by
-  index where the choice is not every layer's at that place."""
+  T5 layers pallas: the log lists the layers of each choice by index where the choice is
+  not every layer's at that place."""
   model = _model(monkeypatch, "gpu", position="rotary+t5", dtype="bfloat16",
                  num_decoder_layers=3)
   lines = kernel_choices(model)
-  assert lines[0] == ("kernel auto -> cudnn for 6 layers: decoder.layers.*.cross_attention, "
-                      "decoder.layers.{0,2}.self_attention, encoder.layers.0.self_attention")
+  assert lines[0].startswith("kernel auto -> cudnn for 6 layers: decoder.layers.*.cross_attention, "
+                             "decoder.layers.{0,2}.self_attention, encoder.layers.0.self_attention")
   assert lines[1].startswith("kernel auto -> pallas for 2 layers: "
                              "decoder.layers.1.self_attention, encoder.layers.1.self_attention "
-                             "(cudnn: ")
-  assert "position 't5'" in lines[1] and len(lines) == 2
+                             "[fastest ")
+  assert len(lines) == 2
 
 
 def test_a_run_logs_its_choices_once_and_a_sweep_check_logs_none(tiny_config, caplog):

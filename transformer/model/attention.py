@@ -95,7 +95,7 @@ class MultiHeadAttention(nnx.Module):
         softcap=cfg.logit_softcap,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
-        block_size=cfg.block_size)
+        block_size=cfg.block_size, heads=num_heads)
     self.kernel_choice, self.kernel = choose(cfg.kernel, self.needs)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache

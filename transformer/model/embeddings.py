@@ -59,9 +59,25 @@ def default_segments(tokens: jax.Array) -> jax.Array:
   return (tokens != PAD_ID).astype(jnp.int32)
 
 
+def target_weights(batch: dict[str, jax.Array]) -> jax.Array:
+  """[b, t] bool: the target tokens scored, where batch["targets_segmentation"] > 0, or, in
+  a batch without it (one sequence per row, padded at the right), where a target is not
+  PAD_ID."""
+  if "targets_segmentation" in batch:
+    return batch["targets_segmentation"] > 0
+  return batch["targets"] != PAD_ID
+
+
 def inputs_mask(batch: dict[str, jax.Array], causal: bool) -> tuple[jax.Array, Mask]:
-  """batch["inputs"] and its self-attention Mask from the optional positions/segmentation."""
+  """batch["inputs"] and its self-attention Mask from the optional positions/segmentation.
+
+  A batch that gives neither declares one sequence per row from slot 0, padded at the
+  right with PAD_ID (which no sequence holds): its positions are 0, 1, … and its segment ids
+  1 where a token is not PAD_ID, and its Mask is declared `padded`, which cuDNN takes as
+  sequence lengths (kernels/cudnn_mask.py). Which keys a batch carries is part of its
+  structure, known when the step is traced."""
   inputs = batch["inputs"]
+  padded = "inputs_positions" not in batch and "inputs_segmentation" not in batch
   positions = batch.get("inputs_positions", default_positions(inputs))
   segments = batch.get("inputs_segmentation", default_segments(inputs))
-  return inputs, Mask(segments, segments, positions, positions, causal=causal)
+  return inputs, Mask(segments, segments, positions, positions, causal=causal, padded=padded)

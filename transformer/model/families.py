@@ -125,41 +125,49 @@ class EncoderDecoder(ModelFamily):
 
   def encode(self, inputs, positions=None, segments=None, *, rngs=None):
     """inputs [b, s] -> encoded [b, s, d_model]."""
+    padded = positions is None and segments is None  # one sequence per row (embeddings.py)
     positions = default_positions(inputs) if positions is None else positions
     segments = default_segments(inputs) if segments is None else segments
     x = self.embeddings.source(inputs)
-    return self.encoder(x, Mask(segments, segments, positions, positions), rngs)
+    return self.encoder(x, Mask(segments, segments, positions, positions, padded=padded), rngs)
 
   def decode(self, encoded, inputs_segments, decoder_inputs, positions=None, segments=None,
-             *, inputs_positions=None, rngs=None):
+             *, inputs_positions=None, inputs_padded=False, rngs=None):
     """encoded [b, s, d], decoder_inputs [b, t] -> logits [b, t, vocab] (float32)."""
     return self.embeddings.logits(self.decoder_outputs(
         encoded, inputs_segments, decoder_inputs, positions, segments,
-        inputs_positions=inputs_positions, rngs=rngs)).astype(jnp.float32)
+        inputs_positions=inputs_positions, inputs_padded=inputs_padded,
+        rngs=rngs)).astype(jnp.float32)
 
   def decoder_outputs(self, encoded, inputs_segments, decoder_inputs, positions=None,
-                      segments=None, *, inputs_positions=None, rngs=None):
-    """decode() up to the output projection: the decoder stack's outputs [b, t, d_model]."""
+                      segments=None, *, inputs_positions=None, inputs_padded=False, rngs=None):
+    """decode() up to the output projection: the decoder stack's outputs [b, t, d_model].
+    `inputs_padded`: the source rows hold one sequence each (Mask.padded), as the target
+    rows do when neither their positions nor segments are given."""
+    padded = positions is None and segments is None  # one sequence per row (embeddings.py)
     positions = default_positions(decoder_inputs) if positions is None else positions
     segments = default_segments(decoder_inputs) if segments is None else segments
     inputs_positions = (default_positions(inputs_segments) if inputs_positions is None
                         else inputs_positions)
     x = self.embeddings.target(decoder_inputs)
-    return self.decoder(x, Mask(segments, segments, positions, positions, causal=True), rngs,
+    return self.decoder(x, Mask(segments, segments, positions, positions, causal=True,
+                                padded=padded), rngs,
                         encoded=encoded,
-                        cross_mask=Mask(segments, inputs_segments, positions, inputs_positions))
+                        cross_mask=Mask(segments, inputs_segments, positions, inputs_positions,
+                                        padded=padded and inputs_padded))
 
   def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Teacher-forced decoder outputs [b, t, d_model] (before the output projection) for a
     batch with keys `inputs`, `targets` and optional `{inputs,targets}_{positions,segmentation}`."""
     inputs, targets = batch["inputs"], batch["targets"]
-    in_pos = batch.get("inputs_positions", default_positions(inputs))
-    in_seg = batch.get("inputs_segmentation", default_segments(inputs))
-    tgt_pos = batch.get("targets_positions", default_positions(targets))
-    tgt_seg = batch.get("targets_segmentation", default_segments(targets))
+    in_pos, in_seg = batch.get("inputs_positions"), batch.get("inputs_segmentation")
+    tgt_pos, tgt_seg = batch.get("targets_positions"), batch.get("targets_segmentation")
     encoded = self.encode(inputs, in_pos, in_seg, rngs=rngs)
-    return self.decoder_outputs(encoded, in_seg, shift_right(targets, tgt_pos), tgt_pos, tgt_seg,
-                                inputs_positions=in_pos, rngs=rngs)
+    shifted = shift_right(targets, default_positions(targets) if tgt_pos is None else tgt_pos)
+    return self.decoder_outputs(
+        encoded, default_segments(inputs) if in_seg is None else in_seg, shifted, tgt_pos,
+        tgt_seg, inputs_positions=in_pos, inputs_padded=in_pos is None and in_seg is None,
+        rngs=rngs)
 
   def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Teacher-forced logits [b, t, vocab] (float32) of a batch, as in features()."""

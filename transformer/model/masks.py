@@ -38,13 +38,19 @@ def local_window(q_positions, k_positions, size: int) -> jax.Array:
 
 @functools.partial(jax.tree_util.register_dataclass,
                    data_fields=["q_segments", "k_segments", "q_positions", "k_positions"],
-                   meta_fields=["causal", "window"])
+                   meta_fields=["causal", "window", "padded"])
 @dataclasses.dataclass(frozen=True)
 class Mask:
   """Which keys each query may see, kept as its ingredients ([b, tq] / [b, tk] segment ids
   and positions) so a kernel can build the whole [b, 1, tq, tk] boolean or any block of it
   without the rest: the same non-pad segment, and optionally causal (key position ≤ the
-  query's) and a local window (|query − key position| ≤ window)."""
+  query's) and a local window (|query − key position| ≤ window).
+
+  `padded` is declared by whoever builds the mask, never inferred from the arrays: each
+  row of queries and of keys holds one sequence from slot 0 at positions 0, 1, …, followed
+  by padding (segment ids 1…1 0…0), the layout of a batch that carries no segment ids
+  (transformer/model/embeddings.py). cuDNN then takes the mask as sequence lengths and a
+  causal flag instead of an array (kernels/cudnn_mask.py)."""
 
   q_segments: jax.Array
   k_segments: jax.Array
@@ -52,6 +58,7 @@ class Mask:
   k_positions: jax.Array
   causal: bool = False
   window: int | None = None
+  padded: bool = False
 
   def dense(self) -> jax.Array:
     mask = segment_mask(self.q_segments, self.k_segments)
@@ -66,7 +73,8 @@ class Mask:
     q = lambda x: jax.lax.dynamic_slice_in_dim(x, q_start, q_size, axis=1)  # noqa: E731
     k = lambda x: jax.lax.dynamic_slice_in_dim(x, k_start, k_size, axis=1)  # noqa: E731
     return dataclasses.replace(self, q_segments=q(self.q_segments), q_positions=q(self.q_positions),
-                               k_segments=k(self.k_segments), k_positions=k(self.k_positions))
+                               k_segments=k(self.k_segments), k_positions=k(self.k_positions),
+                               padded=False)
 
 
 def masked_softmax(logits: jax.Array, mask: jax.Array) -> jax.Array:

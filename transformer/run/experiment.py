@@ -94,9 +94,14 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
     sharding.check_batch_size(cfg.train.batch_size, mesh, cfg.train.accumulation_steps)
     tracking.check(cfg.train)  # wandb installed, if the run logs to it
   sharding.check_kv_heads(cfg.model.num_heads, cfg.model.num_kv_heads, mesh)
-  # Each attention layer's kernel is chosen for this backend, mesh and purpose.
-  target = Target(jax.default_backend(), mesh.abstract_mesh,
-                  evaluating=evaluating and not kernel_asked_here)
+  # Each attention layer's kernel is chosen for this backend, mesh, purpose, device memory,
+  # rows per device and longest sequence.
+  shards = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+  rows = (cfg.eval.batch_size if evaluating
+          else cfg.train.batch_size // cfg.train.accumulation_steps) // shards
+  target = Target.here(mesh.abstract_mesh, evaluating and not kernel_asked_here,
+                       rows=max(rows, 1),
+                       length=max(source.max_lengths().values(), default=None))
 
   def make(seed=cfg.seed):  # seed: an int, or a traced one (run/step.py's one program)
     return make_model(cfg.model, rngs=nnx.Rngs(params=jax.random.key(seed)), target=target)

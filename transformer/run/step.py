@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from transformer.core.metrics import loss_head_metrics
+from transformer.model.embeddings import target_weights
 from transformer.run import experiment, sharding
 
 
@@ -21,7 +22,7 @@ def batch_sums(model, batch: dict[str, jax.Array], rngs: nnx.Rngs, *,
                label_smoothing: float = 0.0, loss_chunks: int = 1, z_loss: float = 0.0
                ) -> dict[str, jax.Array]:
   """What the train step minimises, and the metrics it logs, as sums over a batch's target
-  tokens (weight w = 1 where targets_segmentation > 0, 0 on padding; ε = label_smoothing):
+  tokens (weight w = 1 on a scored target, 0 on padding: embeddings.target_weights; ε = label_smoothing):
 
     logits [b, t, V] = y · w_outᵀ + bias, y = model.features(batch) [b, t, d] (the last
                        hidden states), (w_out [V, d], bias [V] or None) = model.projection
@@ -37,7 +38,7 @@ def batch_sums(model, batch: dict[str, jax.Array], rngs: nnx.Rngs, *,
   y = model.features(batch, rngs=rngs)  # [b, t, d]
   w_out, bias = model.projection(y.dtype)  # [V, d], [V] or None
   flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731 - [b, t, ...] -> [b·t, ...]
-  weights = flat(batch["targets_segmentation"] > 0).astype(jnp.float32)
+  weights = flat(target_weights(batch)).astype(jnp.float32)
   return loss_head_metrics(flat(y), w_out, bias, flat(batch["targets"]), weights,
                            label_smoothing, loss_chunks, z_loss)
 

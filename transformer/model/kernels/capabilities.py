@@ -89,6 +89,7 @@ class Needs:
   softcap: float = 0.0
   dtype: str = "float32"
   block_size: int = 512  # queries and keys per block, for the kernels working in blocks
+  heads: int = 0  # query heads (0: not known): what a kernel's L×L temporaries scale with
 
   def __post_init__(self):
     unknown = set(self.capabilities) - set(CAPABILITIES)

@@ -17,11 +17,14 @@ transformer/model/kernels/capabilities.py):
     has several devices, and accept the layer's needs (check); otherwise a ConfigError. One
     that runs only emulated here (Pallas' interpret mode on the CPU) is kept, with a
     warning;
-  * `auto` takes the first kernel of the backend's order of preference (AUTO_ORDER) that
-    it offers the layer, passes the same check and is not emulated here; each kernel it
-    passes over comes with its reason, the error choosing it by hand would give. A kernel
-    declaring `auto_only_with_bias` (pallas) is offered only to a layer whose encoding adds
-    a positional bias; to others it is not a candidate (nor in the log);
+  * `auto` takes the first kernel that it offers the layer, passes the same check, is not
+    emulated here and whose L×L temporaries fit the device (kernels/memory.py), of the
+    kernels measured for such a layer, fastest first (kernels/measured.py), then the
+    backend's order (AUTO_ORDER); each kernel it passes over comes with its reason, the
+    error choosing it by hand would give or its memory. A kernel declaring
+    `auto_only_with_bias` (pallas) is offered only to a layer whose encoding adds a
+    positional bias, or once a kernel was passed over for its memory; to others it is not
+    a candidate (nor in the log);
   * evaluating (a run trained elsewhere), the kernel of its training is an execution choice
     that need not hold here: one that is refused or emulated here is replaced by its
     stand-in, which computes the same function, or else by `auto`'s choice.
@@ -43,17 +46,20 @@ from flax import nnx
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.kernels.capabilities import CAPABILITIES, Needs
+from transformer.model.kernels.measured import ranked
+from transformer.model.kernels.memory import device_memory, too_big
 from transformer.model.kernels.registry import KERNELS, able
 
 AUTO = "auto"
 
-# Fastest first, per backend: cuDNN where it applies; Pallas for a layer with a positional
-# bias, computed in-kernel instead of held as [b, h, L, L]; XLA; the formula, which runs
-# every layer (on the CPU as fast as xla at small sizes). A name missing from KERNELS is
-# passed over.
+# Per backend, the order where no measurement ranks the kernels (kernels/measured.py ranks
+# those it measured first): cuDNN where it applies, XLA, Pallas (measured faster nowhere
+# but where measured.py says; first where XLA's [b, h, L, L] temporaries would not fit:
+# kernels/memory.py), the formula, which runs every layer (on the CPU as fast as xla at
+# small sizes). A name missing from KERNELS is passed over.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
-    "gpu": ("cudnn", "pallas", "xla", "reference"),
-    "tpu": ("pallas", "xla", "reference"),
+    "gpu": ("cudnn", "xla", "pallas", "reference"),
+    "tpu": ("xla", "pallas", "reference"),
     "cpu": ("reference",),  # runs every layer
 }
 OTHER_BACKENDS = ("xla", "reference")
@@ -62,17 +68,22 @@ OTHER_BACKENDS = ("xla", "reference")
 @dataclasses.dataclass(frozen=True)
 class Target:
   """Where a model will execute: the JAX backend (cpu, gpu, tpu), its mesh (None: one
-  device) and whether it is evaluated (a run trained elsewhere) rather than trained."""
+  device) and whether it is evaluated (a run trained elsewhere) rather than trained; and,
+  where known, each device's memory in bytes, the rows it holds at once and the longest
+  sequence (what a kernel's L×L temporaries are weighed with: kernels/memory.py)."""
 
   backend: str
   mesh: jax.sharding.AbstractMesh | None = None
   evaluating: bool = False
+  memory: int | None = None
+  rows: int | None = None
+  length: int | None = None
 
   @classmethod
-  def here(cls, mesh: jax.sharding.AbstractMesh | None = None,
-           evaluating: bool = False) -> "Target":
-    """This process's default backend."""
-    return cls(jax.default_backend(), mesh, evaluating)
+  def here(cls, mesh: jax.sharding.AbstractMesh | None = None, evaluating: bool = False,
+           **known) -> "Target":
+    """This process's default backend and its first device's memory."""
+    return cls(jax.default_backend(), mesh, evaluating, device_memory(), **known)
 
   @property
   def devices(self) -> int:
@@ -102,12 +113,14 @@ class KernelChoice:
   name: str
   passed_over: tuple[tuple[str, str], ...] = ()
   warning: str = ""
+  basis: str = ""  # the measurement that ordered auto's candidates
 
   def describe(self, where: str = "") -> str:
-    """One log line: "kernel auto -> xla{where} (cudnn: <why not>)"."""
+    """One log line: "kernel auto -> xla{where} (cudnn: <why not>) [<basis>]"."""
     line = f"kernel {self.asked} -> {self.name}{where}"
     reasons = "; ".join(f"{name}: {why}" for name, why in self.passed_over)
-    return f"{line} ({reasons})" if reasons else line
+    line = f"{line} ({reasons})" if reasons else line
+    return f"{line} [fastest {self.basis}]" if self.basis else line
 
 
 def check_kernel_name(name: str) -> None:
@@ -153,21 +166,33 @@ def offered(name: str, needs: Needs) -> bool:
 
 
 def _auto(needs: Needs, target: Target, passed_over=()) -> KernelChoice:
-  """The first kernel of the backend's AUTO_ORDER offered to the layer that runs it
-  natively."""
+  """The first kernel offered to the layer that runs it natively and whose L×L temporaries
+  fit, of the kernels measured for such a layer (fastest first) and then the backend's
+  AUTO_ORDER. A kernel declaring auto_only_with_bias is offered to a layer without a bias
+  too once a kernel was passed over for its memory."""
   passed_over = list(passed_over)
-  for candidate in AUTO_ORDER.get(target.backend, OTHER_BACKENDS):
-    if candidate not in KERNELS or not offered(candidate, needs):  # not registered (yet)
-      continue
+  training = not target.evaluating
+  measured, basis = ranked(target.backend, needs.dtype, needs.position if needs.bias else "none",
+                           target.length, training)
+  order = AUTO_ORDER.get(target.backend, OTHER_BACKENDS)
+  memory_bound = False
+  for candidate in dict.fromkeys([*measured, *order]):
+    if candidate not in KERNELS or not (offered(candidate, needs) or memory_bound):
+      continue  # not registered (yet), or not offered
     why = _emulated(candidate, target)
     try:
       check(candidate, needs, target)
     except ConfigError as e:
       why = str(e)
+    if not why:
+      why = too_big(candidate, needs.dtype, needs.bias, needs.heads, target.rows,
+                    target.length, target.memory, training)
+      memory_bound = memory_bound or bool(why)
     if why:
       passed_over.append((candidate, why))
       continue
-    return KernelChoice(AUTO, candidate, tuple(passed_over))
+    return KernelChoice(AUTO, candidate, tuple(passed_over),
+                        basis=basis if candidate in measured else "")
   raise ConfigError(f"attention.kernel 'auto' found no kernel for this layer on "
                     f"{target.backend}: " + "; ".join(f"{n}: {why}" for n, why in passed_over))
 

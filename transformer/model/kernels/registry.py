@@ -36,6 +36,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.kernels.blockwise import blockwise_kernel
 from transformer.model.kernels.capabilities import CAPABILITIES
+from transformer.model.kernels.cudnn_mask import bias_positions, cudnn_mask, dense_mask
 from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import flash_attention
 from transformer.model.kernels.reference import reference_kernel, repeat_heads
@@ -46,30 +47,38 @@ def fused_kernel(implementation: str):
   NVIDIA GPUs) for the scorers declaring a dot product, whose transforms and scale it
   applies: softmax(scale · queries(q) · keys(k)ᵀ + bias)·V, the bias computed beforehand
   from positions alone; no dropout on the weights, no content bias, and not the declared
-  row_term (softmax ignores it). A query row with no visible key (padding) attends to every
-  key instead of none, so it stays finite (no NaN to leak into later layers); the loss
-  never reads it. Fewer key/value heads than query heads are attended natively
-  (grouped-query attention), without repeating them, unless the key transform is per
-  query head (DotProduct.keys_per_head)."""
+  row_term (softmax ignores it). XLA takes the mask whole, a query row with no visible key
+  (padding) attending to every key instead of none, so it stays finite (no NaN to leak into
+  later layers); the loss never reads it. cuDNN takes it as its own arguments where the
+  mask declares a structure they express (kernels/cudnn_mask.py: sequence lengths, a causal
+  flag, a left window), otherwise whole, logged once; a padded mask's bias is evaluated on
+  one row of positions, [1, h, tq, tk]. Fewer key/value heads than query heads are attended
+  natively (grouped-query attention), without repeating them, unless the key transform is
+  per query head (DotProduct.keys_per_head)."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs):
     del dropout, rngs
     product = score.dot_product
-    dense = mask.dense()
-    dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
-    bias = encoding.bias(mask.q_positions, mask.k_positions)
-    bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
     impl = implementation
     if q.shape[1] == 1 and implementation == "cudnn":  # cuDNN has no 1-query decode step
       impl = "xla"
       log_once("kernel cudnn: one query per row (a decoding step) runs XLA's attention "
                f"over the row [b, h, 1, {k.shape[1]}], not cuDNN's")
+    if impl == "cudnn":
+      masking, why = cudnn_mask(mask)
+      if why:
+        log_once(f"kernel cudnn: {why}")
+      bias = encoding.bias(*bias_positions(mask, not encoding.gathered_bias))
+    else:
+      masking = dense_mask(mask)
+      bias = encoding.bias(mask.q_positions, mask.k_positions)
+    bias = None if jnp.ndim(bias) == 0 else bias.astype(q.dtype)
     if product.keys_per_head:  # each query head's own key transform: one key head each
       k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
     qt, kt, vt = equal_head_dims(product.queries(q).astype(v.dtype),
                                  product.keys(k).astype(v.dtype), v)
-    out = jax.nn.dot_product_attention(qt, kt, vt, bias=bias, mask=dense, scale=product.scale,
-                                       implementation=impl)
+    out = jax.nn.dot_product_attention(qt, kt, vt, bias=bias, scale=product.scale,
+                                       implementation=impl, **masking)
     return out[..., :v.shape[-1]]
 
   return kernel

@@ -191,7 +191,7 @@ class PerRow:
     del num_layers
     if not cached:
       drawn = sample_positions(key, mask.q_positions, mask.q_segments, self.max_position)
-      mask = dataclasses.replace(mask, q_positions=drawn, k_positions=drawn)
+      mask = dataclasses.replace(mask, q_positions=drawn, k_positions=drawn, padded=False)
     return mask, None
 
   def embed_positions(self, mask: Mask, keys, cached: bool) -> jax.Array:
@@ -247,7 +247,7 @@ class PerBatch(PerRow):
       return mask, AtSampledOffsets(encoding, batch_offsets(key, lengths, size,
                                                             self.max_position))
     q, k = self._positions(key, mask, cached)
-    return dataclasses.replace(mask, q_positions=q, k_positions=k), encoding
+    return dataclasses.replace(mask, q_positions=q, k_positions=k, padded=False), encoding
 
 
 # model.random_positions_draw's choices (module docstring).
