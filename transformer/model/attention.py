@@ -23,6 +23,7 @@ from transformer.model import layer_pattern
 from transformer.model.kernels import Needs, Target, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
+from transformer.model.normalizers import NORMALIZERS, NormalizerSettings, make_normalizer
 from transformer.model.positions import PositionalEncoding
 from transformer.model.qk_norm import QK_NORMS, make_qk_norm
 from transformer.model.scores import SCORES, ScoreSettings, make_score
@@ -48,11 +49,18 @@ class AttentionConfig:
   # the chosen scorer's is used (and is the run's identity).
   score_settings: ScoreSettings = dataclasses.field(default_factory=ScoreSettings,
                                                     metadata={"chosen_by": "score"})
+  # a key of NORMALIZERS: how each row of logits becomes the weights (softmax, sigmoid, a
+  # softmax with a sink, stick-breaking; transformer/model/normalizers.py)
+  normalizer: str = "softmax"
+  # Each normaliser's own knobs (`normalizer_settings.sink.learned`, ...), as score_settings.
+  normalizer_settings: NormalizerSettings = dataclasses.field(
+      default_factory=NormalizerSettings, metadata={"chosen_by": "normalizer"})
 
   def __post_init__(self):
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
                  logit_softcap=AT_LEAST_0)
     lookup(SCORES, self.score, "attention score")
+    lookup(NORMALIZERS, self.normalizer, "attention normalizer")
     layer_pattern.check("window", self.window, WINDOWS, "attention window")
     check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
@@ -64,13 +72,15 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
-               position: str = "none", cross: bool = False, target: Target | None = None,
-               rngs: nnx.Rngs):
+               position: str = "none", cross: bool = False, causal: bool = False,
+               max_len: int = 0, target: Target | None = None, rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
     its calls will be handed (None: none), whose declarations the kernel must meet;
     position: its config name, for error lines. cross: cross-attention (its masks carry no
-    window). target: where the model will run, for the kernel's choice (None: this
-    process's backend, one device, training)."""
+    window). causal: causal self-attention (what a causal-only normaliser needs). max_len:
+    the model's longest sequence (the sigmoid normaliser's default n). target: where the
+    model will run, for the kernel's choice (None: this process's backend, one device,
+    training)."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     num_kv_heads = num_kv_heads or num_heads
@@ -91,9 +101,12 @@ class MultiHeadAttention(nnx.Module):
     self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
+    self.normalizer = make_normalizer(cfg.normalizer, num_heads, cfg.normalizer_settings,
+                                      max_len=max_len, causal=causal and not cross, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
-        self.score, encoding or PositionalEncoding(), score=cfg.score, dropout=cfg.dropout,
+        self.score, encoding or PositionalEncoding(), self.normalizer, score=cfg.score,
+        normalizer=cfg.normalizer, dropout=cfg.dropout,
         softcap=cfg.logit_softcap, position=position,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
@@ -133,7 +146,8 @@ class MultiHeadAttention(nnx.Module):
     """__call__ with the queries projected: q [b, tq, d_model]."""
     k, v = kv
     q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
-    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs)
+    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs,
+                      normalizer=self.normalizer)
     return self.out(out.reshape(*out.shape[:2], -1))
 
   def self_attend(self, x, mask: Mask, encoding, rngs=None):

@@ -56,6 +56,7 @@ class EncoderLayer(nnx.Module):
                                              dtype=dtype, num_kv_heads=cfg.num_kv_heads,
                                              encoding=encoding,
                                              position=position or cfg.position,
+                                             causal=self.causal, max_len=cfg.max_len,
                                              target=target, rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
@@ -80,7 +81,7 @@ class DecoderLayer(EncoderLayer):
                                               attention or cfg.attention,
                                               dtype=compute_dtype(cfg),
                                               num_kv_heads=cfg.num_kv_heads, cross=True,
-                                              target=target, rngs=rngs)
+                                              max_len=cfg.max_len, target=target, rngs=rngs)
     self.cross_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, encoding, rngs, *, encoded, cross_mask):

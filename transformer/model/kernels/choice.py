@@ -30,6 +30,7 @@ import jax
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.kernels.registry import KERNELS, Kernel, able
+from transformer.model.normalizers import NORMALIZERS, SOFTMAX, Normalizer
 from transformer.model.positions import PositionalEncoding
 from transformer.model.scores import Scorer
 
@@ -62,6 +63,9 @@ class Needs:
 
   score: str = "scaled_dot"  # the scorer's config name (for error lines)
   dot_product: bool = True  # the scorer declares a dot product (scores.DotProduct)
+  normalizer: str = "softmax"  # the normaliser's config name (for error lines)
+  plain_softmax: bool = True  # the normaliser is softmax itself (normalizers.Normalizer)
+  online_normalizer: bool = True  # the normaliser declares an online (blockwise) form
   dropout: float = 0.0  # on the attention weights
   softcap: float = 0.0  # c > 0: logits capped to c·tanh(score / c)
   position: str = "none"  # the positional encoding's config name (for error lines)
@@ -76,10 +80,13 @@ class Needs:
   block_size: int = 512  # queries and keys per block, for the kernels working in blocks
 
   @classmethod
-  def of(cls, scorer: Scorer, encoding: PositionalEncoding, /, **fields) -> "Needs":
-    """The needs of a layer with this scorer and positional encoding (what they declare),
-    and the other `fields`."""
-    return cls(dot_product=scorer.dot_product is not None, bias=encoding.biases,
+  def of(cls, scorer: Scorer, encoding: PositionalEncoding, normalizer: Normalizer = SOFTMAX,
+         /, **fields) -> "Needs":
+    """The needs of a layer with this scorer, positional encoding and normaliser (what they
+    declare), and the other `fields`."""
+    return cls(dot_product=scorer.dot_product is not None,
+               plain_softmax=normalizer.plain_softmax, online_normalizer=normalizer.online,
+               bias=encoding.biases,
                learned_bias=encoding.learned_bias, content_bias=encoding.content_biases,
                gathered_bias=encoding.gathered_bias,
                **fields)
@@ -153,6 +160,10 @@ def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, s
       (lambda k: k.any_score or n.dot_product, lambda k, able: (
           f"computes dot-product scores only, and score '{n.score}' declares no dot product; "
           f"use kernel {able}")),
+      (lambda k: k.any_normalizer or n.plain_softmax or (
+          k.online_normalizers and n.online_normalizer), lambda k, able: (
+          f"computes normalizer {_normalizers_of(k)} only, not '{n.normalizer}'; use kernel "
+          f"{able} or model.attention.normalizer=softmax")),
       (lambda k: k.dropout or not n.dropout, lambda k, able: (
           f"has no attention dropout; set model.attention.dropout=0 (got {n.dropout}) or "
           f"kernel {able}")),
@@ -179,6 +190,13 @@ def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, s
           f"computes in {' or '.join(k.dtypes)} only, and model.dtype is {n.dtype}; set "
           f"model.dtype={k.dtypes[0]} or use kernel {able}")),
   ]
+
+
+def _normalizers_of(kernel: Kernel) -> str:
+  """The normalisers a kernel declaring no any_normalizer computes: "'sigmoid' or ..."."""
+  names = [name for name, cls in NORMALIZERS.items()
+           if cls.plain_softmax or (kernel.online_normalizers and cls.online)]
+  return " or ".join(repr(name) for name in names)
 
 
 def _emulated(name: str, target: Target) -> str:

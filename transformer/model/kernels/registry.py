@@ -3,8 +3,8 @@
 A kernel computes the heads' outputs [b, tq, h, d] from q [b, tq, h, d], k, v
 [b, tk, kv_heads, d] (kv_heads divides h: query head i reads kv head i // (h / kv_heads),
 grouped-query attention; kv_heads = h is multi-head attention), a Mask, the positional
-encoding, and the layer's scorer and dropout:
-`kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
+encoding, and the layer's scorer, dropout and normaliser (transformer/model/normalizers.py;
+None: softmax): `kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None)`. Of the encoding it calls the logit
 seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
 evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
 declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
@@ -50,8 +50,8 @@ def fused_kernel(implementation: str):
   (grouped-query attention), without repeating them, unless the key transform is per
   query head (DotProduct.keys_per_head)."""
 
-  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
-    del dropout, rngs
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
+    del dropout, rngs, normalizer  # softmax (kernel_choice refuses another)
     product = score.dot_product
     dense = mask.dense()
     dense = dense | ~jnp.any(dense, axis=-1, keepdims=True)
@@ -81,8 +81,8 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
   transform is per query head (DotProduct.keys_per_head). On a mesh of several devices it
   runs on each device's shard (per_device): XLA does not partition a pallas_call."""
 
-  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
-    del dropout, rngs
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
+    del dropout, rngs, normalizer  # softmax (kernel_choice refuses another)
     spec = encoding.bias_spec()
     if spec is None and encoding.biases:
       raise ConfigError(f"attention.kernel 'pallas' needs a BiasSpec of the positional "
@@ -161,6 +161,11 @@ class Kernel:
   make: Callable[..., Callable]
   any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
   dropout: bool  # dropout on the attention weights
+  # computes every normaliser (normalizers.NORMALIZERS) from a query's whole row of logits
+  any_normalizer: bool = False
+  # computes the normalisers declaring an online form, block by block; otherwise (and
+  # without any_normalizer) softmax only
+  online_normalizers: bool = False
   # adds an encoding's content_bias, a function of each query's whole row of logits
   content_bias: bool = False
   softcap: bool = False  # caps the scorer's logits (make's softcap)
@@ -208,14 +213,15 @@ def _pallas(block_size, softcap=0.0, mesh=None):
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(_reference, any_score=True, dropout=True, content_bias=True,
-                        softcap=True),
+                        softcap=True, any_normalizer=True),
     "xla": Kernel(_fused("xla"), any_score=False, dropout=False),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
     # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
     # #32242: none, or NaN): it is refused for a learned bias.
     "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
                     stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
-    "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True),
+    "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True,
+                        online_normalizers=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (kernels/pallas/attention.py);
     # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where its
     # in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
