@@ -20,6 +20,8 @@ from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
+from transformer.model.differential import HEADS, make_heads
+from transformer.model.gates import GATES, make_gate
 from transformer.model.kernels import Needs, Target, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
@@ -55,12 +57,20 @@ class AttentionConfig:
   # Each normaliser's own knobs (`normalizer_settings.sink.learned`, ...), as score_settings.
   normalizer_settings: NormalizerSettings = dataclasses.field(
       default_factory=NormalizerSettings, metadata={"chosen_by": "normalizer"})
+  # a key of GATES: a sigmoid gate on each head's output from the layer's input, after the
+  # kernel and before W_O (gated attention): none | headwise | elementwise
+  gate: str = "none"
+  # a key of HEADS: how the heads' outputs combine: plain, or differential (pairs of heads,
+  # softmax(A₁) − λ·softmax(A₂); transformer/model/differential.py)
+  heads: str = "plain"
 
   def __post_init__(self):
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
                  logit_softcap=AT_LEAST_0)
     lookup(SCORES, self.score, "attention score")
     lookup(NORMALIZERS, self.normalizer, "attention normalizer")
+    lookup(GATES, self.gate, "attention gate")
+    lookup(HEADS, self.heads, "attention heads")
     layer_pattern.check("window", self.window, WINDOWS, "attention window")
     check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
@@ -73,12 +83,14 @@ class MultiHeadAttention(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
                position: str = "none", cross: bool = False, causal: bool = False,
-               max_len: int = 0, target: Target | None = None, rngs: nnx.Rngs):
+               max_len: int = 0, depth: int = 0, target: Target | None = None,
+               rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
     its calls will be handed (None: none), whose declarations the kernel must meet;
     position: its config name, for error lines. cross: cross-attention (its masks carry no
     window). causal: causal self-attention (what a causal-only normaliser needs). max_len:
-    the model's longest sequence (the sigmoid normaliser's default n). target: where the
+    the model's longest sequence (the sigmoid normaliser's default n). depth: the layer's
+    index in its stack (differential attention's λ_init). target: where the
     model will run, for the kernel's choice (None: this process's backend, one device,
     training)."""
     if d_model % num_heads:
@@ -103,6 +115,9 @@ class MultiHeadAttention(nnx.Module):
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
     self.normalizer = make_normalizer(cfg.normalizer, num_heads, cfg.normalizer_settings,
                                       max_len=max_len, causal=causal and not cross, rngs=rngs)
+    self.head_mix = make_heads(cfg.heads, num_heads, num_kv_heads, self.head_dim, depth=depth,
+                               dtype=dtype, rngs=rngs)
+    self.gate = make_gate(cfg.gate, d_model, num_heads, self.head_dim, dtype=dtype, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
         self.score, encoding or PositionalEncoding(), self.normalizer, score=cfg.score,
@@ -140,15 +155,16 @@ class MultiHeadAttention(nnx.Module):
     `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
-    return self._attend(self.query(x_q), kv, mask, encoding, rngs)
+    return self._attend(x_q, self.query(x_q), kv, mask, encoding, rngs)
 
-  def _attend(self, q, kv, mask, encoding, rngs):
-    """__call__ with the queries projected: q [b, tq, d_model]."""
+  def _attend(self, x_q, q, kv, mask, encoding, rngs):
+    """__call__ with the queries projected: q [b, tq, d_model]. The kernel's output per head
+    is combined (head_mix: plain or differential) and gated from x_q before W_O."""
     k, v = kv
     q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
-    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs,
-                      normalizer=self.normalizer)
-    return self.out(out.reshape(*out.shape[:2], -1))
+    out = self.kernel(q, k, self.head_mix.values(v), mask, encoding, self.score, self.dropout,
+                      rngs, normalizer=self.normalizer)
+    return self.out(self.gate(x_q, self.head_mix.combine(out)))
 
   def self_attend(self, x, mask: Mask, encoding, rngs=None):
     """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
@@ -158,7 +174,7 @@ class MultiHeadAttention(nnx.Module):
     kv = self._keys_values(k, v, mask.q_positions, encoding)
     if self.cache is not None:
       kv = self.cache.append(kv)
-    return self._attend(q, kv, mask, encoding, rngs)
+    return self._attend(x, q, kv, mask, encoding, rngs)
 
   def cross_attend(self, x, encoded, mask: Mask, encoding, rngs=None):
     """Attention from x to the encoder output; K/V come from the cache when one was made

@@ -44,12 +44,12 @@ class EncoderLayer(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
                position: str | None = None, attention: AttentionConfig | None = None,
-               target: Target | None = None, rngs: nnx.Rngs):
+               depth: int = 0, target: Target | None = None, rngs: nnx.Rngs):
     """encoding: the one its self-attention will be handed (the stack's, or under a
     layer-wise pattern this layer's entry's), named `position` (default cfg.position);
     attention: this layer's attention config (default cfg.attention; a pattern's stack
-    gives each layer its window); target: where the model will run (kernel_choice.Target;
-    None: here)."""
+    gives each layer its window); depth: its index in the stack; target: where the model
+    will run (kernel_choice.Target; None: here)."""
     dtype = compute_dtype(cfg)
     attention = attention or cfg.attention
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, attention,
@@ -57,7 +57,7 @@ class EncoderLayer(nnx.Module):
                                              encoding=encoding,
                                              position=position or cfg.position,
                                              causal=self.causal, max_len=cfg.max_len,
-                                             target=target, rngs=rngs)
+                                             depth=depth, target=target, rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
     self.ffn_block = residual_block(cfg, rngs)
@@ -74,14 +74,15 @@ class DecoderLayer(EncoderLayer):
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
                position: str | None = None, attention: AttentionConfig | None = None,
-               target: Target | None = None, rngs: nnx.Rngs):
+               depth: int = 0, target: Target | None = None, rngs: nnx.Rngs):
     super().__init__(cfg, encoding=encoding, position=position, attention=attention,
-                     target=target, rngs=rngs)
+                     depth=depth, target=target, rngs=rngs)
     self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads,
                                               attention or cfg.attention,
                                               dtype=compute_dtype(cfg),
                                               num_kv_heads=cfg.num_kv_heads, cross=True,
-                                              max_len=cfg.max_len, target=target, rngs=rngs)
+                                              max_len=cfg.max_len, depth=depth,
+                                              target=target, rngs=rngs)
     self.cross_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, encoding, rngs, *, encoded, cross_mask):

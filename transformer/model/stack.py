@@ -56,7 +56,7 @@ class Stack(nnx.Module):
     self.period = layer_pattern.period(cfg.position, cfg.attention.window)
     self.dropout = Dropout(cfg.dropout)
     self.layers = nnx.List([layer(
-        cfg, encoding=self.handed(i), target=target, rngs=rngs,
+        cfg, encoding=self.handed(i), target=target, rngs=rngs, depth=i,
         position=layer_pattern.of_layer(cfg.position, i),
         attention=dataclasses.replace(cfg.attention,
                                       window=layer_pattern.of_layer(cfg.attention.window, i)))

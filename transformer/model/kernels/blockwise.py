@@ -28,8 +28,8 @@ def blockwise_kernel(q, k, v, mask: Mask, encoding, score, dropout, rngs, normal
   query's whole row of logits). The logits are capped (soft_cap) before the bias."""
   del dropout, rngs
   normalizer = normalizer or SOFTMAX
-  b, tq, h, d = q.shape
-  tk = k.shape[1]
+  b, tq, h = q.shape[:3]
+  tk, d = k.shape[1], v.shape[-1]  # the values' width, which may differ from q's and k's
   if tq == 1 or (tq <= block and tk <= block):
     return reference_kernel(q, k, v, mask, encoding, score, Dropout(0.0), None, normalizer,
                             softcap=softcap)
