@@ -20,6 +20,7 @@ from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
+from transformer.model.data_biases import DATA_BIASES, make_data_bias
 from transformer.model.differential import HEADS, make_heads
 from transformer.model.gates import GATES, make_gate
 from transformer.model.kernels import Needs, Target, check_kernel_name, choose
@@ -63,6 +64,9 @@ class AttentionConfig:
   # a key of HEADS: how the heads' outputs combine: plain, or differential (pairs of heads,
   # softmax(A₁) − λ·softmax(A₂); transformer/model/differential.py)
   heads: str = "plain"
+  # a key of DATA_BIASES: a logit bias computed from the tokens, added to the positional
+  # one: none | forget (FoX's forget gate, c_i − c_j; transformer/model/data_biases.py)
+  data_bias: str = "none"
 
   def __post_init__(self):
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
@@ -71,6 +75,7 @@ class AttentionConfig:
     lookup(NORMALIZERS, self.normalizer, "attention normalizer")
     lookup(GATES, self.gate, "attention gate")
     lookup(HEADS, self.heads, "attention heads")
+    lookup(DATA_BIASES, self.data_bias, "attention data_bias")
     layer_pattern.check("window", self.window, WINDOWS, "attention window")
     check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
@@ -118,10 +123,12 @@ class MultiHeadAttention(nnx.Module):
     self.head_mix = make_heads(cfg.heads, num_heads, num_kv_heads, self.head_dim, depth=depth,
                                dtype=dtype, rngs=rngs)
     self.gate = make_gate(cfg.gate, d_model, num_heads, self.head_dim, dtype=dtype, rngs=rngs)
+    self.data_bias = make_data_bias(cfg.data_bias, d_model, num_heads,
+                                    causal=causal and not cross, dtype=dtype, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
         self.score, encoding or PositionalEncoding(), self.normalizer, score=cfg.score,
-        normalizer=cfg.normalizer, dropout=cfg.dropout,
+        normalizer=cfg.normalizer, data_bias=self.data_bias.vectors, dropout=cfg.dropout,
         softcap=cfg.logit_softcap, position=position,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
@@ -172,9 +179,20 @@ class MultiHeadAttention(nnx.Module):
     attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
     q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
     kv = self._keys_values(k, v, mask.q_positions, encoding)
+    encoding = self._data_biased(x, encoding)
     if self.cache is not None:
       kv = self.cache.append(kv)
     return self._attend(x, q, kv, mask, encoding, rngs)
+
+  def _data_biased(self, x, encoding):
+    """The encoding with the data bias of x's tokens (data_biases.py); with a cache, x's
+    cumulative sums continue the cached ones and are cached with its keys (call it before
+    the keys are appended)."""
+    if self.cache is None:
+      sums = self.data_bias.sums(x, None)
+      return self.data_bias.view(encoding, sums, sums)
+    sums = self.data_bias.sums(x, self.cache.last_sum())
+    return self.data_bias.view(encoding, sums, self.cache.append_sums(sums))
 
   def cross_attend(self, x, encoded, mask: Mask, encoding, rngs=None):
     """Attention from x to the encoder output; K/V come from the cache when one was made
@@ -185,7 +203,9 @@ class MultiHeadAttention(nnx.Module):
 
   def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
     shape = (batch, max_len, self.num_kv_heads, self.head_dim)
-    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    sums = jnp.zeros((batch, max_len, self.num_heads), jnp.float32) if (
+        self.data_bias.vectors) else None
+    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), sums)
 
   def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
     self.cache = KVCache(*self.keys_values(encoded, encoded_positions, encoding))
@@ -193,11 +213,28 @@ class MultiHeadAttention(nnx.Module):
 
 class KVCache(nnx.Module):
   """Keys and values [b, max_len, kv_heads, d] of the positions decoded so far, and their
-  count."""
+  count; with a data bias, its cumulative sums [b, max_len, heads] at those positions."""
 
-  def __init__(self, k: jax.Array, v: jax.Array):
+  def __init__(self, k: jax.Array, v: jax.Array, sums: jax.Array | None = None):
     self.k, self.v = nnx.Cache(k), nnx.Cache(v)
     self.index = nnx.Cache(jnp.zeros((), jnp.int32))
+    self.sums = None if sums is None else nnx.Cache(sums)
+
+  def last_sum(self) -> jax.Array | None:
+    """The sum [b, heads] at the last position decoded (0 before the first); None without
+    sums."""
+    if self.sums is None:
+      return None
+    i = self.index[...]
+    last = jax.lax.dynamic_index_in_dim(self.sums[...], jnp.maximum(i - 1, 0), 1, keepdims=False)
+    return jnp.where(i > 0, last, 0.0)
+
+  def append_sums(self, sums: jax.Array | None) -> jax.Array | None:
+    """Writes sums [b, t, heads] at the current index (append then moves it); returns all."""
+    if sums is None:
+      return None
+    self.sums[...] = jax.lax.dynamic_update_slice_in_dim(self.sums[...], sums, self.index[...], 1)
+    return self.sums[...]
 
   def append(self, kv):
     """Writes kv ([b, t, kv_heads, d] each) at the current index; returns the whole cache."""

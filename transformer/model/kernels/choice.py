@@ -72,6 +72,8 @@ class Needs:
   bias: bool = False  # the encoding adds a positional logit bias (what auto offers pallas)
   learned_bias: bool = False  # the encoding's logit bias has parameters (their gradient)
   content_bias: bool = False  # the encoding adds a content bias (a whole row of logits)
+  # a data-dependent bias (data_biases.py: FoX's c_i − c_j) is added to the positional one
+  data_bias: bool = False
   # the encoding's bias reads a table at each pair (randomized offsets drawn per batch)
   gathered_bias: bool = False
   window: bool = False  # its masks carry a local window (self-attention, window=local)
@@ -87,7 +89,9 @@ class Needs:
     return cls(dot_product=scorer.dot_product is not None,
                plain_softmax=normalizer.plain_softmax, online_normalizer=normalizer.online,
                bias=encoding.biases,
-               learned_bias=encoding.learned_bias, content_bias=encoding.content_biases,
+               # a data bias (FoX's gate) has parameters: its gradient is a learned bias's
+               learned_bias=encoding.learned_bias or fields.get("data_bias", False),
+               content_bias=encoding.content_biases,
                gathered_bias=encoding.gathered_bias,
                **fields)
 
@@ -173,6 +177,9 @@ def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, s
       (lambda k: k.content_bias or not n.content_bias, lambda k, able: (
           f"cannot add the content-dependent logit bias of position '{n.position}' (it needs "
           f"each query's whole row of logits); use kernel {able} or another position")),
+      (lambda k: k.data_bias or not n.data_bias, lambda k, able: (
+          f"cannot add a data-dependent logit bias (model.attention.data_bias); use kernel "
+          f"{able}")),
       (lambda k: k.gathered_bias or not n.gathered_bias, lambda k, able: (
           f"evaluates positional biases in-kernel from positions, and position "
           f"'{n.position}' with model.random_positions_draw=per_batch reads its bias at "

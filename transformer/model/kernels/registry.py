@@ -168,6 +168,9 @@ class Kernel:
   online_normalizers: bool = False
   # adds an encoding's content_bias, a function of each query's whole row of logits
   content_bias: bool = False
+  # adds a data-dependent bias (model.attention.data_bias) computed whole by the encoding
+  # view's bias seam, as an array
+  data_bias: bool = False
   softcap: bool = False  # caps the scorer's logits (make's softcap)
   # gives the gradient of a positional bias with parameters (an encoding declaring
   # learned_bias: T5, KERPLE, FIRE)
@@ -213,13 +216,14 @@ def _pallas(block_size, softcap=0.0, mesh=None):
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(_reference, any_score=True, dropout=True, content_bias=True,
-                        softcap=True, any_normalizer=True),
-    "xla": Kernel(_fused("xla"), any_score=False, dropout=False),
+                        softcap=True, any_normalizer=True, data_bias=True),
+    "xla": Kernel(_fused("xla"), any_score=False, dropout=False, data_bias=True),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
     # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
     # #32242: none, or NaN): it is refused for a learned bias.
     "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
-                    stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16")),
+                    stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16"),
+                    data_bias=True),
     "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True,
                         online_normalizers=True),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (kernels/pallas/attention.py);
