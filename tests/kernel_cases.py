@@ -11,7 +11,8 @@ import numpy as np
 from flax import nnx
 
 from transformer.core.errors import ConfigError
-from transformer.model.kernels.choice import Needs, check
+from transformer.model.kernels.capabilities import Needs
+from transformer.model.kernels.choice import check
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
@@ -78,9 +79,8 @@ class Case:
     name = self.position.removesuffix(SAMPLED)
     encoding = make_positional_encoding(name, H * D, H, 64, causal=mask.causal,
                                         settings=SETTINGS, rngs=nnx.Rngs(1))
-    needs = Needs.of(scorer, self.view(encoding), normalizer, score=self.score, position=name,
-                     normalizer=self.normalizer,
-                     softcap=self.softcap, window=mask.window is not None,
+    needs = Needs.of(scorer, self.view(encoding), normalizer=normalizer, score=self.score,
+                     position=name, softcap=self.softcap, window=mask.window is not None,
                      grouped=self.kv_heads < H, dtype=self.dtype, block_size=BLOCK)
     return scorer, encoding, mask, needs
 

@@ -122,12 +122,12 @@ def _bf16_against_f32_reference(kernel_name, score, encoding, *, param_grads):
 @pytest.mark.parametrize("position", BIASED)
 def test_every_bias_encoding_through_the_fused_gpu_kernels_in_bfloat16(kernel_name, position):
   """Values and gradients (q, k, v, and a learned bias's parameters where the kernel
-  declares it gives them) of each bias encoding through cuDNN (and a Pallas kernel, when
-  one is registered), bf16, against the f32 reference. A learned bias through a kernel
-  declaring learned_bias False is what `auto` avoids and check_kernel refuses by hand:
+  offers them) of each bias encoding through cuDNN (and a Pallas kernel, when one is
+  registered), bf16, against the f32 reference. A learned bias through a kernel not
+  offering learned_bias is what `auto` avoids and check_kernel refuses by hand:
   there the values and the q, k, v gradients are checked, not the bias's."""
   encoding = make_positional_encoding(position, 256, 4, 64, causal=True, rngs=nnx.Rngs(2))
-  learned = encoding.learned_bias and KERNELS[kernel_name].learned_bias
+  learned = encoding.learned_bias and "learned_bias" in KERNELS[kernel_name].offers
   errors = _bf16_against_f32_reference(kernel_name, ScaledDot(4, 64), encoding,
                                        param_grads=learned)
   assert errors["out"] < 1e-2, errors
@@ -154,10 +154,10 @@ def test_auto_on_the_gpu_avoids_cudnn_for_a_learned_bias_and_refuses_it_by_hand(
   for position in ("t5", "alibi"):
     encoding = make_positional_encoding(position, 256, 4, 64, causal=True, rngs=nnx.Rngs(2))
     made[position] = MultiHeadAttention(256, 4, cfg, dtype=jnp.bfloat16, encoding=encoding,
-                                        position=position, rngs=nnx.Rngs(0)).kernel_choice.name
-  assert KERNELS[made["t5"]].learned_bias and made["t5"] != "cudnn"
+                                        rngs=nnx.Rngs(0)).kernel_choice.name
+  assert "learned_bias" in KERNELS[made["t5"]].offers and made["t5"] != "cudnn"
   assert made["alibi"] in GPU_KERNELS
   t5 = make_positional_encoding("t5", 256, 4, 64, causal=True, rngs=nnx.Rngs(2))
   with pytest.raises(ConfigError, match="JAX issue #23701"):
     MultiHeadAttention(256, 4, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                       encoding=t5, position="t5", rngs=nnx.Rngs(0))
+                       encoding=t5, rngs=nnx.Rngs(0))

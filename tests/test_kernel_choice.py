@@ -1,7 +1,8 @@
-"""Kernel choice (transformer/model/kernels/choice.py): a layer's Needs from its parts; each
-kernel refused exactly what it does not declare; `auto` per layer, the first kernel of the
-backend's order that fits; a kernel that does not run here or over the mesh refused in
-training and replaced in evaluation; the log (transformer/model/kernels/log.py), one line per distinct choice.
+"""Kernel choice (transformer/model/kernels/choice.py): a layer's Needs from its parts (the
+capabilities of transformer/model/kernels/capabilities.py); each kernel refused exactly what
+it does not offer; `auto` per layer, the first kernel of the backend's order that fits; a
+kernel that does not run here or over the mesh refused in training and replaced in
+evaluation; the log, one line per distinct choice.
 The kernels' values and gradients: tests/test_kernel_conformance.py."""
 
 import dataclasses
@@ -21,12 +22,13 @@ from transformer.model.kernels import registry as kernels
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
-from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Needs, Target,
-                                             check, choose, offered)
-from transformer.model.kernels.log import kernel_choices, kernel_warnings
-from transformer.model.kernels.registry import KERNELS, Kernel
+from transformer.model.kernels.capabilities import CAPABILITIES, Needs
+from transformer.model.kernels.choice import (AUTO, AUTO_ORDER, KernelChoice, Target, check,
+                                             choose, choosing_for, kernel_choices,
+                                             kernel_warnings, offered)
+from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets
@@ -57,54 +59,69 @@ def test_a_layer_states_its_needs_from_its_parts():
   cfg = AttentionConfig(score="additive", window="local", dropout=0.1, logit_softcap=5.0,
                         block_size=8, kernel="reference")
   layer = lambda **kw: MultiHeadAttention(16, 4, cfg, num_kv_heads=2, rngs=nnx.Rngs(0), **kw)  # noqa: E731
-  assert layer(encoding=fire, position="fire", dtype=jnp.bfloat16).needs == Needs(
-      score="additive", dot_product=False, dropout=0.1, softcap=5.0, position="fire",
-      bias=True, learned_bias=True, window=True, grouped=True, dtype="bfloat16",
-      block_size=8)
-  assert layer(cross=True).needs == Needs(score="additive", dot_product=False, dropout=0.1,
-                                          softcap=5.0, grouped=True, block_size=8)
+  assert layer(encoding=fire, dtype=jnp.bfloat16).needs == Needs(
+      {"any_score", "dropout", "softcap", "learned_bias", "local_window", "grouped_query"},
+      score="additive", dropout=0.1, softcap=5.0, position="fire", bias=True,
+      dtype="bfloat16", block_size=8)
+  assert layer(cross=True).needs == Needs({"any_score", "dropout", "softcap", "grouped_query"},
+                                          score="additive", dropout=0.1, softcap=5.0,
+                                          block_size=8)
   cope = make_positional_encoding("cope", 16, 4, 16, causal=True, rngs=nnx.Rngs(1))
-  assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope, position="cope",
-                            rngs=nnx.Rngs(0)).needs == Needs(position="cope", content_bias=True)
+  assert MultiHeadAttention(16, 4, AttentionConfig(), encoding=cope,
+                            rngs=nnx.Rngs(0)).needs == Needs({"content_bias"}, position="cope")
 
 
-# Each need a kernel may not meet: the fields it sets on an otherwise plain layer's Needs,
-# the capability (kernels.Kernel) that meets it, and the refusal's words.
+# The words of each capability's refusal, and the Needs fields they name (a capability
+# missing here is checked for the refusal's form and the kernels it names).
 REFUSALS = {
-    "score": (dict(score="additive", dot_product=False), lambda k: k.any_score,
-              "computes dot-product scores only, and score 'additive' declares no dot product"),
-    "dropout": (dict(dropout=0.1), lambda k: k.dropout,
+    "any_score": (dict(score="additive"),
+                  "computes dot-product scores only, and score 'additive' declares no dot product"),
+    "dropout": (dict(dropout=0.1),
                 r"has no attention dropout; set model.attention.dropout=0 \(got 0.1\)"),
-    "softcap": (dict(softcap=30.0), lambda k: k.softcap, "cannot soft-cap the attention "
+    "softcap": (dict(softcap=30.0), "cannot soft-cap the attention "
                 r"logits; set model.attention.logit_softcap=0 \(got 30.0\)"),
-    "content_bias": (dict(content_bias=True, position="cope"), lambda k: k.content_bias,
+    "content_bias": (dict(position="cope"),
                      "cannot add the content-dependent logit bias of position 'cope' "
                      r"\(it needs each query's whole row of logits\)"),
-    "learned_bias": (dict(learned_bias=True, position="t5"), lambda k: k.learned_bias,
+    "gathered_bias": (dict(position="alibi"),
+                      "evaluates positional biases in-kernel from positions, and position "
+                      "'alibi' with model.random_positions_draw=per_batch reads its bias at "
+                      "sampled offsets"),
+    "learned_bias": (dict(position="t5"),
                      "gives no reliable gradient for the learned logit bias of position 't5'"),
-    "window": (dict(window=True), lambda k: k.local_window, "takes no local attention window"),
-    "grouped": (dict(grouped=True), lambda k: k.grouped_query, "has no grouped-query attention"),
-    "dtype": (dict(dtype="float32"), lambda k: k.dtypes is None or "float32" in k.dtypes,
-              "computes in .* only, and model.dtype is float32"),
+    "local_window": ({}, "takes no local attention window"),
+    "grouped_query": ({}, "has no grouped-query attention"),
 }
 
 
-@pytest.mark.parametrize("need", sorted(REFUSALS))
+@pytest.mark.parametrize("need", sorted(CAPABILITIES))
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_a_kernel_is_refused_exactly_what_it_does_not_declare(name, need):
+def test_a_kernel_is_refused_exactly_what_it_does_not_offer(name, need):
   """Every kernel accepts a plain bf16 layer; given one need more, it is refused exactly when
-  it does not declare the capability, with one ConfigError naming the kernel, the need and
-  the kernels that meet it."""
-  fields, capable, words = REFUSALS[need]
+  it does not offer the capability, with one ConfigError naming the kernel, the need and
+  the kernels that offer it."""
+  fields, words = REFUSALS.get(need, ({}, ""))
   check(name, Needs(dtype="bfloat16"))
-  needs = Needs(**{"dtype": "bfloat16", **fields})
-  if capable(KERNELS[name]):
+  needs = Needs({need}, dtype="bfloat16", **fields)
+  if need in KERNELS[name].offers:
     check(name, needs)
     return
-  able = kernels.able(capable)
-  assert able  # some kernel meets every need
+  able = kernels.able(need)
+  assert able  # some kernel offers every capability
   with pytest.raises(ConfigError, match=f"^attention.kernel '{name}' {words}.*{able}"):
     check(name, needs)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_a_kernel_is_refused_a_dtype_it_does_not_take(name):
+  dtypes = KERNELS[name].dtypes
+  if dtypes is None or "float32" in dtypes:
+    check(name, Needs(dtype="float32"))
+    return
+  with pytest.raises(ConfigError, match=f"^attention.kernel '{name}' computes in .* only, and "
+                                        "model.dtype is float32; set model.dtype=.* or use "
+                                        "kernel 'reference'"):
+    check(name, Needs(dtype="float32"))
 
 
 def _expected(backend, score, position, dropout, dtype, softcap):
@@ -200,7 +217,7 @@ def test_auto_passes_pallas_over_for_a_bias_at_sampled_offsets(backend):
   alibi = make_positional_encoding("alibi", 16, H, 16, causal=True, rngs=None)
   needs = Needs.of(make_score("scaled_dot", H, D, rngs=nnx.Rngs(0)),
                    AtSampledOffsets(alibi, None), position="alibi")
-  assert needs.bias and needs.gathered_bias
+  assert needs.bias and "gathered_bias" in needs.capabilities
   choice, _ = choose(AUTO, needs, Target(backend))
   assert choice.name == "xla"
   assert "reads its bias at sampled offsets" in dict(choice.passed_over)["pallas"]
@@ -235,9 +252,8 @@ def test_an_unknown_backend_gets_xla_then_reference():
 @pytest.fixture
 def one_device_kernel(monkeypatch):
   """'solo': xla's function, declared to run on one device only, first in auto's CPU order."""
-  monkeypatch.setitem(KERNELS, "solo", Kernel(KERNELS["xla"].make, any_score=False,
-                                              dropout=False, stand_in="xla",
-                                              multi_device=False))
+  monkeypatch.setitem(KERNELS, "solo", dataclasses.replace(KERNELS["xla"], stand_in="xla",
+                                                           multi_device=False))
   monkeypatch.setitem(AUTO_ORDER, "cpu", ("solo", "reference"))
   return "solo"
 
@@ -292,7 +308,7 @@ def test_each_layer_is_chosen_for_and_the_log_says_each_distinct_choice_once(mon
   offered to a layer without a bias). One line per distinct choice, with its layers and
   reasons."""
   model = _model(monkeypatch, "gpu", position="t5", dtype="bfloat16")
-  able = kernels.able(lambda k: k.learned_bias)
+  able = kernels.able("learned_bias")
   learned = ("(cudnn: attention.kernel 'cudnn' gives no reliable gradient for the learned logit "
              f"bias of position 't5' (cuDNN's bias gradient, JAX issue #23701); use kernel {able} "
              "or 'auto')")
@@ -393,22 +409,26 @@ def test_cudnn_by_hand_is_refused_for_a_learned_bias(position):
   with pytest.raises(ConfigError, match=(
       f"^attention.kernel 'cudnn' gives no reliable gradient for the learned logit bias of "
       f"position '{position}' \\(cuDNN's bias gradient, JAX issue #23701\\); use kernel "
-      "'reference' or 'xla'")):
+      "'reference' or 'xla'")), choosing_for(Target("gpu")):
     MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                       encoding=encoding, position=position, target=Target("gpu"),
-                       rngs=nnx.Rngs(0))
+                       encoding=encoding, rngs=nnx.Rngs(0))
 
 
 def test_cudnn_by_hand_takes_a_fixed_bias_and_refuses_float32():
+  """A layer made inside choosing_for(gpu) is chosen for the GPU, and one made after it for
+  this process's backend again (the CPU, where cudnn is refused)."""
   alibi = make_positional_encoding("alibi", 16, H, 16, causal=True, rngs=None)
-  layer = MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), dtype=jnp.bfloat16,
-                             encoding=alibi, position="alibi", target=Target("gpu"),
-                             rngs=nnx.Rngs(0))
-  assert layer.kernel_choice.name == "cudnn"
-  with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
-                                        "float16 only, and model.dtype is float32"):
-    MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"), target=Target("gpu"),
-                       rngs=nnx.Rngs(0))
+  cudnn = lambda **kw: MultiHeadAttention(16, H, AttentionConfig(kernel="cudnn"),  # noqa: E731
+                                          rngs=nnx.Rngs(0), **kw)
+  with choosing_for(Target("gpu")):
+    layer = cudnn(dtype=jnp.bfloat16, encoding=alibi)
+    assert layer.kernel_choice.name == "cudnn"
+    with pytest.raises(ConfigError, match="^attention.kernel 'cudnn' computes in bfloat16 or "
+                                          "float16 only, and model.dtype is float32"):
+      cudnn()
+  with pytest.raises(ConfigError, match="kernel='cudnn' runs on gpu only; this machine's JAX "
+                                        "backend is cpu"):
+    cudnn(dtype=jnp.bfloat16)
 
 
 def test_auto_is_a_kernel_name_and_the_default(tiny_config):

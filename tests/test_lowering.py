@@ -57,11 +57,13 @@ from transformer.core.metrics import token_metrics
 from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.families import ARCHS, make_model
-from transformer.model.kernels.choice import KernelChoice, Needs, Target, check
+from transformer.model.kernels.capabilities import Needs
+from transformer.model.kernels.choice import KernelChoice, Target, check
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.kernels.pallas.attention import flash_attention
 from transformer.model.positions import POSITIONS, PositionSettings
 from transformer.model.positions.relative import Fire, T5Bias
+from transformer.model.scores import make_score
 from transformer.run import step as step_lib
 
 S = jax.ShapeDtypeStruct
@@ -232,16 +234,16 @@ def _steps(family):
 
 
 def _accepts(family, kernel, position, window) -> bool:
-  """Whether the family takes the encoding, and the kernel its layers (kernel_choice.check
-  on what the encoding declares)."""
+  """Whether the family takes the encoding, and the kernel its layers (kernels.choice.check
+  on what the encoding's class declares)."""
   cls = POSITIONS[position]
   if cls.causal_only and family in BIDIRECTIONAL:
     return False
   dtype, kv_heads = WINDOWS[window]
   try:
-    check(kernel, Needs(position=position, bias=cls.biases, learned_bias=cls.learned_bias,
-                        content_bias=cls.content_biases, window=window == "local",
-                        grouped=kv_heads < HEADS, dtype=dtype))
+    check(kernel, Needs.of(make_score("scaled_dot", HEADS, 8, rngs=nnx.Rngs(0)), cls,
+                           position=position, window=window == "local",
+                           grouped=kv_heads < HEADS, dtype=dtype))
   except ConfigError:
     return False
   return True

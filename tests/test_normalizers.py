@@ -21,10 +21,12 @@ from transformer.model.config import ModelConfig
 from transformer.model.decoding import generate
 from transformer.model.families import ARCHS, EncoderDecoder, make_model
 from transformer.model.kernels import choose
-from transformer.model.kernels.choice import Needs
+from transformer.model.kernels.capabilities import Needs
 from transformer.model.masks import Mask
 from transformer.model.normalizers import NORMALIZERS, NormalizerSettings, Sigmoid, Sink
 from transformer.model.normalizers import StickBreaking, make_normalizer
+from transformer.model.positions import PositionalEncoding
+from transformer.model.scores import make_score
 
 H, T = 2, 9
 
@@ -177,16 +179,22 @@ def test_cached_generation_equals_the_full_pass_decoder_only(name):
 
 
 @pytest.mark.parametrize("name", sorted(NORMALIZERS))
-def test_a_kernel_refuses_a_normalizer_it_does_not_declare(name):
+def test_a_kernel_refuses_a_normalizer_it_does_not_offer(name):
   """Named by hand, xla computes softmax only, blockwise the online normalisers, reference
   every one; `auto` on the CPU takes the reference."""
   cls = NORMALIZERS[name]
-  needs = Needs(normalizer=name, plain_softmax=cls.plain_softmax, online_normalizer=cls.online)
+  normalizer = make_normalizer(name, H, max_len=8, causal=True, rngs=nnx.Rngs(0))
+  needs = Needs.of(make_score("scaled_dot", H, 4, rngs=nnx.Rngs(0)), PositionalEncoding(),
+                   normalizer=normalizer)
   assert choose("reference", needs)[0].name == choose("auto", needs)[0].name == "reference"
+  refusals = {"xla": "computes softmax only, and normalizer '{}' is not softmax; use kernel "
+                     "'reference' or 'blockwise'",
+              "blockwise": "computes its normaliser block by block, and normalizer '{}' needs "
+                           "each query's whole row of logits; use kernel 'reference'"}
   for kernel, computes in (("xla", cls.plain_softmax), ("blockwise", cls.online)):
     if computes:
       assert choose(kernel, needs)[0].name == kernel
     else:
-      with pytest.raises(ConfigError, match=f"attention.kernel '{kernel}' computes normalizer "
-                                            f".* only, not '{name}'; use kernel 'reference'"):
+      with pytest.raises(ConfigError, match=f"attention.kernel '{kernel}' "
+                                            + refusals[kernel].format(name)):
         choose(kernel, needs)

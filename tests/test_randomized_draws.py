@@ -31,7 +31,8 @@ from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig
-from transformer.model.kernels.choice import Needs, check
+from transformer.model.kernels.capabilities import Needs
+from transformer.model.kernels.choice import check
 from transformer.model.masks import Mask
 from transformer.model.positions import (ALiBi, Kerple, T5Bias, alibi_slopes,
                                          relative_position_bucket)
@@ -227,7 +228,7 @@ def _layers_seen(position, draw, rngs=None, layer=Recording, key=None, seg=SEG, 
                     random_positions_draw=draw)
   stack = Stack(cfg, layer, 3, rngs=nnx.Rngs(0))
   if key is not None:
-    stack.draw_key = key
+    stack.random.draw_from(key)
   embedded = []
   embed = stack.position.embed
   stack.position.embed = lambda x, p: embedded.append(np.asarray(p)) or embed(x, p)
@@ -266,8 +267,8 @@ def test_per_row_draws_each_row_once_for_every_layer():
 
 
 def test_evaluation_draws_from_the_key_its_caller_sets():
-  """Without rngs: per_batch from draw_key (the evaluator's, one per batch; none: key 0),
-  the same key the same draw; per_row from key 0 whatever draw_key says."""
+  """Without rngs: per_batch from the key draw_from set (the evaluator's, one per batch;
+  none: key 0), the same key the same draw; per_row from key 0 whatever key is set."""
   first = lambda draw, key: _layers_seen("rotary", draw, key=key)[0][0][0]  # noqa: E731
   k3, k4 = jax.random.key(3), jax.random.key(4)
   np.testing.assert_array_equal(first("per_batch", k3), first("per_batch", k3))

@@ -23,7 +23,7 @@ from transformer.model import layer_pattern
 from transformer.model.data_biases import DATA_BIASES, make_data_bias
 from transformer.model.differential import HEADS, make_heads
 from transformer.model.gates import GATES, make_gate
-from transformer.model.kernels import Needs, Target, check_kernel_name, choose
+from transformer.model.kernels import Needs, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.normalizers import NORMALIZERS, NormalizerSettings, make_normalizer
@@ -87,17 +87,15 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
-               position: str = "none", cross: bool = False, causal: bool = False,
-               max_len: int = 0, depth: int = 0, target: Target | None = None,
+               cross: bool = False, causal: bool = False, max_len: int = 0, depth: int = 0,
                rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
-    its calls will be handed (None: none), whose declarations the kernel must meet;
-    position: its config name, for error lines. cross: cross-attention (its masks carry no
-    window). causal: causal self-attention (what a causal-only normaliser needs). max_len:
-    the model's longest sequence (the sigmoid normaliser's default n). depth: the layer's
-    index in its stack (differential attention's λ_init). target: where the
-    model will run, for the kernel's choice (None: this process's backend, one device,
-    training)."""
+    its calls will be handed (None: none), whose declarations the kernel must meet. cross:
+    cross-attention (its masks carry no window). causal: causal self-attention (what a
+    causal-only normaliser or data bias needs). max_len: the model's longest sequence (the
+    sigmoid normaliser's default n). depth: the layer's index in its stack (differential
+    attention's λ_init). The kernel is chosen for the target of the model's construction
+    (kernels.choosing_for)."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     num_kv_heads = num_kv_heads or num_heads
@@ -127,13 +125,13 @@ class MultiHeadAttention(nnx.Module):
                                     causal=causal and not cross, dtype=dtype, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
-        self.score, encoding or PositionalEncoding(), self.normalizer, score=cfg.score,
-        normalizer=cfg.normalizer, data_bias=self.data_bias.vectors, dropout=cfg.dropout,
-        softcap=cfg.logit_softcap, position=position,
+        self.score, encoding or PositionalEncoding(), normalizer=self.normalizer,
+        data_bias=self.data_bias.vectors, score=cfg.score, dropout=cfg.dropout,
+        softcap=cfg.logit_softcap,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
         block_size=cfg.block_size)
-    self.kernel_choice, self.kernel = choose(cfg.kernel, self.needs, target)
+    self.kernel_choice, self.kernel = choose(cfg.kernel, self.needs)
     self.dropout = Dropout(cfg.dropout)
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 

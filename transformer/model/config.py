@@ -14,10 +14,9 @@ from transformer.model import layer_pattern
 from transformer.model.attention import AttentionConfig
 from transformer.model.feedforward import FFNS
 from transformer.model.layers import NORMS
-from transformer.model.masks import WINDOWS
 from transformer.model.pooling import POOLINGS
-from transformer.model.positions import PositionSettings, check_position
-from transformer.model.positions import DRAWS
+from transformer.model.positions import (PositionSettings, check_position,
+                                         check_random_positions)
 from transformer.model.residual import RESIDUALS
 
 
@@ -43,9 +42,9 @@ class ModelConfig:
   # positions a sorted random sample of [0, max_position), in training and evaluation alike.
   random_positions: bool = False
   max_position: int = 2048  # random_positions: the range drawn from (and the learned table's rows)
-  # random_positions: a key of DRAWS, how they are drawn: per_batch (Ruoss et al.'s code:
-  # per batch, per layer, relative encodings at sampled offsets) or per_row (the draw of
-  # runs saved before this field)
+  # random_positions: a key of positions/randomized.py's DRAWS, how they are drawn:
+  # per_batch (Ruoss et al.'s code: per batch, per layer, relative encodings at sampled
+  # offsets) or per_row (what runs saved without this field drew)
   random_positions_draw: str = changed("per_batch", old="per_row",
                                        metadata={USED_IF: "random_positions"})
   norm: str = "post"  # a key of RESIDUALS: LayerNorm(x + f(x)) or x + f(LayerNorm(x))
@@ -76,15 +75,7 @@ class ModelConfig:
           f"0 (= num_heads) or a divisor of num_heads ({self.num_heads})")
     if self.num_kv_heads == 0:  # one spelling of multi-head attention: the run's identity
       object.__setattr__(self, "num_kv_heads", self.num_heads)
-    encodings = check_position(self.position)
-    lookup(DRAWS, self.random_positions_draw, "model random_positions_draw")
-    if self.random_positions:
-      check(any(e.takes_positions for e in encodings), "random_positions", True,
-            f"false for position {self.position!r}, which takes no positions")
-      windows = layer_pattern.entries(self.attention.window)
-      check(all(WINDOWS[w](1) is None for w in windows), "random_positions", True,
-            f"false with attention.window={self.attention.window!r} (a window of "
-            "±window_size positions would span sampled positions)")
+    check_random_positions(self, check_position(self.position))
     lookup(RESIDUALS, self.norm, "norm")
     lookup(NORMS, self.norm_type, "norm_type")
     lookup(FFNS, self.ffn, "ffn")

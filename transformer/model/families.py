@@ -27,7 +27,7 @@ from transformer.model.blocks import NO_POSITION, CausalLayer, DecoderLayer, Enc
 from transformer.model.config import ModelConfig, compute_dtype
 from transformer.model.embeddings import (Embeddings, default_positions, default_segments,
                                           inputs_mask)
-from transformer.model.kernels import Target
+from transformer.model.kernels import Target, choosing_for
 from transformer.model.layers import Dense
 from transformer.model.masks import Mask
 from transformer.model.pooling import pool_segments
@@ -68,10 +68,11 @@ class ModelFamily(nnx.Module):
 
   def draw_positions_from(self, key: jax.Array) -> None:
     """Random positions drawn per batch (model.random_positions_draw=per_batch) in the calls
-    without rngs (evaluation, decoding) from `key` instead of key 0: each stack's draw_key.
+    without rngs (evaluation, decoding) from `key` instead of key 0 (positions/randomized.py).
     The evaluator sets one per batch, so each batch gets a fresh, reproducible draw."""
     for stack in self.stacks().values():
-      stack.draw_key = key
+      if stack.random is not None:
+        stack.random.draw_from(key)
 
   def init_decoding(self, batch: dict[str, jax.Array], max_len: int, repeat: int = 1) -> None:
     """Prepares decode_step for the rows of `batch` (its `inputs` and optional positions and
@@ -114,11 +115,11 @@ class EncoderDecoder(ModelFamily):
   learns = frozenset({Targets.SEQUENCE})
   decodes = True
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, target: Target | None = None):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs, target=target)
-    self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs, target=target)
+    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
+    self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs)
     self.source_context: SourceContext | None = nnx.data(None)  # set by init_decoding
     self.slots: nnx.Cache | None = nnx.data(None)  # cache slots' positions, set by init_decoding
 
@@ -215,12 +216,12 @@ class EncoderOnly(ModelFamily):
       raise ConfigError(f"config.model.pooling={cfg.pooling!r} does not fit data.source "
                         f"{source!r}: {'cls or mean' if pooled else 'none'} ({targets.value})")
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, target: Target | None = None):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     check(cfg.num_classes >= 1, "num_classes", cfg.num_classes,
           "≥ 1 for an encoder (its data source sets it)")
     self.cfg = cfg
     self.embeddings = Embeddings(dataclasses.replace(cfg, share_embeddings=True), rngs=rngs)
-    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs, target=target)
+    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
     # Replicated (no mesh axes declared): with a few classes the head [d_model, classes] is a
     # few thousand parameters (5120 at base dims and 10 classes), not worth a collective.
     self.head = Dense(cfg.d_model, cfg.num_classes, dtype=compute_dtype(cfg), rngs=rngs)
@@ -251,10 +252,10 @@ class DecoderOnly(ModelFamily):
   learns = frozenset({Targets.NEXT_TOKENS, Targets.PROMPTED_ANSWERS})
   generates = True
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, target: Target | None = None):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.decoder = Stack(cfg, CausalLayer, cfg.num_decoder_layers, rngs=rngs, target=target)
+    self.decoder = Stack(cfg, CausalLayer, cfg.num_decoder_layers, rngs=rngs)
     self.slots: nnx.Cache | None = nnx.data(None)  # cache slots' positions, set by init_decoding
 
   def features(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -293,7 +294,10 @@ ARCHS: dict[str, type[ModelFamily]] = {
 }
 
 
-def make_model(cfg: ModelConfig, *, rngs: nnx.Rngs, target: Target | None = None) -> ModelFamily:
+def make_model(cfg: ModelConfig, *, rngs: nnx.Rngs, target: Target | None = None
+               ) -> ModelFamily:
   """The model of the family cfg.arch names, for `target` (where it will run: its attention
-  kernels are chosen for it; None: this process's backend, one device)."""
-  return lookup(ARCHS, cfg.arch, "model arch")(cfg, rngs=rngs, target=target)
+  kernels are chosen for it, kernels.choosing_for; None: this process's backend, one
+  device, training)."""
+  with choosing_for(target):
+    return lookup(ARCHS, cfg.arch, "model arch")(cfg, rngs=rngs)

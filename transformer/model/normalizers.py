@@ -41,6 +41,7 @@ class Normalizer(nnx.Module):
   plain_softmax = False
   online = False
   causal_only = False
+  name = "softmax"  # its config name (make_normalizer sets it)
 
   def __call__(self, logits: jax.Array, visible: jax.Array, mask: Mask) -> jax.Array:
     raise NotImplementedError
@@ -224,4 +225,7 @@ def make_normalizer(name: str, num_heads: int, settings=None, *, max_len: int,
         "(keys ordered before the query), and this model has bidirectional or cross-"
         "attention (an encoder stack, or an encoder-decoder's cross-attention): use "
         "model.arch=decoder or another normalizer")
-  return cls(num_heads, settings_of(settings, NORMALIZERS, name), max_len=max_len, rngs=rngs)
+  normalizer = cls(num_heads, settings_of(settings, NORMALIZERS, name), max_len=max_len,
+                   rngs=rngs)
+  normalizer.name = name
+  return normalizer

@@ -1,6 +1,7 @@
 """A stack of layers: the positional encoding, embedding dropout, N encoder/decoder layers
-(looped, or one lax.scan) and pre-LN's final norm; randomized positions are drawn here
-(positions/randomized.py), and cached decoding asks the stack for its slots' positions."""
+(looped, or one lax.scan) and pre-LN's final norm; each call's randomized positions are
+drawn by its RandomPositions (positions/randomized.py), and cached decoding asks the stack
+for its slots' positions."""
 
 import dataclasses
 import functools
@@ -9,16 +10,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
 from transformer.model.blocks import EncoderLayer
 from transformer.model.config import ModelConfig, compute_dtype
-from transformer.model.kernels import Target
 from transformer.model.layers import Dropout
 from transformer.model.masks import WINDOWS, Mask
-from transformer.model.positions import PositionalEncoding, make_positional_encoding
-from transformer.model.positions import DRAWS
+from transformer.model.positions import (PositionalEncoding, RandomPositions,
+                                         make_positional_encoding)
 from transformer.model.residual import RESIDUALS, make_norm
 
 
@@ -26,28 +25,23 @@ class Stack(nnx.Module):
   """Positional encoding, embedding dropout, N layers and (pre-LN) a final norm.
 
   With cfg.random_positions, each call draws its sequences' positions as
-  cfg.random_positions_draw says (positions/randomized.py) from a key of the rngs' dropout
-  stream (the train step folds it from seed and step, so a resumed run draws the same
-  ones), or when deterministic from evaluation_key(): evaluation samples too, as Ruoss et
-  al. do; per_batch from the key its caller sets in draw_key (the evaluator: one per batch),
-  per_row from a fixed key (every evaluation the same).
+  cfg.random_positions_draw says (`random`, positions/randomized.py) from a key of the rngs'
+  dropout stream (the train step folds it from seed and step, so a resumed run draws the
+  same ones), or when deterministic from the key its caller sets (the evaluator's, one per
+  batch; random.draw_from): evaluation samples too, as Ruoss et al. do.
 
   Layer-wise patterns (model/layer_pattern.py): under model.position=`rotary+none` layer i
   calls the seams of entry i mod 2 (positions.PositionPattern), under
   model.attention.window=`local+full` its mask has entry i mod 2's window; the kernel of
   each layer is chosen for what that layer needs."""
 
-  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs,
-               target: Target | None = None):
-    """target: where the model will run, for its attention kernels (None: here)."""
-    self.max_position = cfg.max_position if cfg.random_positions else None
-    self.draw = (lookup(DRAWS, cfg.random_positions_draw, "model random_positions_draw")(
-        cfg.max_position) if cfg.random_positions else None)
-    self.draw_key: jax.Array | None = nnx.data(None)  # evaluation_key's base (None: key 0)
-    self.causal = layer.causal
+  def __init__(self, cfg: ModelConfig, layer: type[EncoderLayer], num_layers: int, *, rngs):
+    self.random = (RandomPositions(cfg.random_positions_draw, cfg.max_position, layer.causal)
+                   if cfg.random_positions else None)
     # Sampled positions reach max_position - 1: a learned table (xPos's centre) covers them.
     self.position = make_positional_encoding(
-        cfg.position, cfg.d_model, cfg.num_heads, self.max_position or cfg.max_len,
+        cfg.position, cfg.d_model, cfg.num_heads,
+        cfg.max_position if cfg.random_positions else cfg.max_len,
         causal=layer.causal, settings=cfg.position_settings, rngs=rngs)
     self.position_names = layer_pattern.entries(cfg.position)
     windows = layer_pattern.entries(cfg.attention.window)
@@ -56,8 +50,7 @@ class Stack(nnx.Module):
     self.period = layer_pattern.period(cfg.position, cfg.attention.window)
     self.dropout = Dropout(cfg.dropout)
     self.layers = nnx.List([layer(
-        cfg, encoding=self.handed(i), target=target, rngs=rngs, depth=i,
-        position=layer_pattern.of_layer(cfg.position, i),
+        cfg, encoding=self.handed(i), rngs=rngs, depth=i,
         attention=dataclasses.replace(cfg.attention,
                                       window=layer_pattern.of_layer(cfg.attention.window, i)))
         for i in range(num_layers)])
@@ -69,7 +62,7 @@ class Stack(nnx.Module):
   def handed(self, layer: int):
     """Layer `layer`'s encoding as its kernel will be handed it, for the kernel's choice."""
     encoding = self.position.for_layer(layer)
-    return encoding if self.draw is None else self.draw.declared(encoding)
+    return encoding if self.random is None else self.random.declared(encoding)
 
   def encodings(self) -> dict[str, PositionalEncoding]:
     """Its positional encodings by name: one, or a pattern's entries (each shared by the
@@ -79,24 +72,16 @@ class Stack(nnx.Module):
 
   def check_length(self, length: int) -> None:
     """Raises ConfigError if sequences of `length` tokens cannot be encoded."""
-    if self.max_position is not None and length > self.max_position:
-      raise ConfigError(
-          f"sequence length {length} exceeds model.max_position={self.max_position}, the "
-          "range random positions are drawn from; raise model.max_position")
+    if self.random is not None:
+      self.random.check_length(length)
     self.position.check_length(length)
-
-  def evaluation_key(self) -> jax.Array:
-    """The key of deterministic calls' random positions (one per kind of stack): from
-    draw_key under per_batch (key 0 if none is set), from key 0 under per_row."""
-    base = self.draw_key if self.draw_key is not None and self.draw.per_batch else None
-    return jax.random.fold_in(jax.random.key(0) if base is None else base, int(self.causal))
 
   def slot_positions(self, batch: int, max_len: int, repeat: int = 1) -> jax.Array:
     """The positions [batch·repeat, max_len] of cached decoding's slots: 0..max_len-1, or
     per_row's draw for rows of max_len tokens (per_batch maps them in each call)."""
     positions = jnp.broadcast_to(jnp.arange(max_len, dtype=jnp.int32), (batch, max_len))
-    if self.draw is not None:
-      positions = self.draw.slot_positions(self.evaluation_key(), positions)
+    if self.random is not None:
+      positions = self.random.slot_positions(positions)
     return jnp.repeat(positions, repeat, axis=0)
 
   def __call__(self, x, mask: Mask, rngs, *, cached: bool = False, **cross):
@@ -105,11 +90,11 @@ class Stack(nnx.Module):
     keys are the cache's slots (at slot_positions); with random positions the stack draws
     the rest."""
     keys = None
-    if self.draw is not None:
+    if self.random is not None:
       self.check_length(mask.k_positions.shape[1] if cached else mask.q_positions.shape[1])
-      key = self.evaluation_key() if rngs is None else rngs.dropout()
-      mask, keys = self.draw.start(mask, key, len(self.layers), cached)
-    embedded = mask.q_positions if keys is None else self.draw.embed_positions(mask, keys, cached)
+      mask, keys = self.random.start(mask, rngs, len(self.layers), cached)
+    embedded = mask.q_positions if keys is None else self.random.embed_positions(mask, keys,
+                                                                                 cached)
     x = self.position.embed(x, embedded)
     x = self.dropout(x, deterministic=rngs is None, rngs=rngs)
     masks = [dataclasses.replace(mask, window=window) for window in self.windows]
@@ -118,7 +103,7 @@ class Stack(nnx.Module):
       # at its own draw if it has one
       layer_mask, encoding = masks[i % len(masks)], self.position.for_layer(i)
       if key is not None:
-        layer_mask, encoding = self.draw.layer(layer_mask, encoding, key, cached)
+        layer_mask, encoding = self.random.layer(layer_mask, encoding, key, cached)
       return layer(x, layer_mask, encoding, rngs, **cross)
 
     layer_keys = None if keys is None else keys[1:]

@@ -16,6 +16,7 @@ from transformer.core.metrics import exact_matches, row_metrics, token_metrics, 
 from transformer.data import Targets
 from transformer.data.base import Split
 from transformer.model.decoding import beam_search, generate, greedy_decode
+from transformer.model.positions import batch_key
 from transformer.model.sampling import GREEDY, Sampling
 from transformer.run import experiment, logs
 
@@ -31,7 +32,7 @@ class Evaluator:
   prompts (greedy or as `sampling` says) if the targets are prompted answers, and the
   source's metrics (source.split_results). Sampling draws each batch with the key of `seed`
   folded with the batch's number; random positions drawn per batch
-  (model.random_positions_draw=per_batch) with draw_key(the batch's number), so each batch
+  (model.random_positions_draw=per_batch) with batch_key(the batch's number), so each batch
   of a split gets a fresh draw, the same in every evaluation (as Ruoss et al.'s, whose
   evaluation draws per batch from a fixed seed)."""
 
@@ -43,7 +44,7 @@ class Evaluator:
     def model_for(params, number):  # at the random positions of batch `number`, if any
       model = nnx.merge(graphdef, params)
       if random_positions:
-        model.draw_positions_from(draw_key(number))
+        model.draw_positions_from(batch_key(number))
       return model
 
     @jax.jit
@@ -201,10 +202,6 @@ class Evaluator:
         results[name][PER_EXAMPLE] = per_example_record(split, {**parts,
                                                                 **(extra.examples or {})})
     return results, hypotheses
-
-def draw_key(number) -> jax.Array:
-  """The key of batch `number`'s random positions in an evaluation (Evaluator)."""
-  return jax.random.fold_in(jax.random.key(0), number)
 
 def per_example_record(split: Split, parts: dict[str, np.ndarray]) -> dict:
   """A split's results example by example, for paired tests over examples

@@ -21,7 +21,7 @@ from transformer.core.registry import lookup
 from transformer.data import SourceArgs
 from transformer.data.base import DataSource
 from transformer.model.config import ModelConfig
-from transformer.model.families import ARCHS, ModelFamily
+from transformer.model.families import ARCHS, ModelFamily, make_model
 from transformer.model.kernels import Target, kernel_choices, kernel_warnings
 from transformer.model.positions import CausalOnly
 from transformer.run import optim, sharding, tracking
@@ -95,7 +95,7 @@ def build(cfg: Config, workdir: str | None = None, *, evaluating: bool = False,
   target = Target(jax.default_backend(), mesh.abstract_mesh, evaluating)
 
   def make(seed=cfg.seed):  # seed: an int, or a traced one (run/step.py's one program)
-    return family(cfg.model, rngs=nnx.Rngs(params=jax.random.key(seed)), target=target)
+    return make_model(cfg.model, rngs=nnx.Rngs(params=jax.random.key(seed)), target=target)
 
   try:
     abstract_model = nnx.eval_shape(make)  # runs the constructors' checks

@@ -1,12 +1,15 @@
 """Attention kernels: ways to compute the attention formula (registry.py: KERNELS, what each
-supports), the one place that chooses a layer's kernel (choice.py), the log of those choices
-(log.py), the formula itself (reference.py), a memory-bounded blockwise form (blockwise.py)
-and the Pallas flash-attention kernels (pallas/). The rest of the package enters here."""
+offers of the capabilities declared in capabilities.py), the one place that chooses a
+layer's kernel and logs the choices (choice.py), a traced step's fallbacks logged once
+(fallbacks.py), the formula itself (reference.py), a memory-bounded blockwise form
+(blockwise.py) and the Pallas flash-attention kernels (pallas/). The rest of the package
+enters here."""
 
-from transformer.model.kernels.choice import Needs, Target, check_kernel_name, choose
-from transformer.model.kernels.log import kernel_choices, kernel_warnings
+from transformer.model.kernels.capabilities import Needs
+from transformer.model.kernels.choice import (Target, check_kernel_name, choose, choosing_for,
+                                             kernel_choices, kernel_warnings)
 from transformer.model.kernels.reference import attention_weights, repeat_heads
 from transformer.model.kernels.registry import KERNELS
 
 __all__ = ["KERNELS", "Needs", "Target", "attention_weights", "check_kernel_name", "choose",
-           "kernel_choices", "kernel_warnings", "repeat_heads"]
+           "choosing_for", "kernel_choices", "kernel_warnings", "repeat_heads"]

@@ -2,9 +2,16 @@
 
 A layer states what it asks of a kernel as one record, Needs, built once when the layer is
 made (transformer/model/attention.py); the run states where the model will execute as a
-Target: the JAX backend, the mesh, training or evaluating (transformer/run/experiment.py
-builds it; the model wing never reads the run's config). choose() compares the two with
-the kernels' declared capabilities (KERNELS, transformer/model/kernels/registry.py):
+Target: the JAX backend, the mesh, training or evaluating. The run sets the target around
+the model's construction (`with choosing_for(target):`, in make_model), and each layer's
+choice reads it there: the target is where the model executes, a context like JAX's mesh,
+not a part of any layer, so no constructor between the run and the layers carries it,
+while each choice is still made where the layer's parts are known and a refusal is raised
+as the model is built. Outside such a scope: this process's backend, one device, training.
+
+choose() compares the two with what each kernel offers (KERNELS,
+transformer/model/kernels/registry.py; the capabilities, each declared once:
+transformer/model/kernels/capabilities.py):
 
   * a kernel named by hand must run on the backend, be partitioned over the mesh when it
     has several devices, and accept the layer's needs (check); otherwise a ConfigError. One
@@ -19,81 +26,37 @@ the kernels' declared capabilities (KERNELS, transformer/model/kernels/registry.
     that need not hold here: one that is refused or emulated here is replaced by its
     stand-in, which computes the same function, or else by `auto`'s choice.
 
-The log lines of a model's choices, one per distinct choice: transformer/model/kernels/log.py.
+The run logs a model's choices (kernel_choices: one line per distinct choice, with the
+layers it holds for and its reasons) and the warnings of kernels emulated here
+(kernel_warnings) when it builds the model.
 """
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 
 import jax
+from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
-from transformer.model.kernels.registry import KERNELS, Kernel, able
-from transformer.model.normalizers import NORMALIZERS, SOFTMAX, Normalizer
-from transformer.model.positions import PositionalEncoding
-from transformer.model.scores import Scorer
+from transformer.model.kernels.capabilities import CAPABILITIES, Needs
+from transformer.model.kernels.registry import KERNELS, able
 
 AUTO = "auto"
 
-# Fastest first. GPU: cuDNN's flash attention (bf16/fp16, no learned bias, no attention
-# dropout); then, offered only to a layer with a positional bias (ALiBi, T5, KERPLE, FIRE:
-# Kernel.auto_only_with_bias), Pallas' flash attention, which computes that bias in-kernel
-# instead of holding a [b, h, L, L] array (lowered for Triton and Mosaic by
-# tests/test_lowering.py, never run on a GPU or TPU); then XLA's fused attention, then the
-# formula. TPU: the same without cuDNN. CPU: the reference kernel runs everything, and the
-# default config ran it before `auto` (at small sizes it is as fast as `xla`; `blockwise`
-# trades speed for memory, which auto does not judge: choose it by hand for long
-# sequences). A name missing from KERNELS is passed over, so an order may name a kernel
-# that is not registered everywhere.
+# Fastest first, per backend: cuDNN where it applies; Pallas for a layer with a positional
+# bias, computed in-kernel instead of held as [b, h, L, L]; XLA; the formula, which runs
+# every layer (on the CPU as fast as xla at small sizes). A name missing from KERNELS is
+# passed over.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "gpu": ("cudnn", "pallas", "xla", "reference"),
     "tpu": ("pallas", "xla", "reference"),
     "cpu": ("reference",),  # runs every layer
 }
 OTHER_BACKENDS = ("xla", "reference")
-
-
-@dataclasses.dataclass(frozen=True)
-class Needs:
-  """What one attention layer asks of its kernel: one field per capability a kernel
-  declares (kernels.Kernel). Every kernel takes padding, packing and causal masks; the
-  conformance test (tests/test_kernel_conformance.py) holds each one to every need it
-  declares it meets."""
-
-  score: str = "scaled_dot"  # the scorer's config name (for error lines)
-  dot_product: bool = True  # the scorer declares a dot product (scores.DotProduct)
-  normalizer: str = "softmax"  # the normaliser's config name (for error lines)
-  plain_softmax: bool = True  # the normaliser is softmax itself (normalizers.Normalizer)
-  online_normalizer: bool = True  # the normaliser declares an online (blockwise) form
-  dropout: float = 0.0  # on the attention weights
-  softcap: float = 0.0  # c > 0: logits capped to c·tanh(score / c)
-  position: str = "none"  # the positional encoding's config name (for error lines)
-  bias: bool = False  # the encoding adds a positional logit bias (what auto offers pallas)
-  learned_bias: bool = False  # the encoding's logit bias has parameters (their gradient)
-  content_bias: bool = False  # the encoding adds a content bias (a whole row of logits)
-  # a data-dependent bias (data_biases.py: FoX's c_i − c_j) is added to the positional one
-  data_bias: bool = False
-  # the encoding's bias reads a table at each pair (randomized offsets drawn per batch)
-  gathered_bias: bool = False
-  window: bool = False  # its masks carry a local window (self-attention, window=local)
-  grouped: bool = False  # fewer key/value heads than query heads
-  dtype: str = "float32"  # the compute dtype's name
-  block_size: int = 512  # queries and keys per block, for the kernels working in blocks
-
-  @classmethod
-  def of(cls, scorer: Scorer, encoding: PositionalEncoding, normalizer: Normalizer = SOFTMAX,
-         /, **fields) -> "Needs":
-    """The needs of a layer with this scorer, positional encoding and normaliser (what they
-    declare), and the other `fields`."""
-    return cls(dot_product=scorer.dot_product is not None,
-               plain_softmax=normalizer.plain_softmax, online_normalizer=normalizer.online,
-               bias=encoding.biases,
-               # a data bias (FoX's gate) has parameters: its gradient is a learned bias's
-               learned_bias=encoding.learned_bias or fields.get("data_bias", False),
-               content_bias=encoding.content_biases,
-               gathered_bias=encoding.gathered_bias,
-               **fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +77,19 @@ class Target:
   @property
   def devices(self) -> int:
     return 1 if self.mesh is None else self.mesh.size
+
+
+_TARGET: contextvars.ContextVar[Target | None] = contextvars.ContextVar("target", default=None)
+
+
+@contextlib.contextmanager
+def choosing_for(target: Target | None) -> Iterator[None]:
+  """The kernels of the layers made inside are chosen for `target` (None: Target.here())."""
+  token = _TARGET.set(target)
+  try:
+    yield
+  finally:
+    _TARGET.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +118,7 @@ def check_kernel_name(name: str) -> None:
 def check(name: str, needs: Needs, target: Target | None = None) -> None:
   """A ConfigError naming what kernel `name` cannot do for a layer with these needs: where it
   runs (given a target: its backends, a mesh of several devices), then what it computes
-  (its declared capabilities against the needs)."""
+  (the capabilities it offers against those the layer needs), then in what dtype."""
   kernel = lookup(KERNELS, name, "attention kernel")
   if target is not None and kernel.backends is not None and target.backend not in kernel.backends:
     raise ConfigError(f"model.attention.kernel={name!r} runs on {' or '.join(kernel.backends)} "
@@ -152,58 +128,15 @@ def check(name: str, needs: Needs, target: Target | None = None) -> None:
     raise ConfigError(f"model.attention.kernel={name!r} runs on one device (its kernel is not "
                       f"partitioned over a mesh) and this run's mesh has {target.devices}; use "
                       f"kernel 'auto' or {able(lambda k: k.multi_device)}")
-  for meets, refusal in _rules(needs):
-    if not meets(kernel):
-      raise ConfigError(f"attention.kernel '{name}' {refusal(kernel, able(meets))}")
-
-
-def _rules(n: Needs) -> list[tuple[Callable[[Kernel], bool], Callable[[Kernel, str], str]]]:
-  """What a kernel must declare to meet the needs `n`: (meets(kernel), the refusal of a
-  kernel that does not, given the kernels that do)."""
-  return [
-      (lambda k: k.any_score or n.dot_product, lambda k, able: (
-          f"computes dot-product scores only, and score '{n.score}' declares no dot product; "
-          f"use kernel {able}")),
-      (lambda k: k.any_normalizer or n.plain_softmax or (
-          k.online_normalizers and n.online_normalizer), lambda k, able: (
-          f"computes normalizer {_normalizers_of(k)} only, not '{n.normalizer}'; use kernel "
-          f"{able} or model.attention.normalizer=softmax")),
-      (lambda k: k.dropout or not n.dropout, lambda k, able: (
-          f"has no attention dropout; set model.attention.dropout=0 (got {n.dropout}) or "
-          f"kernel {able}")),
-      (lambda k: k.softcap or not n.softcap, lambda k, able: (
-          f"cannot soft-cap the attention logits; set model.attention.logit_softcap=0 (got "
-          f"{n.softcap}) or use kernel {able}")),
-      (lambda k: k.content_bias or not n.content_bias, lambda k, able: (
-          f"cannot add the content-dependent logit bias of position '{n.position}' (it needs "
-          f"each query's whole row of logits); use kernel {able} or another position")),
-      (lambda k: k.data_bias or not n.data_bias, lambda k, able: (
-          f"cannot add a data-dependent logit bias (model.attention.data_bias); use kernel "
-          f"{able}")),
-      (lambda k: k.gathered_bias or not n.gathered_bias, lambda k, able: (
-          f"evaluates positional biases in-kernel from positions, and position "
-          f"'{n.position}' with model.random_positions_draw=per_batch reads its bias at "
-          f"sampled offsets from a table; use kernel {able}")),
-      (lambda k: k.learned_bias or not n.learned_bias, lambda k, able: (
-          f"gives no reliable gradient for the learned logit bias of position '{n.position}' "
-          f"(cuDNN's bias gradient, JAX issue #23701); use kernel {able} or 'auto'")),
-      (lambda k: k.local_window or not n.window, lambda k, able: (
-          f"takes no local attention window; set model.attention.window=full or use kernel "
-          f"{able}")),
-      (lambda k: k.grouped_query or not n.grouped, lambda k, able: (
-          f"has no grouped-query attention; set model.num_kv_heads=0 (= num_heads) or use "
-          f"kernel {able}")),
-      (lambda k: k.dtypes is None or n.dtype in k.dtypes, lambda k, able: (
-          f"computes in {' or '.join(k.dtypes)} only, and model.dtype is {n.dtype}; set "
-          f"model.dtype={k.dtypes[0]} or use kernel {able}")),
-  ]
-
-
-def _normalizers_of(kernel: Kernel) -> str:
-  """The normalisers a kernel declaring no any_normalizer computes: "'sigmoid' or ..."."""
-  names = [name for name, cls in NORMALIZERS.items()
-           if cls.plain_softmax or (kernel.online_normalizers and cls.online)]
-  return " or ".join(repr(name) for name in names)
+  for capability in CAPABILITIES:  # in their order: the first refusal is said
+    if capability in needs.capabilities and capability not in kernel.offers:
+      raise ConfigError(f"attention.kernel '{name}' "
+                        f"{needs.refusal(capability, able(capability))}")
+  if kernel.dtypes is not None and needs.dtype not in kernel.dtypes:
+    raise ConfigError(
+        f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} only, and "
+        f"model.dtype is {needs.dtype}; set model.dtype={kernel.dtypes[0]} or use kernel "
+        f"{able(lambda k: k.dtypes is None or needs.dtype in k.dtypes)}")
 
 
 def _emulated(name: str, target: Target) -> str:
@@ -255,9 +188,10 @@ def _for_evaluation(asked: str, why: str, needs: Needs, target: Target) -> Kerne
 
 def choose(asked: str, needs: Needs, target: Target | None = None
            ) -> tuple[KernelChoice, Callable]:
-  """(the choice, the kernel function) for a layer with these needs, on `target` (None:
-  this process's backend, one device, training); the rules are the module docstring's."""
-  target = target or Target.here()
+  """(the choice, the kernel function) for a layer with these needs, on `target` (None: the
+  one choosing_for set, else this process's backend, one device, training); the rules are
+  the module docstring's."""
+  target = target or _TARGET.get() or Target.here()
   check_kernel_name(asked)
   if asked == AUTO:
     choice = _auto(needs, target)
@@ -281,3 +215,63 @@ def choose(asked: str, needs: Needs, target: Target | None = None
   kernel = KERNELS[choice.name]
   return choice, kernel.make(block_size=needs.block_size, softcap=needs.softcap,
                              mesh=target.mesh)
+
+
+# --------------------------------------------------------------------------- the log
+
+
+def _choices(model):
+  """(path, choice) of each attention layer of `model` (an NNX module, abstract or not), in
+  NNX's graph order (attributes by name, list entries by index)."""
+  for path, node in nnx.iter_modules(model):
+    choice = getattr(node, "kernel_choice", None)
+    if isinstance(choice, KernelChoice):
+      yield ".".join(str(p) for p in path), choice
+
+
+def kernel_choices(model) -> list[str]:
+  """A log line for each distinct choice that was made, not merely taken as asked (`auto`'s,
+  or a substitution), among `model`'s attention layers: "kernel auto -> reference for 3
+  layers: decoder.layers.*.self_attention, ... (reasons)", layer indices written as * where
+  the choice holds for every layer at that place, else listed (a layer-wise pattern's layers
+  may need different kernels: "decoder.layers.{0,2}.self_attention")."""
+  choices = list(_choices(model))
+  everywhere: dict[str, set[str]] = {}  # each place (indices as *): its layers' paths
+  for path, _ in choices:
+    everywhere.setdefault(_place(path), set()).add(path)
+  layers: dict[KernelChoice, list[str]] = {}
+  for path, choice in choices:
+    if choice.asked == AUTO or choice.asked != choice.name:
+      layers.setdefault(choice, []).append(path)
+  lines = []
+  for choice, paths in layers.items():
+    places: dict[str, set[str]] = {}
+    for path in paths:
+      places.setdefault(_place(path), set()).add(path)
+    where = sorted(place if chosen == everywhere[place] else _listed(place, chosen)
+                   for place, chosen in places.items())
+    count = f"{len(paths)} layer{'s' if len(paths) > 1 else ''}"
+    lines.append(choice.describe(f" for {count}: {', '.join(where)}"))
+  return lines
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def _place(path: str) -> str:
+  return _INDEX.sub("*", path)
+
+
+def _listed(place: str, paths: set[str]) -> str:
+  """Some of the layers at `place`: by their indices where the place has one index, else
+  by their paths."""
+  if place.count("*") != 1:
+    return ", ".join(sorted(paths))
+  indices = sorted(int(_INDEX.search(path).group()) for path in paths)
+  shown = str(indices[0]) if len(indices) == 1 else "{" + ",".join(map(str, indices)) + "}"
+  return place.replace("*", shown)
+
+
+def kernel_warnings(model) -> list[str]:
+  """The distinct warnings of `model`'s kernel choices (a kernel emulated here)."""
+  return list(dict.fromkeys(choice.warning for _, choice in _choices(model) if choice.warning))

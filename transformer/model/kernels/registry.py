@@ -4,21 +4,21 @@ A kernel computes the heads' outputs [b, tq, h, d] from q [b, tq, h, d], k, v
 [b, tk, kv_heads, d] (kv_heads divides h: query head i reads kv head i // (h / kv_heads),
 grouped-query attention; kv_heads = h is multi-head attention), a Mask, the positional
 encoding, and the layer's scorer, dropout and normaliser (transformer/model/normalizers.py;
-None: softmax): `kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None)`. Of the encoding it calls the logit
-seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
-evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel that
-declares `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
+None: softmax): `kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None)`.
+Of the encoding it calls the logit seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
+evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel
+offering `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. The functions: the formula computed whole
 (kernels/reference.py) or in blocks (kernels/blockwise.py), and here XLA's or cuDNN's
 fused attention and Pallas' flash attention (kernels/pallas/attention.py), wrapped.
 
-KERNELS maps a name to a Kernel: how to make the function, and its declared capabilities,
-which transformer/model/kernels/choice.py compares once, when a layer is made, with what the
-layer needs (its scorer, dropout, encoding, dtype, ...); a new kernel is one function and its
-line in KERNELS, and tests/test_kernel_conformance.py runs it against the reference kernel
-over everything it declares.
+KERNELS maps a name to a Kernel: how to make the function, and the capabilities it offers
+(transformer/model/kernels/capabilities.py), which transformer/model/kernels/choice.py
+compares once, when a layer is made, with what the layer needs; a new kernel is one function
+and its line in KERNELS, and tests/test_kernel_conformance.py runs it against the reference
+kernel over everything it offers.
 
-A kernel declaring `softcap` is made with `softcap=c` when the layer caps its logits
+A kernel offering `softcap` is made with `softcap=c` when the layer caps its logits
 (model.attention.logit_softcap = c > 0): the scorer's logits become c·tanh(score / c), and
 the positional biases are added after the cap, so distance biases (ALiBi, T5) are not
 bounded by c.
@@ -33,8 +33,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from transformer.core.errors import ConfigError
+from transformer.core.registry import lookup
 from transformer.model.kernels.blockwise import blockwise_kernel
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.capabilities import CAPABILITIES
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import flash_attention
 from transformer.model.kernels.reference import reference_kernel, repeat_heads
 
@@ -150,36 +152,17 @@ def equal_head_dims(q, k, v, multiple: int = 8):
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-  """A way to compute softmax(score + bias)·V, and what it supports: one declaration per
-  field of what a layer may need (kernel_choice.Needs), which kernel_choice.check compares.
-  Every kernel adds an encoding's positional bias (its `bias` seam) and takes padding,
-  packing and causal masks."""
+  """A way to compute softmax(score + bias)·V, and what it supports: the capabilities it
+  offers (keys of CAPABILITIES, transformer/model/kernels/capabilities.py), the dtypes and
+  backends it runs on, which transformer/model/kernels/choice.py compares with a layer's
+  needs. Every kernel adds an encoding's positional bias (its `bias` seam) and takes
+  padding, packing and causal masks."""
 
   # make(block_size=, softcap=, mesh=) -> the kernel function: blocks of block_size queries
-  # and keys, logits capped at softcap (declared `softcap`; others get 0), for the mesh the
+  # and keys, logits capped at softcap (offering `softcap`; others get 0), for the mesh the
   # model runs on (jax.sharding.AbstractMesh; None: one device)
   make: Callable[..., Callable]
-  any_score: bool  # runs every scorer; False: only scorers declaring a dot_product
-  dropout: bool  # dropout on the attention weights
-  # computes every normaliser (normalizers.NORMALIZERS) from a query's whole row of logits
-  any_normalizer: bool = False
-  # computes the normalisers declaring an online form, block by block; otherwise (and
-  # without any_normalizer) softmax only
-  online_normalizers: bool = False
-  # adds an encoding's content_bias, a function of each query's whole row of logits
-  content_bias: bool = False
-  # adds a data-dependent bias (model.attention.data_bias) computed whole by the encoding
-  # view's bias seam, as an array
-  data_bias: bool = False
-  softcap: bool = False  # caps the scorer's logits (make's softcap)
-  # gives the gradient of a positional bias with parameters (an encoding declaring
-  # learned_bias: T5, KERPLE, FIRE)
-  learned_bias: bool = True
-  # adds a bias read from a table at each pair (an encoding declaring gathered_bias:
-  # relative encodings at randomized offsets drawn per batch)
-  gathered_bias: bool = True
-  local_window: bool = True  # masks with a local window (|query − key position| ≤ w)
-  grouped_query: bool = True  # fewer key/value heads than query heads
+  offers: frozenset[str]
   dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
   backends: tuple[str, ...] | None = None  # the JAX backends it runs on; None: every one
   # a kernel computing the same function on any backend, which evaluation uses where this
@@ -188,8 +171,13 @@ class Kernel:
   slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
   # runs on a mesh of several devices: XLA partitions it, or its function does (per_device)
   multi_device: bool = True
-  # `auto` offers it only to a layer whose encoding adds a positional bias (kernel_choice)
+  # `auto` offers it only to a layer whose encoding adds a positional bias (choice.py)
   auto_only_with_bias: bool = False
+
+  def __post_init__(self):
+    object.__setattr__(self, "offers", frozenset(self.offers))
+    for name in self.offers:
+      lookup(CAPABILITIES, name, "kernel capability")
 
 
 def _reference(block_size, softcap=0.0, mesh=None):
@@ -214,26 +202,33 @@ def _pallas(block_size, softcap=0.0, mesh=None):
   return pallas_kernel(block_size, mesh)
 
 
+# What most kernels offer: every layer's masks and heads, and any positional bias.
+_MASKS_HEADS_BIASES = {"local_window", "grouped_query", "learned_bias", "gathered_bias"}
+
 KERNELS: dict[str, Kernel] = {
-    "reference": Kernel(_reference, any_score=True, dropout=True, content_bias=True,
-                        softcap=True, any_normalizer=True, data_bias=True),
-    "xla": Kernel(_fused("xla"), any_score=False, dropout=False, data_bias=True),
+    "reference": Kernel(_reference, offers=set(CAPABILITIES)),  # the formula: everything
+    # a data bias added to the positional bias array it builds
+    "xla": Kernel(_fused("xla"), offers={"data_bias", *_MASKS_HEADS_BIASES}),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
     # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
     # #32242: none, or NaN): it is refused for a learned bias.
-    "cudnn": Kernel(_fused("cudnn"), any_score=False, dropout=False, backends=("gpu",),
-                    stand_in="xla", learned_bias=False, dtypes=("bfloat16", "float16"),
-                    data_bias=True),
-    "blockwise": Kernel(_blockwise, any_score=True, dropout=False, softcap=True,
-                        online_normalizers=True),
-    # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel (kernels/pallas/attention.py);
-    # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where its
-    # in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
-    "pallas": Kernel(_pallas, any_score=False, dropout=False, stand_in="xla", slow_on=("cpu",),
-                     gathered_bias=False, auto_only_with_bias=True),
+    "cudnn": Kernel(_fused("cudnn"), offers={"data_bias", *_MASKS_HEADS_BIASES} - {"learned_bias"},
+                    backends=("gpu",), stand_in="xla", dtypes=("bfloat16", "float16")),
+    # the normalisers with an online form, as it computes softmax
+    "blockwise": Kernel(_blockwise, offers={"any_score", "softcap", "online_normalizer",
+                                            *_MASKS_HEADS_BIASES}),
+    # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel
+    # (kernels/pallas/attention.py); interpret mode on the CPU; on a mesh, per device
+    # (shard_map). auto offers it where its in-kernel bias spares an [L, L] array;
+    # elsewhere xla and cudnn are better known.
+    "pallas": Kernel(_pallas, offers=_MASKS_HEADS_BIASES - {"gathered_bias"}, stand_in="xla",
+                     slow_on=("cpu",), auto_only_with_bias=True),
 }
 
 
-def able(capable: Callable[[Kernel], bool]) -> str:
-  """The kernels with a capability, for an error line: "'reference' or 'xla'"."""
+def able(capable: str | Callable[[Kernel], bool]) -> str:
+  """The kernels offering a capability (its name, or a test of the kernel), for an error
+  line: "'reference' or 'xla'"."""
+  if isinstance(capable, str):
+    capable = lambda kernel, name=capable: name in kernel.offers  # noqa: E731
   return " or ".join(repr(key) for key, kernel in KERNELS.items() if capable(kernel))

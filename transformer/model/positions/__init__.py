@@ -44,12 +44,13 @@ from transformer.model.positions.contextual import CoPE
 from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, alibi_slopes,
                                                   relative_position_bucket)
 from transformer.model.positions.rotary import Rotary, XPos, rotate_half_pairs, xpos_scale
-from transformer.model.positions.randomized import DRAWS
+from transformer.model.positions.randomized import RandomPositions, batch_key
+from transformer.model.positions.randomized import check_config as check_random_positions
 
 __all__ = ["ALiBi", "CausalOnly", "CoPE", "Fire", "Kerple", "Learned", "NoPosition", "PER_LAYER",
-           "POSITIONS", "PositionPattern", "PositionSettings", "PositionalEncoding", "Rotary",
-           "Sinusoidal", "T5Bias", "XPos", "alibi_slopes", "check_position",
-           "make_positional_encoding", "relative_position_bucket", "rotate_half_pairs",
+           "POSITIONS", "PositionPattern", "PositionSettings", "PositionalEncoding",
+           "RandomPositions", "Rotary", "Sinusoidal", "T5Bias", "XPos", "alibi_slopes",
+           "batch_key", "check_position", "check_random_positions", "make_positional_encoding", "relative_position_bucket", "rotate_half_pairs",
            "sinusoid", "xpos_scale"]
 
 # Every encoding, by its config name: the entries each module declares (a new encoding is
@@ -96,8 +97,10 @@ def make_positional_encoding(name: str, d_model: int, num_heads: int, max_len: i
         f"position {name!r} is defined for causal self-attention only (decoder stacks; keys "
         "never after the query), and this model has a bidirectional (encoder) stack: use "
         "another position, or a decoder-only model (model.arch=decoder) on data it learns")
-  return cls(d_model, num_heads, max_len, causal=causal,
-             settings=settings_of(settings, POSITIONS, name), rngs=rngs)
+  encoding = cls(d_model, num_heads, max_len, causal=causal,
+                 settings=settings_of(settings, POSITIONS, name), rngs=rngs)
+  encoding.name = name
+  return encoding
 
 
 class PositionPattern(nnx.Module):

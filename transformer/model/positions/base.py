@@ -14,26 +14,17 @@ from transformer.core.registry import NoSettings
 
 @dataclasses.dataclass(frozen=True)
 class BiasSpec:
-  """A positional logit bias declared as a function a kernel can evaluate on any block of
-  (query, key) positions, one head at a time, without the whole [tq, tk] array:
+  """A positional logit bias as a function a kernel evaluates on any block of (query, key)
+  positions, one head at a time, without the whole [tq, tk] array.
 
-    fn(params, q_positions [m, 1] (or [m, n]), k_positions [1, n] (or [m, n])) -> float32 [m, n]
-
-  with `params` one head's slice of `params`, a dict of float32 arrays [num_heads, size]
-  (parameters shared by the heads are broadcast to every head, so that the gradient of the
-  broadcast sums theirs): name -> a sequence of `size` scalars, read as params[name][u]
-  with static u and len() (an array [size] in bias(); a tuple of scalars inside the
-  kernels, which read them from scalar memory). fn uses elementwise operations on
-  broadcastable 2-D positions and static Python loops only (no gather, no matmul, no
-  slicing, no custom_jvp function such as jax.nn.relu), so that it lowers inside a Pallas
-  kernel for every backend (Mosaic TPU, Triton) and its vjp does too.
-
-  `dense(params, q_positions, k_positions) -> [b, h, tq, tk]` (positions broadcastable to
-  [b, tq, tk]), if given, is the same bias over whole arrays with the gathers and matmuls
-  that fn avoids (a table lookup, an MLP), where fn's select-sums and unrolled loops would
-  compile and run many times slower; both are built on the same formula functions, and
-  tests check that they agree. None: fn mapped over the heads and rows. `learned`: the
-  params carry gradients a kernel must compute (False for constants)."""
+  fn(params, q_positions [m, 1] or [m, n], k_positions [1, n] or [m, n]) -> float32 [m, n],
+  `params` one head's slice of `params` ({name: float32 [num_heads, size]}, read as
+  params[name][u] with static u). fn uses elementwise operations and static loops only (no
+  gather, matmul, slicing or custom_jvp), so that it and its vjp lower inside a Pallas
+  kernel on every backend. dense(params, q_positions, k_positions) -> [b, h, tq, tk], if
+  given, is the same bias over whole arrays (gathers and matmuls allowed; tests check that
+  the two agree); None: fn mapped over heads and rows. learned: the params carry gradients
+  a kernel must compute."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
@@ -62,6 +53,7 @@ class PositionalEncoding(nnx.Module):
   """No positional information: the identity at every seam."""
 
   Settings = NoSettings
+  name = "none"  # its config name (make_positional_encoding sets it), for error lines
   biases = False  # bias() is not zero: the attention kernel must add it
   learned_bias = False  # bias() has parameters: the kernel must give their gradient
   content_biases = False  # content_bias() is not zero: only a kernel declaring content_bias adds it

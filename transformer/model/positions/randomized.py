@@ -17,21 +17,30 @@ has seen every position an encoding can take up to max_position. Two ways of dra
              so each row's sample is uniform over the subsets of its length and rows of one
              length share it. A packed segment shorter than its row's longest reads the
              longest's offsets (theirs packs nothing).
-  per_row    the draw before per_batch (runs saved before the setting keep it): each row
-             its own sample of positions, shared by the embedding and every layer; relative
-             encodings read |p_i − p_j| of the drawn positions, which is not a function of
-             j − i.
+  per_row    each row its own sample of positions, shared by the embedding and every
+             layer; relative encodings read |p_i − p_j| of the drawn positions, which is not
+             a function of j − i (the draw of runs saved without the setting).
 
 Training draws from the step's key (resumes exactly); an evaluation call from the key its
-caller sets (Stack.draw_key: the evaluator's, fresh per batch) or key 0.
+caller sets (RandomPositions.draw_from: the evaluator's batch_key, fresh per batch) or key 0.
+
+This module owns randomized positions: the config's check (check_config), a stack's draws
+(RandomPositions, which transformer/model/stack.py calls), the evaluator's keys (batch_key)
+and the view of a relative encoding at sampled offsets that the kernels are handed
+(AtSampledOffsets, declaring `gathered_bias`: transformer/model/kernels/capabilities.py).
 """
 
 import dataclasses
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
-from transformer.model.masks import Mask
+from transformer.core.errors import ConfigError
+from transformer.core.fields import check
+from transformer.core.registry import lookup
+from transformer.model import layer_pattern
+from transformer.model.masks import WINDOWS, Mask
 from transformer.model.positions.base import pair_bias
 
 
@@ -120,15 +129,15 @@ class AtSampledOffsets:
   row of `table` [b or 1, size] (batch_offsets). The encoding's other seams are the
   identity (a relative encoding has no other). Not a module: made per layer and call by the
   stack. Its bias is a gather from the table, which a kernel evaluating biases in-kernel
-  from positions has not (`gathered_bias`: kernel_choice refuses them)."""
+  from positions has not (`gathered_bias`: transformer/model/kernels/capabilities.py)."""
 
   gathered_bias = True
 
   def __init__(self, encoding, table: jax.Array | None):
     """table None: a declaration only (what a layer asks of its kernel)."""
     self.encoding, self.table = encoding, table
-    for name in ("biases", "learned_bias", "content_biases", "causal_only", "takes_positions",
-                 "relative"):
+    for name in ("name", "biases", "learned_bias", "content_biases", "causal_only",
+                 "takes_positions", "relative"):
       setattr(self, name, getattr(encoding, name))
 
   def offsets(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
@@ -166,7 +175,7 @@ class PerRow:
   """model.random_positions_draw=per_row (module docstring)."""
 
   max_position: int
-  per_batch = False  # an evaluation call draws from its caller's key (Stack.draw_key)
+  per_batch = False  # an evaluation call draws from its caller's key (draw_from)
 
   def declared(self, encoding):
     """What the layers' kernels will be handed, for their choice."""
@@ -243,3 +252,70 @@ class PerBatch(PerRow):
 
 # model.random_positions_draw's choices (module docstring).
 DRAWS = {"per_batch": PerBatch, "per_row": PerRow}
+
+
+def check_config(cfg, encodings) -> None:
+  """A FieldError unless config.model's randomized positions fit the rest of it (`cfg`, a
+  ModelConfig; `encodings`, the classes its position names): some encoding reads positions,
+  and no attention window spans ±window_size positions."""
+  lookup(DRAWS, cfg.random_positions_draw, "model random_positions_draw")
+  if cfg.random_positions:
+    check(any(e.takes_positions for e in encodings), "random_positions", True,
+          f"false for position {cfg.position!r}, which takes no positions")
+    windows = layer_pattern.entries(cfg.attention.window)
+    check(all(WINDOWS[w](1) is None for w in windows), "random_positions", True,
+          f"false with attention.window={cfg.attention.window!r} (a window of "
+          "±window_size positions would span sampled positions)")
+
+
+def batch_key(number) -> jax.Array:
+  """The key of batch `number`'s random positions in an evaluation (the evaluator's)."""
+  return jax.random.fold_in(jax.random.key(0), number)
+
+
+class RandomPositions(nnx.Module):
+  """A stack's randomized positions: each call's draw (module docstring), from the key of
+  the call's rngs (training), else from evaluation_key()."""
+
+  def __init__(self, draw: str, max_position: int, causal: bool):
+    self.draw = lookup(DRAWS, draw, "model random_positions_draw")(max_position)
+    self.max_position, self.causal = max_position, causal
+    self.key: jax.Array | None = nnx.data(None)  # evaluation_key's base (None: key 0)
+
+  def draw_from(self, key: jax.Array) -> None:
+    """Calls without rngs draw per_batch positions from `key` (the evaluator's batch_key)."""
+    self.key = key
+
+  def evaluation_key(self) -> jax.Array:
+    """The key of deterministic calls' random positions (one per kind of stack): from the
+    key set by draw_from under per_batch (key 0 if none is set), from key 0 under per_row."""
+    base = self.key if self.key is not None and self.draw.per_batch else None
+    return jax.random.fold_in(jax.random.key(0) if base is None else base, int(self.causal))
+
+  def check_length(self, length: int) -> None:
+    if length > self.max_position:
+      raise ConfigError(
+          f"sequence length {length} exceeds model.max_position={self.max_position}, the "
+          "range random positions are drawn from; raise model.max_position")
+
+  def declared(self, encoding):
+    """A layer's encoding as its kernel will be handed it, for the kernel's choice."""
+    return self.draw.declared(encoding)
+
+  def slot_positions(self, positions: jax.Array) -> jax.Array:
+    """Cached decoding's slots [b, max_len] (0..max_len-1), as the draw places them."""
+    return self.draw.slot_positions(self.evaluation_key(), positions)
+
+  def start(self, mask: Mask, rngs: nnx.Rngs | None, num_layers: int, cached: bool):
+    """(the call's mask, its keys or None): the draw's start, from the rngs' dropout
+    stream's key, or evaluation_key() without rngs."""
+    key = self.evaluation_key() if rngs is None else rngs.dropout()
+    return self.draw.start(mask, key, num_layers, cached)
+
+  def embed_positions(self, mask: Mask, keys, cached: bool) -> jax.Array:
+    """The positions the embedding is given."""
+    return mask.q_positions if keys is None else self.draw.embed_positions(mask, keys, cached)
+
+  def layer(self, mask: Mask, encoding, key, cached: bool):
+    """(a layer's mask, its encoding) at its own draw (key: its row of start's keys)."""
+    return self.draw.layer(mask, encoding, key, cached)

@@ -51,8 +51,8 @@ class ALiBi(PositionalEncoding):
   @dataclasses.dataclass(frozen=True)
   class Settings:
     max_bias: float = 8.0  # slopes 2^(-max_bias·h/n), h = 1..n: the last head's is 2^-max_bias
-    # encoders: m_h·this added to the logits of keys before the query (0: symmetric, as runs
-    # saved before this field were)
+    # encoders: m_h·this added to the logits of keys before the query (0: symmetric, the
+    # value of runs saved without this field)
     bidirectional_offset: float = changed(0.5, old=0.0)
 
     def __post_init__(self):

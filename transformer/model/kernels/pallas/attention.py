@@ -41,7 +41,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from transformer.model.kernels.log_once import log_once
+from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import layouts
 from transformer.model.kernels.pallas.bodies import Static, dkv_kernel, dq_kernel, forward_kernel
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand

@@ -82,7 +82,7 @@ class Layout:
 
 def _lowering(name: str):
   """jax.experimental.pallas.tpu or .triton, imported when a layout of theirs is used: they
-  take 0.4 s of imports that a run on the CPU never needs (issue 31: start-up time)."""
+  take 0.4 s of imports that a run on the CPU never needs."""
   return importlib.import_module(f"jax.experimental.pallas.{name}")
 
 

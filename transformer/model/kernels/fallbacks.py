@@ -1,6 +1,6 @@
-"""Log lines about how a traced program computes (a kernel's fallback for a one-query
-decoding step), said once per process: being the same in every layer and every retrace,
-they would otherwise repeat once per layer each time a step is traced."""
+"""A kernel's fallbacks inside a traced program (a one-query decoding step computed another
+way), logged once per process: the same in every layer and every retrace, they would
+otherwise repeat once per layer each time a step is traced."""
 
 import functools
 import logging
