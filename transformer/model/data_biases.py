@@ -21,9 +21,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.layers import Dense
+from transformer.model.normalizers import causal_only_error
+from transformer.model.positions.base import EncodingView
 
 
 class NoDataBias(nnx.Module):
@@ -64,36 +65,21 @@ class ForgetGate(NoDataBias):
     return ForgetBiased(encoding, q_sums, k_sums)
 
 
-class ForgetBiased:
+class ForgetBiased(EncodingView):
   """`encoding` with c_i − c_j added to its bias: q_sums [b, tq, h] at the queries, k_sums
   [b, tk, h] at the keys (the whole rows: a kernel computing the bias in blocks cannot slice
-  them by the mask's blocks, so only kernels declaring `data_bias` are handed it). Not a
-  module: made per call by the layer. Its other seams are the encoding's."""
+  them by the mask's blocks, so only kernels offering `data_bias` are handed it). Made per
+  call by the layer; its other seams are the encoding's."""
 
   def __init__(self, encoding, q_sums: jax.Array, k_sums: jax.Array):
-    self.encoding, self.q_sums, self.k_sums = encoding, q_sums, k_sums
-    for name in ("learned_bias", "content_biases", "causal_only", "takes_positions", "relative",
-                 "gathered_bias"):
-      setattr(self, name, getattr(encoding, name))
-    self.biases = True
+    super().__init__(encoding, biases=True)
+    self.q_sums, self.k_sums = q_sums, k_sums
 
   def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """The encoding's bias plus c_i − c_j: [b, h, tq, tk] float32."""
     data = (jnp.transpose(self.q_sums, (0, 2, 1))[:, :, :, None]
             - jnp.transpose(self.k_sums, (0, 2, 1))[:, :, None, :])
     return self.encoding.bias(q_positions, k_positions) + data
-
-  def bias_spec(self):
-    return None
-
-  def rotate_queries(self, x, positions):
-    return self.encoding.rotate_queries(x, positions)
-
-  def rotate_keys(self, x, positions):
-    return self.encoding.rotate_keys(x, positions)
-
-  def content_bias(self, q, logits):
-    return self.encoding.content_bias(q, logits)
 
 
 DATA_BIASES: dict[str, type[NoDataBias]] = {"none": NoDataBias, "forget": ForgetGate}
@@ -105,9 +91,5 @@ def make_data_bias(name: str, d_model: int, num_heads: int, *, causal: bool, dty
   and the layer is not causal self-attention."""
   cls = lookup(DATA_BIASES, name, "attention data_bias")
   if cls.causal_only and not causal:
-    raise ConfigError(
-        f"model.attention.data_bias={name!r} is defined for causal self-attention only (a "
-        "decay over the keys before the query), and this model has bidirectional or cross-"
-        "attention (an encoder stack, or an encoder-decoder's cross-attention): use "
-        "model.arch=decoder or data_bias=none")
+    raise causal_only_error("data_bias", name, "a decay over the keys before the query")
   return cls(d_model, num_heads, dtype=dtype, rngs=rngs)

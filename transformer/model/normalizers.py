@@ -213,6 +213,16 @@ NormalizerSettings = settings_sections(NORMALIZERS, "NormalizerSettings")
 SOFTMAX = Softmax()  # the kernels' default
 
 
+def causal_only_error(field: str, name: str, why: str) -> ConfigError:
+  """The error of model.attention.FIELD=NAME, defined for causal self-attention only
+  (`why`), in a layer that is not."""
+  return ConfigError(
+      f"model.attention.{field}={name!r} is defined for causal self-attention only ({why}), "
+      "and this model has bidirectional or cross-attention (an encoder stack, or an "
+      "encoder-decoder's cross-attention): use model.arch=decoder or another "
+      f"{field}")
+
+
 def make_normalizer(name: str, num_heads: int, settings=None, *, max_len: int,
                     causal: bool, rngs: nnx.Rngs) -> Normalizer:
   """The normaliser `name` with its section of `settings` (a NormalizerSettings; None:
@@ -220,11 +230,7 @@ def make_normalizer(name: str, num_heads: int, settings=None, *, max_len: int,
   layer is not causal self-attention."""
   cls = lookup(NORMALIZERS, name, "attention normalizer")
   if cls.causal_only and not causal:
-    raise ConfigError(
-        f"model.attention.normalizer={name!r} is defined for causal self-attention only "
-        "(keys ordered before the query), and this model has bidirectional or cross-"
-        "attention (an encoder stack, or an encoder-decoder's cross-attention): use "
-        "model.arch=decoder or another normalizer")
+    raise causal_only_error("normalizer", name, "keys ordered before the query")
   normalizer = cls(num_heads, settings_of(settings, NORMALIZERS, name), max_len=max_len,
                    rngs=rngs)
   normalizer.name = name
