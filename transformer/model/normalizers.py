@@ -5,8 +5,9 @@ A normaliser maps the logits [b, h, tq, tk] (float32; the scorer's, capped, plus
 positional biases) and the visible keys (a boolean [b, 1 or h, tq, tk]) to the weights
 [b, h, tq, tk] (float32; 0 at every masked key, and a row with no visible key all 0):
 `normalizer(logits, visible, mask)`. Its constructor is `(num_heads, settings, *, max_len,
-rngs)`, max_len the model's longest sequence. Each declares what it is, for the kernels'
-choice (transformer/model/kernels/choice.py):
+rngs)`, max_len the model's longest sequence. Each declares what it is, from which the
+capabilities a layer needs of its kernel are read (transformer/model/kernels/capabilities.py:
+`online_normalizer`, `row_normalizer`):
 
   * `plain_softmax`: it is exactly softmax over the visible keys, which every kernel
     computes;
@@ -56,7 +57,8 @@ class Normalizer(nnx.Module):
     raise NotImplementedError
 
   def divisor(self, state) -> jax.Array:
-    """What the accumulated p·V is divided by at the end, [b, h, bq] (never 0)."""
+    """What the accumulated p·V is divided by at the end, broadcastable to [b, h, bq]
+    (never 0)."""
     raise NotImplementedError
 
 
