@@ -86,7 +86,7 @@ class Case:
 
   def make_normalizer(self):
     """The case's normaliser, a sink's logits drawn away from 0 (its gradient then counts);
-    a causal-only one made for every mask (the kernels compare it where they declare it)."""
+    a causal-only one made for every mask (compared only with the kernels offering it)."""
     normalizer = make_normalizer(self.normalizer, H, max_len=T, causal=True, rngs=nnx.Rngs(3))
     if hasattr(normalizer, "sink"):
       normalizer.sink[...] = jnp.array([0.5, -1.0, 2.0, 0.0])

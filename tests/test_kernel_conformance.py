@@ -50,7 +50,7 @@ ELSEWHERE = [name for name in KERNELS if runs_here(name)]
 
 def _outputs_and_grads(name: str, case: Case):
   """((output, gradients) of kernel `name`, the same of the reference), one compiled program;
-  gradients of (q, k, v, the scorer's state, the encoding's state)."""
+  gradients of (q, k, v, the scorer's, the encoding's and the normaliser's states)."""
   scorer, encoding, mask, _ = case.parts()
   (score_def, score_state), (enc_def, enc_state) = nnx.split(scorer), nnx.split(encoding)
   norm_def, norm_state = nnx.split(case.make_normalizer())
