@@ -16,6 +16,7 @@ from transformer.model.kernels.choice import check
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
+from transformer.model.normalizers import NORMALIZERS, make_normalizer
 from transformer.model.positions import POSITIONS, PositionSettings, make_positional_encoding
 from transformer.model.positions.randomized import AtSampledOffsets, batch_offsets
 from transformer.model.positions.relative import Fire, T5Bias
@@ -68,18 +69,28 @@ class Case:
   kv_heads: int = H
   dtype: str = "float32"
   softcap: float = 0.0
+  normalizer: str = "softmax"
 
   def parts(self):
     """(scorer, encoding, mask, its Needs); view(encoding) is what the kernel is handed."""
     scorer = make_score(self.score, H, D, rngs=nnx.Rngs(2))
     mask = _mask(self.mask)
+    normalizer = self.make_normalizer()
     name = self.position.removesuffix(SAMPLED)
     encoding = make_positional_encoding(name, H * D, H, 64, causal=mask.causal,
                                         settings=SETTINGS, rngs=nnx.Rngs(1))
-    needs = Needs.of(scorer, self.view(encoding), score=self.score, position=name,
-                     softcap=self.softcap, window=mask.window is not None,
+    needs = Needs.of(scorer, self.view(encoding), normalizer=normalizer, score=self.score,
+                     position=name, softcap=self.softcap, window=mask.window is not None,
                      grouped=self.kv_heads < H, dtype=self.dtype, block_size=BLOCK)
     return scorer, encoding, mask, needs
+
+  def make_normalizer(self):
+    """The case's normaliser, a sink's logits drawn away from 0 (its gradient then counts);
+    a causal-only one made for every mask (compared only with the kernels offering it)."""
+    normalizer = make_normalizer(self.normalizer, H, max_len=T, causal=True, rngs=nnx.Rngs(3))
+    if hasattr(normalizer, "sink"):
+      normalizer.sink[...] = jnp.array([0.5, -1.0, 2.0, 0.0])
+    return normalizer
 
   def view(self, encoding):
     """The encoding at sampled offsets (a fixed draw of 2 rows' distances) for NAME@sampled."""
@@ -110,7 +121,8 @@ def _axes(name: str) -> dict[str, list]:
           "position": ["none", *POSITIONS_SEEN],
           "mask": list(MASKS), "kv_heads": [H, 1, 2],
           "dtype": ["float32", *(d for d in dtypes if d != "float32")] if "float32" in dtypes
-          else list(dtypes), "softcap": [0.0, 2.0]}
+          else list(dtypes), "softcap": [0.0, 2.0],
+          "normalizer": ["softmax", *sorted(set(NORMALIZERS) - {"softmax"})]}
 
 
 def _accepts(name: str, case: Case) -> bool:

@@ -283,6 +283,41 @@ def family_batch(arch, b=2, t=8):
   return {"inputs": inputs, "targets": targets, "targets_segmentation": np.ones((b, t), np.int32)}
 
 
+def adam_losses(model, arch, steps=6, learning_rate=3e-2):
+  """The per-token losses of `steps` Adam steps of `model` (family `arch`) on one
+  family_batch: a variant that learns lowers them."""
+  import jax  # noqa: PLC0415 - support stays light to import
+  import optax  # noqa: PLC0415
+
+  from transformer.run import step as step_lib  # noqa: PLC0415
+
+  graphdef, params = nnx.split(model)
+  params = nnx.to_pure_dict(params)
+  optimizer = optax.adam(learning_rate)
+  step = jax.jit(step_lib.make_train_step(graphdef, optimizer, lambda s: learning_rate,
+                                          label_smoothing=0.0, seed=0))
+  state = {"step": jnp.zeros((), jnp.int32), "params": params,
+           "opt_state": optimizer.init(params)}
+  batch, losses = family_batch(arch), []
+  for _ in range(steps):
+    state, sums = step(state, batch)
+    losses.append(float(sums["loss"]) / float(sums["tokens"]))
+  return losses
+
+
+def randomised(model, seed=3, scale=0.3):
+  """model with scale·N(0, 1) added to every parameter (norm scales and biases start at 1
+  and 0, gates' and sinks' at their inits), so that every part acts in an equivalence."""
+  import jax  # noqa: PLC0415
+
+  state = nnx.state(model, nnx.Param)
+  leaves, tree = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  nnx.update(model, jax.tree.unflatten(tree, [
+      leaf + scale * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]))
+  return model
+
+
 def jaxpr_equations(jaxpr, primitive):
   """The equations applying `primitive` in jaxpr and in the jaxprs nested in it (jit, ...)."""
   found = []

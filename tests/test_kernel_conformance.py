@@ -4,10 +4,11 @@ base case — every scorer, every encoding that biases the logits (and none; the
 ones also at sampled offsets, a table's), the masks (causal, bidirectional, a local window,
 causal within a window, cross-attention of other lengths, a one-query decoding step; every
 batch holds a packed row and a padded row of gapped positions), grouped- and multi-query
-heads, each dtype, a logit soft-cap — kept where
+heads, each dtype, a logit soft-cap, each normaliser — kept where
 kernels.choice.check accepts the case's Needs. Values and gradients (of q, k, v and of the
-scorer's and the encoding's parameters) on the queries that see a key (the fused kernels
-let a padding query attend to every key instead of none; no loss reads it). Attention
+scorer's, the encoding's and the normaliser's parameters) on the queries that see a key
+(the fused kernels let a padding query attend to every key instead of none; no loss reads
+it). Attention
 dropout is compared off: random masks differ between kernels, and the reference is the one
 kernel declaring it.
 
@@ -38,6 +39,7 @@ from tests.support import ROOT, eight_devices
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
+from transformer.model.normalizers import NORMALIZERS
 from transformer.model.scores import SCORES
 
 PARAMS = [pytest.param(name, case, id=f"{name}-{case}")
@@ -48,22 +50,24 @@ ELSEWHERE = [name for name in KERNELS if runs_here(name)]
 
 def _outputs_and_grads(name: str, case: Case):
   """((output, gradients) of kernel `name`, the same of the reference), one compiled program;
-  gradients of (q, k, v, the scorer's state, the encoding's state)."""
+  gradients of (q, k, v, the scorer's, the encoding's and the normaliser's states)."""
   scorer, encoding, mask, _ = case.parts()
   (score_def, score_state), (enc_def, enc_state) = nnx.split(scorer), nnx.split(encoding)
+  norm_def, norm_state = nnx.split(case.make_normalizer())
   kernel = KERNELS[name].make(block_size=BLOCK, softcap=case.softcap, mesh=None)
   seen = (np.asarray(mask.q_segments) > 0)[:, :, None, None]
   qkv, qkv_f32, weights = case_inputs(case)
 
-  def loss(q, k, v, score_state, enc_state, run):
+  def loss(q, k, v, score_state, enc_state, norm_state, run):
     out = run(q, k, v, mask, case.view(nnx.merge(enc_def, enc_state)),
-              nnx.merge(score_def, score_state), Dropout(0.0), None)
+              nnx.merge(score_def, score_state), Dropout(0.0), None,
+              normalizer=nnx.merge(norm_def, norm_state))
     return jnp.sum(jnp.where(seen, out.astype(jnp.float32) * weights, 0.0)), out
 
   def both(qkv, qkv_f32):
-    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
-    reference = lambda *x: reference_kernel(*x, softcap=case.softcap)  # noqa: E731
-    return [grad(*args, score_state, enc_state, run)[::-1]
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5), has_aux=True)
+    reference = lambda *x, **kw: reference_kernel(*x, softcap=case.softcap, **kw)  # noqa: E731
+    return [grad(*args, score_state, enc_state, norm_state, run)[::-1]
             for args, run in ((qkv, kernel), (qkv_f32, reference))]
 
   # At XLA:CPU's optimisation level 0 (which compiles Pallas' interpret mode faster) the
@@ -116,4 +120,8 @@ def test_every_kernel_but_the_reference_has_cases_on_every_axis_it_declares():
     assert any(c.position.endswith(SAMPLED) for c in mine) == ("gathered_bias" in offers), name
     assert {c.dtype for c in mine} == set(kernel.dtypes or DTYPES), name
     assert ({c.score for c in mine} == set(SCORES)) == ("any_score" in offers), name
+    assert {c.normalizer for c in mine} == {
+        n for n, cls in NORMALIZERS.items()
+        if (cls.plain_softmax or "online_normalizer" in offers)
+        and (cls.online or "row_normalizer" in offers)}, name
     assert {c.mask for c in mine} == set(MASKS) and {c.kv_heads for c in mine} == {1, 2, H}

@@ -20,9 +20,13 @@ from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, AT_LEAST_1, FRACTION, check_ranges, execution
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
+from transformer.model.data_biases import DATA_BIASES, make_data_bias
+from transformer.model.differential import HEADS, make_heads
+from transformer.model.gates import GATES, make_gate
 from transformer.model.kernels import Needs, check_kernel_name, choose
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
+from transformer.model.normalizers import NORMALIZERS, NormalizerSettings, make_normalizer
 from transformer.model.positions import PositionalEncoding
 from transformer.model.qk_norm import QK_NORMS, make_qk_norm
 from transformer.model.scores import SCORES, ScoreSettings, make_score
@@ -48,11 +52,30 @@ class AttentionConfig:
   # the chosen scorer's is used (and is the run's identity).
   score_settings: ScoreSettings = dataclasses.field(default_factory=ScoreSettings,
                                                     metadata={"chosen_by": "score"})
+  # a key of NORMALIZERS: how each row of logits becomes the weights (softmax, sigmoid, a
+  # softmax with a sink, stick-breaking; transformer/model/normalizers.py)
+  normalizer: str = "softmax"
+  # Each normaliser's own knobs (`normalizer_settings.sink.learned`, ...), as score_settings.
+  normalizer_settings: NormalizerSettings = dataclasses.field(
+      default_factory=NormalizerSettings, metadata={"chosen_by": "normalizer"})
+  # a key of GATES: a sigmoid gate on each head's output from the layer's input, after the
+  # kernel and before W_O (gated attention): none | headwise | elementwise
+  gate: str = "none"
+  # a key of HEADS: how the heads' outputs combine: plain, or differential (pairs of heads,
+  # softmax(A₁) − λ·softmax(A₂); transformer/model/differential.py)
+  heads: str = "plain"
+  # a key of DATA_BIASES: a logit bias computed from the tokens, added to the positional
+  # one: none | forget (FoX's forget gate, c_i − c_j; transformer/model/data_biases.py)
+  data_bias: str = "none"
 
   def __post_init__(self):
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
                  logit_softcap=AT_LEAST_0)
     lookup(SCORES, self.score, "attention score")
+    lookup(NORMALIZERS, self.normalizer, "attention normalizer")
+    lookup(GATES, self.gate, "attention gate")
+    lookup(HEADS, self.heads, "attention heads")
+    lookup(DATA_BIASES, self.data_bias, "attention data_bias")
     layer_pattern.check("window", self.window, WINDOWS, "attention window")
     check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
@@ -64,11 +87,15 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
-               cross: bool = False, rngs: nnx.Rngs):
+               cross: bool = False, causal: bool = False, max_len: int = 0, depth: int = 0,
+               rngs: nnx.Rngs):
     """dtype: of the computation; parameters stay float32. encoding: the positional encoding
     its calls will be handed (None: none), whose declarations the kernel must meet. cross:
-    cross-attention (its masks carry no window). The kernel is chosen for the target of the
-    model's construction (kernels.choosing_for)."""
+    cross-attention (its masks carry no window). causal: causal self-attention (what a
+    causal-only normaliser or data bias needs). max_len: the model's longest sequence (the
+    sigmoid normaliser's default n). depth: the layer's index in its stack (differential
+    attention's λ_init). The kernel is chosen for the target of the model's construction
+    (kernels.choosing_for)."""
     if d_model % num_heads:
       raise ConfigError(f"num_heads ({num_heads}) must divide d_model ({d_model})")
     num_kv_heads = num_kv_heads or num_heads
@@ -89,9 +116,17 @@ class MultiHeadAttention(nnx.Module):
     self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
+    self.normalizer = make_normalizer(cfg.normalizer, num_heads, cfg.normalizer_settings,
+                                      max_len=max_len, causal=causal and not cross, rngs=rngs)
+    self.head_mix = make_heads(cfg.heads, num_heads, num_kv_heads, self.head_dim, depth=depth,
+                               dtype=dtype, rngs=rngs)
+    self.gate = make_gate(cfg.gate, d_model, num_heads, self.head_dim, dtype=dtype, rngs=rngs)
+    self.data_bias = make_data_bias(cfg.data_bias, d_model, num_heads,
+                                    causal=causal and not cross, dtype=dtype, rngs=rngs)
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
-        self.score, encoding or PositionalEncoding(), score=cfg.score, dropout=cfg.dropout,
+        self.score, encoding or PositionalEncoding(), normalizer=self.normalizer,
+        data_bias=self.data_bias.vectors, score=cfg.score, dropout=cfg.dropout,
         softcap=cfg.logit_softcap,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
@@ -125,14 +160,16 @@ class MultiHeadAttention(nnx.Module):
     `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
-    return self._attend(self.query(x_q), kv, mask, encoding, rngs)
+    return self._attend(x_q, self.query(x_q), kv, mask, encoding, rngs)
 
-  def _attend(self, q, kv, mask, encoding, rngs):
-    """__call__ with the queries projected: q [b, tq, d_model]."""
+  def _attend(self, x_q, q, kv, mask, encoding, rngs):
+    """__call__ with the queries projected: q [b, tq, d_model]. The kernel's output per head
+    is combined (head_mix: plain or differential) and gated from x_q before W_O."""
     k, v = kv
     q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
-    out = self.kernel(q, k, v, mask, encoding, self.score, self.dropout, rngs)
-    return self.out(out.reshape(*out.shape[:2], -1))
+    out = self.kernel(q, k, self.head_mix.values(v), mask, encoding, self.score, self.dropout,
+                      rngs, normalizer=self.normalizer)
+    return self.out(self.gate(x_q, self.head_mix.combine(out)))
 
   def self_attend(self, x, mask: Mask, encoding, rngs=None):
     """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
@@ -140,9 +177,20 @@ class MultiHeadAttention(nnx.Module):
     attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
     q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
     kv = self._keys_values(k, v, mask.q_positions, encoding)
+    encoding = self._data_biased(x, encoding)
     if self.cache is not None:
       kv = self.cache.append(kv)
-    return self._attend(q, kv, mask, encoding, rngs)
+    return self._attend(x, q, kv, mask, encoding, rngs)
+
+  def _data_biased(self, x, encoding):
+    """The encoding with the data bias of x's tokens (data_biases.py); with a cache, x's
+    cumulative sums continue the cached ones and are cached with its keys (call it before
+    the keys are appended)."""
+    if self.cache is None:
+      sums = self.data_bias.sums(x, None)
+      return self.data_bias.view(encoding, sums, sums)
+    sums = self.data_bias.sums(x, self.cache.last_sum())
+    return self.data_bias.view(encoding, sums, self.cache.append_sums(sums))
 
   def cross_attend(self, x, encoded, mask: Mask, encoding, rngs=None):
     """Attention from x to the encoder output; K/V come from the cache when one was made
@@ -153,7 +201,9 @@ class MultiHeadAttention(nnx.Module):
 
   def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
     shape = (batch, max_len, self.num_kv_heads, self.head_dim)
-    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+    sums = jnp.zeros((batch, max_len, self.num_heads), jnp.float32) if (
+        self.data_bias.vectors) else None
+    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), sums)
 
   def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
     self.cache = KVCache(*self.keys_values(encoded, encoded_positions, encoding))
@@ -161,11 +211,28 @@ class MultiHeadAttention(nnx.Module):
 
 class KVCache(nnx.Module):
   """Keys and values [b, max_len, kv_heads, d] of the positions decoded so far, and their
-  count."""
+  count; with a data bias, its cumulative sums [b, max_len, heads] at those positions."""
 
-  def __init__(self, k: jax.Array, v: jax.Array):
+  def __init__(self, k: jax.Array, v: jax.Array, sums: jax.Array | None = None):
     self.k, self.v = nnx.Cache(k), nnx.Cache(v)
     self.index = nnx.Cache(jnp.zeros((), jnp.int32))
+    self.sums = None if sums is None else nnx.Cache(sums)
+
+  def last_sum(self) -> jax.Array | None:
+    """The sum [b, heads] at the last position decoded (0 before the first); None without
+    sums."""
+    if self.sums is None:
+      return None
+    i = self.index[...]
+    last = jax.lax.dynamic_index_in_dim(self.sums[...], jnp.maximum(i - 1, 0), 1, keepdims=False)
+    return jnp.where(i > 0, last, 0.0)
+
+  def append_sums(self, sums: jax.Array | None) -> jax.Array | None:
+    """Writes sums [b, t, heads] at the current index (append then moves it); returns all."""
+    if sums is None:
+      return None
+    self.sums[...] = jax.lax.dynamic_update_slice_in_dim(self.sums[...], sums, self.index[...], 1)
+    return self.sums[...]
 
   def append(self, kv):
     """Writes kv ([b, t, kv_heads, d] each) at the current index; returns the whole cache."""

@@ -42,15 +42,17 @@ class EncoderLayer(nnx.Module):
   causal = False  # its self-attention sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
-               attention: AttentionConfig | None = None, rngs: nnx.Rngs):
+               attention: AttentionConfig | None = None, depth: int = 0, rngs: nnx.Rngs):
     """encoding: the one its self-attention will be handed (the stack's, or under a
     layer-wise pattern this layer's entry's); attention: this layer's attention config
-    (default cfg.attention; a pattern's stack gives each layer its window)."""
+    (default cfg.attention; a pattern's stack gives each layer its window); depth: its
+    index in the stack."""
     dtype = compute_dtype(cfg)
     attention = attention or cfg.attention
     self.self_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads, attention,
                                              dtype=dtype, num_kv_heads=cfg.num_kv_heads,
-                                             encoding=encoding, rngs=rngs)
+                                             encoding=encoding, causal=self.causal,
+                                             max_len=cfg.max_len, depth=depth, rngs=rngs)
     self.attention_block = residual_block(cfg, rngs)
     self.ffn = feed_forward(cfg, rngs)
     self.ffn_block = residual_block(cfg, rngs)
@@ -66,13 +68,13 @@ class DecoderLayer(EncoderLayer):
   causal = True  # its self-attention never sees keys after the query
 
   def __init__(self, cfg: ModelConfig, *, encoding: PositionalEncoding | None = None,
-               attention: AttentionConfig | None = None, rngs: nnx.Rngs):
-    super().__init__(cfg, encoding=encoding, attention=attention, rngs=rngs)
+               attention: AttentionConfig | None = None, depth: int = 0, rngs: nnx.Rngs):
+    super().__init__(cfg, encoding=encoding, attention=attention, depth=depth, rngs=rngs)
     self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads,
                                               attention or cfg.attention,
                                               dtype=compute_dtype(cfg),
                                               num_kv_heads=cfg.num_kv_heads, cross=True,
-                                              rngs=rngs)
+                                              max_len=cfg.max_len, depth=depth, rngs=rngs)
     self.cross_block = residual_block(cfg, rngs)
 
   def __call__(self, x, mask, encoding, rngs, *, encoded, cross_mask):

@@ -50,7 +50,7 @@ class Stack(nnx.Module):
     self.period = layer_pattern.period(cfg.position, cfg.attention.window)
     self.dropout = Dropout(cfg.dropout)
     self.layers = nnx.List([layer(
-        cfg, encoding=self.handed(i), rngs=rngs,
+        cfg, encoding=self.handed(i), rngs=rngs, depth=i,
         attention=dataclasses.replace(cfg.attention,
                                       window=layer_pattern.of_layer(cfg.attention.window, i)))
         for i in range(num_layers)])

@@ -116,9 +116,9 @@ def recording_kernel(layer: MultiHeadAttention):
   kernel), sows them on the layer as nnx.Intermediate `weights` [b, h, tq, tk] and returns
   their output, the reference kernel's without dropout (pictures are deterministic)."""
 
-  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
     del dropout, rngs
-    weights = formula_weights(q, k, mask, encoding, score, layer.logit_softcap)
+    weights = formula_weights(q, k, mask, encoding, score, layer.logit_softcap, normalizer)
     layer.sow(nnx.Intermediate, "weights", weights)
     return jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), repeat_heads(v, q.shape[2]))
 

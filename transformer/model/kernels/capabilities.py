@@ -11,6 +11,7 @@ tests/test_kernel_conformance.py then runs those kernels with it.
 import dataclasses
 from collections.abc import Callable
 
+from transformer.model.normalizers import SOFTMAX, Normalizer
 from transformer.model.positions import PositionalEncoding
 from transformer.model.scores import Scorer
 
@@ -25,6 +26,8 @@ class Layer:
   softcap: float = 0.0  # c > 0: logits capped to c·tanh(score / c)
   window: bool = False  # its masks carry a local window (self-attention, window=local)
   grouped: bool = False  # fewer key/value heads than query heads
+  normalizer: Normalizer = SOFTMAX  # how its rows of logits become weights
+  data_bias: bool = False  # a data-dependent logit bias (data_biases.py: FoX's c_i − c_j)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,18 @@ CAPABILITIES: dict[str, Capability] = {
         lambda layer: layer.scorer.dot_product is None,
         "computes dot-product scores only, and score '{score}' declares no dot product; use "
         "kernel {able}"),
+    "online_normalizer": Capability(
+        lambda layer: not layer.normalizer.plain_softmax,
+        "computes softmax only, and normalizer '{normalizer}' is not softmax; use kernel "
+        "{able} or model.attention.normalizer=softmax"),
+    "row_normalizer": Capability(
+        lambda layer: not layer.normalizer.online,
+        "computes its normaliser block by block, and normalizer '{normalizer}' needs each "
+        "query's whole row of logits; use kernel {able}"),
+    "data_bias": Capability(
+        lambda layer: layer.data_bias,
+        "cannot add a data-dependent logit bias (model.attention.data_bias); use kernel "
+        "{able}"),
     "dropout": Capability(
         lambda layer: layer.dropout > 0,
         "has no attention dropout; set model.attention.dropout=0 (got {dropout}) or kernel "
@@ -59,8 +74,8 @@ CAPABILITIES: dict[str, Capability] = {
         "evaluates positional biases in-kernel from positions, and position '{position}' with "
         "model.random_positions_draw=per_batch reads its bias at sampled offsets from a "
         "table; use kernel {able}"),
-    "learned_bias": Capability(
-        lambda layer: layer.encoding.learned_bias,
+    "learned_bias": Capability(  # a data bias (FoX's gate) has parameters too
+        lambda layer: layer.encoding.learned_bias or layer.data_bias,
         "gives no reliable gradient for the learned logit bias of position '{position}' "
         "(cuDNN's bias gradient, JAX issue #23701); use kernel {able} or 'auto'"),
     "local_window": Capability(
@@ -84,6 +99,7 @@ class Needs:
   capabilities: frozenset[str] = frozenset()
   score: str = "scaled_dot"  # the scorer's config name
   position: str = "none"  # the positional encoding's config name
+  normalizer: str = "softmax"  # the normaliser's config name
   bias: bool = False
   dropout: float = 0.0
   softcap: float = 0.0
@@ -99,13 +115,15 @@ class Needs:
 
   @classmethod
   def of(cls, scorer: Scorer, encoding: PositionalEncoding, /, *, window: bool = False,
-         grouped: bool = False, **fields) -> "Needs":
+         grouped: bool = False, normalizer: Normalizer = SOFTMAX, data_bias: bool = False,
+         **fields) -> "Needs":
     """The needs of a layer of these parts (the encoding as its kernel is handed it; its
-    name unless `position` is given) and the other `fields`."""
+    name unless `position` is given; the normaliser's name) and the other `fields`."""
     layer = Layer(scorer, encoding, fields.get("dropout", 0.0), fields.get("softcap", 0.0),
-                  window, grouped)
+                  window, grouped, normalizer, data_bias)
     needed = frozenset(name for name, c in CAPABILITIES.items() if c.needed(layer))
-    return cls(needed, bias=encoding.biases, **{"position": encoding.name, **fields})
+    return cls(needed, bias=encoding.biases,
+               **{"position": encoding.name, "normalizer": normalizer.name, **fields})
 
   def refusal(self, capability: str, able: str) -> str:
     """The words of a kernel's refusal of `capability`, the kernels offering it being

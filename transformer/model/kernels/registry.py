@@ -3,9 +3,9 @@
 A kernel computes the heads' outputs [b, tq, h, d] from q [b, tq, h, d], k, v
 [b, tk, kv_heads, d] (kv_heads divides h: query head i reads kv head i // (h / kv_heads),
 grouped-query attention; kv_heads = h is multi-head attention), a Mask, the positional
-encoding, and the layer's scorer and dropout:
-`kernel(q, k, v, mask, encoding, score, dropout, rngs)`. Of the encoding it calls the logit
-seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
+encoding, and the layer's scorer, dropout and normaliser (transformer/model/normalizers.py;
+None: softmax): `kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None)`.
+Of the encoding it calls the logit seams it supports: every kernel adds `encoding.bias(q_positions, k_positions)` (`pallas`
 evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a kernel
 offering `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. The functions: the formula computed whole
@@ -56,8 +56,8 @@ def fused_kernel(implementation: str):
   natively (grouped-query attention), without repeating them, unless the key transform is
   per query head (DotProduct.keys_per_head)."""
 
-  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
-    del dropout, rngs
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
+    del dropout, rngs, normalizer  # softmax (kernel_choice refuses another)
     product = score.dot_product
     impl = implementation
     if q.shape[1] == 1 and implementation == "cudnn":  # cuDNN has no 1-query decode step
@@ -92,8 +92,8 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
   transform is per query head (DotProduct.keys_per_head). On a mesh of several devices it
   runs on each device's shard (per_device): XLA does not partition a pallas_call."""
 
-  def kernel(q, k, v, mask, encoding, score, dropout, rngs):
-    del dropout, rngs
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
+    del dropout, rngs, normalizer  # softmax (kernel_choice refuses another)
     spec = encoding.bias_spec()
     if spec is None and encoding.biases:
       raise ConfigError(f"attention.kernel 'pallas' needs a BiasSpec of the positional "
@@ -216,13 +216,16 @@ _MASKS_HEADS_BIASES = {"local_window", "grouped_query", "learned_bias", "gathere
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(_reference, offers=set(CAPABILITIES)),  # the formula: everything
-    "xla": Kernel(_fused("xla"), offers=_MASKS_HEADS_BIASES),
+    # a data bias added to the positional bias array it builds
+    "xla": Kernel(_fused("xla"), offers={"data_bias", *_MASKS_HEADS_BIASES}),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
     # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
     # #32242: none, or NaN): it is refused for a learned bias.
-    "cudnn": Kernel(_fused("cudnn"), offers=_MASKS_HEADS_BIASES - {"learned_bias"},
+    "cudnn": Kernel(_fused("cudnn"), offers={"data_bias", *_MASKS_HEADS_BIASES} - {"learned_bias"},
                     backends=("gpu",), stand_in="xla", dtypes=("bfloat16", "float16")),
-    "blockwise": Kernel(_blockwise, offers={"any_score", "softcap", *_MASKS_HEADS_BIASES}),
+    # the normalisers with an online form, as it computes softmax
+    "blockwise": Kernel(_blockwise, offers={"any_score", "softcap", "online_normalizer",
+                                            *_MASKS_HEADS_BIASES}),
     # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel
     # (kernels/pallas/attention.py); interpret mode on the CPU; on a mesh, per device
     # (shard_map). auto offers it where its in-kernel bias spares an [L, L] array;

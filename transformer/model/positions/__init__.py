@@ -39,7 +39,8 @@ from transformer.core.registry import lookup, settings_of, settings_sections
 from transformer.model import layer_pattern
 from transformer.model.positions import absolute, base, contextual, relative, rotary
 from transformer.model.positions.absolute import Learned, Sinusoidal, sinusoid
-from transformer.model.positions.base import BiasSpec, NoPosition, PositionalEncoding, spec_bias
+from transformer.model.positions.base import (BiasSpec, EncodingView, NoPosition,
+                                             PositionalEncoding, spec_bias)
 from transformer.model.positions.contextual import CoPE
 from transformer.model.positions.relative import (ALiBi, Fire, Kerple, T5Bias, alibi_slopes,
                                                   relative_position_bucket)

@@ -133,3 +133,33 @@ class NoPosition(PositionalEncoding):
 
 # The registry entries of this module (positions.POSITIONS).
 ENCODINGS = {"none": NoPosition}
+
+
+class EncodingView:
+  """An encoding seen with another bias seam: its declarations and every other seam are
+  the wrapped encoding's, except those given as `changed` (e.g. gathered_bias=True). Not a
+  module: made per layer or call. A subclass defines bias(); a view's bias is computed
+  whole, so it has no BiasSpec."""
+
+  DECLARED = ("name", "biases", "learned_bias", "content_biases", "causal_only",
+              "takes_positions", "relative", "gathered_bias", "embeds")
+
+  def __init__(self, encoding, **changed):
+    self.encoding = encoding
+    for name in self.DECLARED:
+      setattr(self, name, changed.get(name, getattr(encoding, name)))
+
+  def bias_spec(self):
+    return None
+
+  def embed(self, x, positions):
+    return self.encoding.embed(x, positions)
+
+  def rotate_queries(self, x, positions):
+    return self.encoding.rotate_queries(x, positions)
+
+  def rotate_keys(self, x, positions):
+    return self.encoding.rotate_keys(x, positions)
+
+  def content_bias(self, q, logits):
+    return self.encoding.content_bias(q, logits)

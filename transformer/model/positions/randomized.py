@@ -41,7 +41,7 @@ from transformer.core.fields import check
 from transformer.core.registry import lookup
 from transformer.model import layer_pattern
 from transformer.model.masks import WINDOWS, Mask
-from transformer.model.positions.base import pair_bias
+from transformer.model.positions.base import EncodingView, pair_bias
 
 
 def _check(t: int, max_position: int) -> None:
@@ -123,7 +123,7 @@ def segment_lengths(positions: jax.Array, segments: jax.Array) -> jax.Array:
   return jnp.max(jnp.where(segments > 0, positions + 1, 1), axis=1).astype(jnp.int32)
 
 
-class AtSampledOffsets:
+class AtSampledOffsets(EncodingView):
   """A `relative` encoding whose bias is read at sampled offsets: the pair (i, j) of
   positions p_i, p_j (0..n-1 within the segment) at sign(p_j − p_i)·d[|p_j − p_i|], d its
   row of `table` [b or 1, size] (batch_offsets). The encoding's other seams are the
@@ -131,14 +131,10 @@ class AtSampledOffsets:
   stack. Its bias is a gather from the table, which a kernel evaluating biases in-kernel
   from positions has not (`gathered_bias`: transformer/model/kernels/capabilities.py)."""
 
-  gathered_bias = True
-
   def __init__(self, encoding, table: jax.Array | None):
     """table None: a declaration only (what a layer asks of its kernel)."""
-    self.encoding, self.table = encoding, table
-    for name in ("name", "biases", "learned_bias", "content_biases", "causal_only",
-                 "takes_positions", "relative"):
-      setattr(self, name, getattr(encoding, name))
+    super().__init__(encoding, gathered_bias=True)
+    self.table = table
 
   def offsets(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """The sampled offsets [b, tq, tk] of positions [b, tq], [b, tk]."""
@@ -153,21 +149,6 @@ class AtSampledOffsets:
     the offset: the bias of a relative encoding depends on nothing else)."""
     offsets = self.offsets(q_positions, k_positions)
     return pair_bias(self.encoding.bias_spec(), jnp.zeros_like(offsets), offsets)
-
-  def bias_spec(self):
-    return None
-
-  def embed(self, x, positions):
-    return self.encoding.embed(x, positions)
-
-  def rotate_queries(self, x, positions):
-    return self.encoding.rotate_queries(x, positions)
-
-  def rotate_keys(self, x, positions):
-    return self.encoding.rotate_keys(x, positions)
-
-  def content_bias(self, q, logits):
-    return self.encoding.content_bias(q, logits)
 
 
 @dataclasses.dataclass(frozen=True)
