@@ -22,8 +22,10 @@ SHARE = 0.5  # of the device's memory that one layer's temporaries may take
 
 
 def device_memory() -> int | None:
-  """Bytes of memory of this process's first device, if it says (GPUs and TPUs do)."""
-  stats = jax.devices()[0].memory_stats() or {}
+  """Bytes of memory of this process's first device, if it says (GPUs and TPUs do). Its own
+  device: another process's, first in jax.devices() on a multi-process job, has no stats
+  here."""
+  stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("bytes_limit")
 
 
