@@ -138,7 +138,10 @@ def test_unpacked_rows_hold_one_pair_and_long_pairs_are_dropped():
                           pack=False))
   for _ in range(12):
     batch = next(it)
-    assert set(np.unique(batch["inputs_segmentation"])) <= {0, 1}
+    assert sorted(batch) == ["inputs", "targets"]  # no segment ids: one pair per row
+    for key in ("inputs", "targets"):
+      real = batch[key] != PAD_ID
+      assert real[:, 0].all() and (real[:, :-1] >= real[:, 1:]).all()  # from slot 0
     assert batch["inputs"].shape == (8, 12)
 
 
