@@ -66,7 +66,7 @@ def test_a_source_declaring_unpacked_rows_leaves_out_what_they_imply(example, tm
   source.prepare()
   batch = next(iter(source.train_batches()))
   if not source.unpacked_batches:
-    assert set(pipeline.STRUCTURE_KEYS) <= set(batch)
+    assert {"inputs_segmentation", "targets_segmentation"} <= set(batch)
     return
   monkeypatch.setattr(pipeline, "unpacked", lambda arrays: arrays)  # the rows as built
   whole = next(iter(source.train_batches()))
