@@ -60,7 +60,7 @@ def test_a_source_declaring_unpacked_rows_leaves_out_what_they_imply(example, tm
                                                                     monkeypatch):
   """An unpacked source's training batch is its rows without the segment ids and positions,
   which are those the declaration implies (its scored targets: those not PAD_ID); any other
-  source's batch carries them."""
+  source's batch carries its segment ids."""
   name, _, cfg = example
   source = experiment.build(cfg, str(tmp_path / "run")).source
   source.prepare()

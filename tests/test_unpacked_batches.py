@@ -51,7 +51,8 @@ def _batches(exp, monkeypatch) -> tuple[dict, dict]:
   with monkeypatch.context() as patch:
     patch.setattr(pipeline, "unpacked", lambda arrays: arrays)
     whole = next(iter(exp.source.train_batches()))
-  assert set(pipeline.STRUCTURE_KEYS) <= set(whole) and not set(pipeline.STRUCTURE_KEYS) & set(batch)
+  structure = set(pipeline.STRUCTURE_KEYS)
+  assert structure <= set(whole) and not structure & set(batch)
   for key in batch:
     np.testing.assert_array_equal(batch[key], whole[key])
   return batch, whole
