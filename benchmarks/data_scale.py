@@ -104,6 +104,7 @@ def peak_rss_mb() -> float:
 
 
 def child() -> dict:
+  from transformer.model.embeddings import target_weights  # noqa: PLC0415
   from transformer.run import experiment  # noqa: PLC0415
   from transformer.run.config import parse  # noqa: PLC0415
 
@@ -131,7 +132,7 @@ def child() -> dict:
     now = time.perf_counter()
     gaps.append(now - last)
     last = now
-    real += int((batch["targets_segmentation"] > 0).sum())
+    real += int(target_weights(batch).sum())
     slots += batch["targets"].size
   result.update(batches_per_s=len(gaps) / sum(gaps), fill=real / slots, max_gap_s=max(gaps))
   iterator.set_state({"epoch": 0, "window": max(0, dataset.num_windows - 2), "row": 0})

@@ -19,6 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import harness
+from transformer.model.embeddings import target_weights
 from transformer.run import experiment
 from transformer.run import step as step_lib
 from transformer.run.config import parse
@@ -49,7 +50,7 @@ def report() -> None:
     start = time.perf_counter()
     for _ in range(flags.FLAGS.steps):
       batch = next(batches)
-      real += int(np.sum(batch["targets_segmentation"] > 0))
+      real += int(np.sum(target_weights(batch)))
       state, metrics = step_fn(state, batch)
     jax.block_until_ready(metrics)
     seconds = time.perf_counter() - start

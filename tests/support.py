@@ -192,6 +192,18 @@ def source_config(sections: dict, **overrides) -> dict:
   return raw
 
 
+def implied_structure(batch: dict) -> dict:
+  """A batch of unpacked rows (data/pipeline.py unpacked) with the segment ids and positions
+  its declaration implies: 1 where a token is not PAD_ID (a prefix of the row), positions
+  0, 1, … there and 0 on padding."""
+  out = dict(batch)
+  for key in ("inputs", "targets"):
+    segments = (np.asarray(batch[key]) != PAD_ID).astype(np.int32)
+    out[f"{key}_segmentation"] = segments
+    out[f"{key}_positions"] = np.arange(segments.shape[1], dtype=np.int32)[None] * segments
+  return out
+
+
 def restore_and_evaluate(workdir, step=None, average=1, **kwargs):
   """eval.py's work: restored_run.evaluate_run (kwargs: output, beam_size, alpha, files,
   sampling, seed) of the run restore_run(workdir, step, average) restores."""

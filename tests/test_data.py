@@ -62,12 +62,21 @@ def test_batches_are_a_pure_function_of_seed_and_step():
   assert not np.array_equal(_batch(a, 7)["inputs"], _batch(c, 7)["inputs"])
 
 
-def test_positions_and_segments_describe_the_padding():
-  batch = _batch(_source("copy", batch_size=4, max_len=6), 0)
+def test_training_rows_are_unpacked_and_held_out_segments_describe_the_padding():
+  """seq2seq rows hold one example each: training batches leave out the segment ids and
+  positions (pipeline.unpacked); a held-out split's describe its padding."""
+  source = _source("copy", batch_size=4, max_len=6)
+  assert source.unpacked_batches
+  training = _batch(source, 0)
+  assert sorted(training) == ["inputs", "targets"]
+  for key in ("inputs", "targets"):
+    real = training[key] != 0
+    assert real[:, 0].all() and (real[:, :-1] >= real[:, 1:]).all()  # from slot 0
+  batch = source.eval_splits(4)["valid"].arrays
   for key in ("inputs", "targets"):
     seg = batch[f"{key}_segmentation"]
     np.testing.assert_array_equal(seg, batch[key] != 0)
-    np.testing.assert_array_equal(batch[f"{key}_positions"], np.arange(7) * seg)
+    np.testing.assert_array_equal(batch[f"{key}_positions"], np.arange(seg.shape[1]) * seg)
 
 
 def test_heldout_strings_never_appear_in_training():

@@ -12,10 +12,10 @@ import grain
 import numpy as np
 import pytest
 
-from tests.support import restore_and_evaluate, source_config
+from tests.support import implied_structure, restore_and_evaluate, source_config
 from transformer.core.fields import Chosen
 from transformer.core.metrics import METRICS
-from transformer.data import Targets
+from transformer.data import Targets, pipeline
 from transformer.data.base import DataSource, Split
 from transformer.data.sources import SOURCES
 from transformer.model.families import ARCHS
@@ -56,6 +56,29 @@ def test_the_declarations(example):
   assert (cfg.model.vocab_size, cfg.model.num_classes) == (vocab_size, num_classes)
 
 
+def test_a_source_declaring_unpacked_rows_leaves_out_what_they_imply(example, tmp_path,
+                                                                    monkeypatch):
+  """An unpacked source's training batch is its rows without the segment ids and positions,
+  which are those the declaration implies (its scored targets: those not PAD_ID); any other
+  source's batch carries its segment ids."""
+  name, _, cfg = example
+  source = experiment.build(cfg, str(tmp_path / "run")).source
+  source.prepare()
+  batch = next(iter(source.train_batches()))
+  if not source.unpacked_batches:
+    assert {"inputs_segmentation", "targets_segmentation"} <= set(batch)
+    return
+  monkeypatch.setattr(pipeline, "unpacked", lambda arrays: arrays)  # the rows as built
+  whole = next(iter(source.train_batches()))
+  assert set(batch) == set(whole) - set(pipeline.STRUCTURE_KEYS)
+  implied = implied_structure(batch)
+  assert implied.keys() == whole.keys()
+  for key in whole:
+    np.testing.assert_array_equal(implied[key], whole[key], err_msg=f"{name}: {key}")
+  real = batch["inputs"] != 0
+  assert (real[:, :-1] >= real[:, 1:]).all() and real[:, 0].all()  # from slot 0, padded right
+
+
 def test_batches_splits_and_text(example, tmp_path):
   name, ex, cfg = example
   exp = experiment.build(cfg, str(tmp_path / "run"))
@@ -86,7 +109,7 @@ def test_batches_splits_and_text(example, tmp_path):
   assert isinstance(batches, grain.IterDataset)
   first, again = iter(batches), iter(source.train_batches())
   a = next(first)
-  check(a, cfg.train.batch_size)
+  check(implied_structure(a) if source.unpacked_batches else a, cfg.train.batch_size)
   np.testing.assert_equal(next(again), a)  # a pure function of the seed
   state = first.get_state()
   b = next(first)

@@ -6,8 +6,10 @@ import os
 import numpy as np
 import pytest
 
+from tests.support import implied_structure
 from transformer.core.errors import ConfigError
 from transformer.core.vocab import BOS_ID, EOS_ID, PAD_ID
+from transformer.data import pipeline
 from transformer.data.pipeline import PackedStream
 from transformer.data.text_files import read_parallel
 from transformer.data.tokenizer import Tokenizer, train_tokenizer
@@ -138,8 +140,22 @@ def test_unpacked_rows_hold_one_pair_and_long_pairs_are_dropped():
                           pack=False))
   for _ in range(12):
     batch = next(it)
-    assert set(np.unique(batch["inputs_segmentation"])) <= {0, 1}
+    assert sorted(batch) == ["inputs", "targets"]  # no segment ids: one pair per row
+    for key in ("inputs", "targets"):
+      real = batch[key] != PAD_ID
+      assert real[:, 0].all() and (real[:, :-1] >= real[:, 1:]).all()  # from slot 0
     assert batch["inputs"].shape == (8, 12)
+
+
+def test_unpacked_rows_leave_out_the_segment_ids_and_positions_they_imply(monkeypatch):
+  rows = lambda: next(iter(train_batches(_examples(), seed=0, batch_size=8,  # noqa: E731
+                                         max_len=12, pack=False)))
+  batch = rows()
+  monkeypatch.setattr(pipeline, "unpacked", lambda arrays: arrays)  # the rows as filled
+  whole, implied = rows(), implied_structure(batch)
+  assert implied.keys() == whole.keys()
+  for key in whole:
+    np.testing.assert_array_equal(implied[key], whole[key], err_msg=key)
 
 
 @pytest.mark.parametrize("pack", [True, False])

@@ -16,6 +16,7 @@ from flax import nnx
 from tests.support import checkpoint_params, read_records, restore_and_evaluate
 from transformer.core.errors import ConfigError
 from transformer.core.metrics import cross_entropy, language_model_metrics, token_metrics
+from transformer.model.embeddings import target_weights
 from transformer.run import checkpoint, evaluator, experiment, logs, progress, sharding, training
 from transformer.run import step as step_lib
 from transformer.run import workdir as workdir_lib
@@ -57,7 +58,7 @@ def test_the_train_steps_sums_are_the_metrics_of_the_models_logits(tiny_config, 
   model = nnx.merge(exp.graphdef, exp.init()["params"])
   got = batch_sums(model, batch, nnx.Rngs(dropout=0), label_smoothing=smoothing,
                    loss_chunks=chunks)
-  want = token_metrics(model(batch), batch["targets"], batch["targets_segmentation"] > 0,
+  want = token_metrics(model(batch), batch["targets"], target_weights(batch),
                        smoothing)
   assert set(got) == set(want)
   for key in want:

@@ -5,6 +5,11 @@
   inputs_segmentation, targets_segmentation segment id, 0 on padding; a target is scored
                                            where its targets_segmentation > 0
 
+A source that declares its training rows unpacked (base.DataSource.unpacked_batches: one
+sequence per row from slot 0, padded at the right) leaves out the positions and segment ids
+of its training batches (pipeline.unpacked); a target of such a batch is scored where it is
+not PAD_ID. Held-out splits carry them all.
+
 What `targets` hold is the source's declaration (Targets), which a model family must learn.
 Where they are the next tokens of a prompt's answer (Targets.PROMPTED_ANSWERS), targets[t] is
 inputs[t + 1] and only the answer is scored: a row's prompt is its tokens up to and including

@@ -90,6 +90,18 @@ class DataSource(abc.ABC):
 
   # ------------------------------------------------------------------ declarations
 
+  @property
+  def unpacked_batches(self) -> bool:
+    """Whether this source's training batches are declared unpacked: one sequence per row
+    from slot 0, padded at the right (pipeline.unpacked), and so carry no `*_segmentation`
+    or `*_positions`. Declared from the config alone, never read from the arrays. The
+    omission is how the declaration reaches the model: jit traces a batch's keys, so the
+    model needs no argument for it, and a batch with the keys (a held-out split, an old
+    run's) is read exactly as before. tests/test_sources.py checks each declaration against
+    the keys the source leaves out. Held-out splits keep their keys (metrics read
+    targets_segmentation). Default False: packed rows, or targets scored in part."""
+    return False
+
   @classmethod
   @abc.abstractmethod
   def output_sizes(cls, data, task) -> tuple[int, int]:

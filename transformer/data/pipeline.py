@@ -11,6 +11,8 @@ import jax
 import numpy as np
 
 KEYS = ("inputs", "targets")
+# What a batch says of its rows' structure; a batch of unpacked rows leaves it out (unpacked).
+STRUCTURE_KEYS = tuple(f"{key}_{part}" for key in KEYS for part in ("segmentation", "positions"))
 OPEN_ROWS = 8  # rows the packer keeps open; more barely improves the fill (93% on Multi30k)
 
 
@@ -26,6 +28,18 @@ def pad_batch(pairs: list[tuple[np.ndarray, np.ndarray]], length: int) -> dict[s
     batch[f"{key}_segmentation"] = segments
     batch[f"{key}_positions"] = np.arange(length, dtype=np.int32)[None, :] * segments
   return batch
+
+
+def unpacked(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """`batch` without its segment ids and positions (STRUCTURE_KEYS): the layout of a source
+  that declares its training rows unpacked (DataSource.unpacked_batches): one sequence per
+  row of inputs and of targets from slot 0, at positions 0, 1, ..., padded at the right with
+  PAD_ID, every target that is not PAD_ID scored. A batch's keys are known when the step is
+  traced, so the model reads this structure statically (embeddings.inputs_mask,
+  target_weights) and hands cuDNN sequence lengths and a causal flag instead of a dense mask
+  (model/kernels/cudnn_mask.py). The arrays it drops are what the model computes without
+  them on every scored token, so the losses are the same either way."""
+  return {k: v for k, v in batch.items() if k not in STRUCTURE_KEYS}
 
 
 def assign_rows(lengths: np.ndarray, max_len: int, pack: bool):
@@ -107,6 +121,8 @@ class PackedStream(grain.IterDataset):
   placed into rows (assign_rows) and the rows stream on across windows and epochs, so a
   batch may span both and no step waits for more than one window's packing. Memory holds
   one window. The iterator's state is (epoch, window, row): restoring repacks one window.
+  Without `pack` each row holds one pair from slot 0, and the batches leave out segment ids
+  and positions (unpacked).
   """
 
   def __init__(self, pairs, *, seed: int, batch_size: int, max_len: int, pack: bool,
@@ -132,7 +148,8 @@ class PackedStream(grain.IterDataset):
     fits = ((lengths > 0) & (lengths <= self.max_len)).all(1)
     starts, lengths = starts[fits], lengths[fits]
     rows, offsets, num_rows = assign_rows(lengths, self.max_len, self.pack)
-    return fill_rows(tokens, starts, lengths, rows, offsets, num_rows, self.max_len)
+    arrays = fill_rows(tokens, starts, lengths, rows, offsets, num_rows, self.max_len)
+    return arrays if self.pack else unpacked(arrays)  # one pair per row from slot 0
 
   def __iter__(self) -> grain.DatasetIterator:
     return _PackedStreamIterator(self)

@@ -4,8 +4,9 @@ classifier and a decoder-only language model, registered in ARCHS (config.model.
 
 Every family meets ModelFamily: the same training interface, features(batch)
 [b, t, d_model] and projection(dtype) (weights [n_out, d_model], bias or None), whose
-product is scored against batch["targets"] where batch["targets_segmentation"] > 0
-(metrics.loss_head_metrics); one decoding interface (init_decoding, decode_step) for the
+product is scored against batch["targets"] where embeddings.target_weights says
+(targets_segmentation > 0, or without it, the targets that are not PAD_ID;
+metrics.loss_head_metrics); one decoding interface (init_decoding, decode_step) for the
 families that decode or generate; and declarations of what it learns (data.Targets) and
 whether it decodes or generates, which the wiring, evaluation and pictures read instead of
 its name. tests/test_families.py runs one conformance suite over every registered family.
@@ -140,11 +141,13 @@ class EncoderDecoder(ModelFamily):
         rngs=rngs)).astype(jnp.float32)
 
   def decoder_outputs(self, encoded, inputs_segments, decoder_inputs, positions=None,
-                      segments=None, *, inputs_positions=None, inputs_padded=False, rngs=None):
+                      segments=None, *, inputs_positions=None, inputs_padded=False,
+                      padded=None, rngs=None):
     """decode() up to the output projection: the decoder stack's outputs [b, t, d_model].
-    `inputs_padded`: the source rows hold one sequence each (Mask.padded), as the target
-    rows do when neither their positions nor segments are given."""
-    padded = positions is None and segments is None  # one sequence per row (embeddings.py)
+    `inputs_padded`: the source rows hold one sequence each (Mask.padded); `padded`: the
+    target rows do (None: when neither their positions nor segments are given)."""
+    if padded is None:  # one sequence per row (embeddings.py)
+      padded = positions is None and segments is None
     positions = default_positions(decoder_inputs) if positions is None else positions
     segments = default_segments(decoder_inputs) if segments is None else segments
     inputs_positions = (default_positions(inputs_segments) if inputs_positions is None
@@ -164,10 +167,13 @@ class EncoderDecoder(ModelFamily):
     tgt_pos, tgt_seg = batch.get("targets_positions"), batch.get("targets_segmentation")
     encoded = self.encode(inputs, in_pos, in_seg, rngs=rngs)
     shifted = shift_right(targets, default_positions(targets) if tgt_pos is None else tgt_pos)
+    # Without target segments, a row's sequence is its targets' (not PAD_ID): the decoder
+    # input after the last target (its EOS, shifted) is padding, as segment ids make it.
     return self.decoder_outputs(
         encoded, default_segments(inputs) if in_seg is None else in_seg, shifted, tgt_pos,
-        tgt_seg, inputs_positions=in_pos, inputs_padded=in_pos is None and in_seg is None,
-        rngs=rngs)
+        default_segments(targets) if tgt_seg is None else tgt_seg, inputs_positions=in_pos,
+        inputs_padded=in_pos is None and in_seg is None,
+        padded=tgt_pos is None and tgt_seg is None, rngs=rngs)
 
   def __call__(self, batch: dict[str, jax.Array], *, rngs: nnx.Rngs | None = None) -> jax.Array:
     """Teacher-forced logits [b, t, vocab] (float32) of a batch, as in features()."""

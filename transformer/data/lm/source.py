@@ -221,9 +221,17 @@ class LanguageModelSource(DataSource):
     self.load()
     tokenizer_lib.save(self.tokenizer)
 
+  @property
+  def unpacked_batches(self) -> bool:
+    """Without passkey rows: each training row is a whole window of the stream (its start
+    leaves `max_len` + 1 tokens), one sequence from slot 0, every target scored. A passkey
+    row scores its answer only (passkey.Mix)."""
+    return not self.data.passkey.train_fraction
+
   def train_batches(self) -> grain.IterDataset:
     """Endless batches of random windows, a data.passkey.train_fraction of the rows passkey
-    rows (passkey.Mix); batch `step` is a pure function of (seed, step)."""
+    rows (passkey.Mix); batch `step` is a pure function of (seed, step). Without passkey
+    rows, without segment ids and positions (unpacked_batches)."""
     stream, length, seed = self.streams["train"], self.data.max_len, self.args.seed
     mix = self.mix
     start = lambda i: int(np.random.default_rng([seed, _TRAIN_STREAM, i]  # noqa: E731
@@ -231,8 +239,8 @@ class LanguageModelSource(DataSource):
     windows = lambda starts: window_batch(stream, starts, length)  # noqa: E731
     if mix is not None:
       row, batch = lambda i: mix.draw(i) or start(i), lambda rows: mix.batch(rows, windows)
-    else:
-      row, batch = start, windows
+    else:  # whole windows (unpacked_batches)
+      row, batch = start, lambda starts: pipeline.unpacked(windows(starts))
     return pipeline.generated_batches(self.args.batch_size, row, batch
                                       ).to_iter_dataset(pipeline.READ_OPTIONS)
 

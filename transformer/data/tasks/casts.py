@@ -56,6 +56,9 @@ class Cast(abc.ABC):
   """A way to present a generated task (module docstring)."""
 
   targets: ClassVar[Targets]
+  # Its batches hold one example per row from slot 0, every target but padding scored
+  # (DataSource.unpacked_batches): then training batches leave out segment ids and positions.
+  unpacked: ClassVar[bool] = False
 
   def unfit(self, task) -> str | None:
     """Why this cast cannot present `task` (its declared Problem.answer), or None if it can."""
@@ -150,6 +153,7 @@ class Seq2Seq(Cast):
   for both sides; evaluation decodes."""
 
   targets = Targets.SEQUENCE
+  unpacked = True  # pipeline.pad_batch: one example per row, each side scored up to its EOS
 
   def vocab_size(self, task) -> int:
     return NUM_RESERVED + max(task.input_size, task.output_size)

@@ -76,13 +76,20 @@ class GeneratedSource(DataSource):
     return {f"task.{field}": self.cast.width(self.task, splits[split])
             for split, field in self.task.split_fields.items() if split in splits}
 
+  @property
+  def unpacked_batches(self) -> bool:
+    """The cast's declaration (Cast.unpacked)."""
+    return self.cast.unpacked
+
   def train_batches(self) -> grain.IterDataset:
-    """Endless batches; batch `step` is a pure function of (seed, step), this process's rows."""
+    """Endless batches; batch `step` is a pure function of (seed, step), this process's rows;
+    without segment ids and positions where the cast declares its rows unpacked."""
     task, cast, seed, rows = self.task, self.cast, self.args.seed, self.args.batch_size
     width = cast.width(task, task.splits()["train"])
+    layout = pipeline.unpacked if self.unpacked_batches else dict
     return pipeline.generated_batches(
         rows, lambda i: cast.row(task, task.train_example(seed, i, rows)),
-        lambda rows: cast.batch(rows, width)).to_iter_dataset(pipeline.READ_OPTIONS)
+        lambda rows: layout(cast.batch(rows, width))).to_iter_dataset(pipeline.READ_OPTIONS)
 
   def eval_splits(self, num_examples: int = 0) -> dict[str, Split]:
     """The task's held-out splits (task.splits()), num_examples rows each (0:

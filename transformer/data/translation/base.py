@@ -140,10 +140,15 @@ class TranslationSource(DataSource):
       self.corpus = EncodedCorpus(self.cache_dir, manifest)
     return self.corpus
 
+  @property
+  def unpacked_batches(self) -> bool:
+    """data.pack off: one pair per row (pipeline.PackedStream)."""
+    return not self.data.pack
+
   def train_batches(self, process_index: int | None = None,
                     process_count: int | None = None) -> grain.IterDataset:
-    """Endless packed batches of this process's part of the training pairs (another
-    process's with explicit process_index/process_count)."""
+    """Endless batches, packed unless data.pack is off, of this process's part of the
+    training pairs (another process's with explicit process_index/process_count)."""
     process_index = jax.process_index() if process_index is None else process_index
     process_count = jax.process_count() if process_count is None else process_count
     return pipeline.PackedStream(
