@@ -33,9 +33,12 @@ class Measurement:
 
 
 H100 = Measurement(
-    command="python benchmarks/attention_scaling.py --kernels cudnn,xla,pallas "
+    command="not kept with the figures (shared/FACTS.md, 'On an H100'); the same grid today: "
+            "python benchmarks/attention_scaling.py --kernels cudnn,xla,pallas "
             "--dtype bfloat16 --positions none,alibi,t5,kerple,fire --lengths 2048,8192 "
-            "--block 64 --d_model 1024 --heads 16 (issue 36's table; cuDNN with a dense mask)",
+            "--block 64 --d_model 1024 --heads 16 --batch 4 --causal. Kernels as they were "
+            "then: cuDNN with a dense mask; pallas with a branch per block and two backward "
+            "kernels, before its visit lists",
     device="NVIDIA H100 80GB HBM3", software="jax 0.11.2, CUDA 13 plugin",
     date="2026-11-28",
     layer="one self-attention layer with its projections, bf16, causal, batch 4, "
