@@ -46,8 +46,8 @@ import jax.numpy as jnp
 
 from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import layouts, sparsity, tables
-from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Static, dkv_kernel,
-                                                     dq_kernel, forward_kernel)
+from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Normalizer, Static,
+                                                     dkv_kernel, dq_kernel, forward_kernel)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.positions import BiasSpec, spec_bias
@@ -71,6 +71,8 @@ class _Config:
   count: bool = False  # the kernels also count the blocks they visit (visited_blocks)
   dense: object = None  # the BiasSpec's dense form, or None
   saturates_at: int | None = None  # the BiasSpec's: a table over k − q where a layout reads one
+  normalizer: Normalizer | None = None  # how logits become weights (None: softmax)
+  vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head
 
 
 def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, visits,
@@ -81,7 +83,8 @@ def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, vi
                 axes=layout.axes, visits=visits, count=cfg.count, dq_atomic=layout.dq_atomic,
                 reverse=reverse and cfg.causal and layout.heaviest_first,
                 table=cfg.saturates_at if layout.tables else None,
-                table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0)
+                table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0,
+                normalizer=cfg.normalizer, vectors=cfg.vectors)
 
 
 def _bias_operands(cfg: _Config, st: Static, flat, params):
@@ -96,6 +99,20 @@ def _bias_operands(cfg: _Config, st: Static, flat, params):
   return ops
 
 
+def _term_operands(cfg: _Config, layout, terms, lq: int, lk: int, query_outer: bool = True):
+  """The kernels' inputs for the normaliser and the data bias (bodies.take_terms): the
+  sink's logits in base 2, flat [h]; the vectors u [b, h, lq, lanes] at the queries and
+  w [b, h, sublanes, lk] at the keys, inner on the side the kernel loops over."""
+  sink, u, w = terms
+  ops = [] if sink is None else [Operand(sink.astype(jnp.float32) * LOG2E, "params")]
+  if cfg.vectors:
+    ops += [Operand(layouts.statistics(layout, u, lq), "stats",
+                    "outer" if query_outer else "inner"),
+            Operand(layouts.head_keys(layout, w, lk), "head_keys",
+                    "inner" if query_outer else "outer")]
+  return ops
+
+
 def _lists(layout, kind):
   """The visit lists of a block classification [b, n, m] (sparsity.visit_lists), each
   [2 + m] entries wide (a power of two for Triton)."""
@@ -104,9 +121,10 @@ def _lists(layout, kind):
   return sparsity.visit_lists(kind, width), width
 
 
-def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
+def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, terms=(None,) * 3):
   """One layout's forward: out [b, tq, h, d_v], base-2 logsumexp float32 [b, h, tq] and
-  (cfg.count) the blocks visited and masked per query block [b, h, nq] each."""
+  (cfg.count) the blocks visited and masked per query block [b, h, nq] each. terms: (the
+  sink's logits [h] or None, the data bias's vectors u [b, h, tq], w [b, h, tk] or None)."""
   layout = LAYOUTS[name]
   (b, tq, h, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
   bq, bk = layout.blocks(cfg.block_q, cfg.block_k, tq, tk, backward=False,
@@ -126,6 +144,7 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
             Operand(layouts.heads(v, lk, dvp), "heads", "inner", groups),
             Operand(layouts.key_side(layout, ks, lk), "keys", "inner"),
             Operand(layouts.key_side(layout, kp, lk), "keys", "inner")]
+  inputs += _term_operands(cfg, layout, terms, lq, lk)
   inputs += _bias_operands(cfg, st, flat, params)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dvp), v.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lq, layout.lanes), jnp.float32), "stats")]
@@ -137,9 +156,12 @@ def _forward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params):
           *(c[:, :, ::bq, 0] for c in counts))
 
 
-def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, do):
-  """One layout's gradients of q, k, v and of the bias parameters ([h, size] each), and
-  {kernel name: (blocks visited, blocks masked) per outer block [b, h, n]} (cfg.count).
+def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, do,
+              terms=(None,) * 3):
+  """One layout's gradients of q, k, v, of the bias parameters ([h, size] each) and of
+  the terms (the sink's logits [h], the data bias's vectors u [b, h, tq], w [b, h, tk]:
+  None where absent), and {kernel name: (blocks visited, blocks masked) per outer block
+  [b, h, n]} (cfg.count).
 
   Where the layout adds dq atomically (layout.dq_atomic: Triton, interpret mode) one kernel
   per key block computes dk, dv, the bias parameters' gradient and adds its share of dq into
@@ -168,6 +190,7 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
           Operand(layouts.key_side(layout, kp, lk), "keys")]
   par = _bias_operands(cfg, _static(cfg, layout, bq, bk, packing, width, nk, bk, 0),
                        flat, params)
+  vectors = [jax.ShapeDtypeStruct((b, h, lq, layout.lanes), jnp.float32)] * cfg.vectors
   inner = lambda ops: [dataclasses.replace(op, role="inner") for op in ops]  # noqa: E731
   drow = lambda n: [Operand(jax.ShapeDtypeStruct(  # noqa: E731
       (b, h, n, 1, width), jnp.float32), "drow")] * cfg.learned
@@ -177,25 +200,35 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
     lists, visits = _lists(layout, kind)
     st = _static(cfg, layout, bq, bk, packing, width, nk, bk, visits, reverse=True)
     outputs = [Operand(jax.ShapeDtypeStruct((b, h, lq, dp), q.dtype), "heads")] + drow(nq)
+    outputs += [Operand(x, "stats") for x in vectors]
     dq, *rest = layouts.call(
         layout, dq_kernel, st, name="flash_dq", outer=nq, lists=lists,
-        inputs=query + inner(keys) + par, outputs=outputs,
-        scratch=[(bq, dp)] + [(1, width)] * cfg.learned, interpret=interpret, head_dim=dp)
-    rows, rest = rest[:cfg.learned], rest[cfg.learned:]
+        inputs=query + inner(keys) + _term_operands(cfg, layout, terms, lq, lk) + par,
+        outputs=outputs, scratch=[(bq, dp)] + [(1, width)] * cfg.learned
+        + [(bq, layout.lanes)] * cfg.vectors, interpret=interpret, head_dim=dp)
+    rows, du, rest = rest[:cfg.learned], rest[cfg.learned:][:cfg.vectors], rest[
+        cfg.learned + cfg.vectors:]
     counts["dq"] = tuple(c[:, :, ::bq, 0] for c in rest)
 
   lists, visits = _lists(layout, jnp.swapaxes(kind, 1, 2))
   st = _static(cfg, layout, bq, bk, packing, width, nq, bq, visits)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lk, dp), k.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
+  outputs += [Operand(jax.ShapeDtypeStruct((b, h, layout.sublanes, lk), jnp.float32),
+                      "head_keys")] * cfg.vectors
   if layout.dq_atomic:  # dq's float32 sums, zeros aliased to the output the kernel adds to
     outputs += [Operand(jnp.zeros((b, h, lq, dp), jnp.float32), "heads", "inner")] + drow(nk)
+    outputs += [Operand(jnp.zeros(x.shape, x.dtype), "stats", "inner") for x in vectors]
   dk, dv_, *rest = layouts.call(
       layout, dkv_kernel, st, name="flash_backward" if layout.dq_atomic else "flash_dkv",
-      outer=nk, lists=lists, inputs=keys + inner(query) + par, outputs=outputs,
-      scratch=[(bk, dp), (bk, dvp)], interpret=interpret, head_dim=dp)
+      outer=nk, lists=lists, inputs=keys + inner(query)
+      + _term_operands(cfg, layout, terms, lq, lk, query_outer=False) + par,
+      outputs=outputs, scratch=[(bk, dp), (bk, dvp)] + [(1, bk)] * cfg.vectors,
+      interpret=interpret, head_dim=dp)
+  dw, rest = rest[:cfg.vectors], rest[cfg.vectors:]
   if layout.dq_atomic:
     dq, rows, rest = rest[0], rest[1:1 + cfg.learned], rest[1 + cfg.learned:]
+    du, rest = rest[:cfg.vectors], rest[cfg.vectors:]
   counts["dkv"] = tuple(c[:, :, ::bk, 0] for c in rest)
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
@@ -205,13 +238,28 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
     dparams = jax.tree.map(jnp.zeros_like, params)
   if layout.dq_atomic:
     dq = (dq * LN2).astype(q.dtype)
+  dterms = _term_gradients(terms, lse, delta[:, :, :tq], du, dw, tq, tk)
   return (layouts.unheads(dq, tq, d), layouts.unheads(dk, tk, d).astype(k.dtype),
-          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams, counts)
+          layouts.unheads(dv_, tk, dv).astype(v.dtype), dparams, dterms, counts)
+
+
+def _term_gradients(terms, lse, delta, du, dw, tq: int, tk: int):
+  """The gradients of the terms (sink [h], u [b, h, tq], w [b, h, tk]; None where absent):
+  a sink's, d s_h = −Σ_rows p_sink·(dO·O) with p_sink = 2^(s_h·log2 e − lse) the weight of
+  the sink (its share of each row's normaliser: ∂lse/∂s); the vectors', the row and column
+  sums of the logits' gradient that the kernels gave ([..., lanes] and [..., sublanes, ·]
+  layouts: entry 0)."""
+  sink, u, w = terms
+  dsink = None if sink is None else -jnp.sum(
+      jnp.exp2(sink[None, :, None].astype(jnp.float32) * LOG2E - lse) * delta, (0, 2))
+  if u is None:
+    return dsink, None, None
+  return dsink, du[0][:, :, :tq, 0], dw[0][:, :, 0, :tk]
 
 
 def _gradients(cfg, name, interpret, *args):
   """_backward's gradients alone (its counts differ between layouts)."""
-  return _backward(cfg, name, interpret, *args)[:4]
+  return _backward(cfg, name, interpret, *args)[:5]
 
 
 def _per_platform(cfg: _Config, what, *args):
@@ -228,18 +276,19 @@ def _per_platform(cfg: _Config, what, *args):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(cfg, q, k, v, qs, ks, qp, kp, params):
-  return _per_platform(cfg, _forward, q, k, v, qs, ks, qp, kp, params)[0]
+def _flash(cfg, q, k, v, qs, ks, qp, kp, params, terms):
+  return _per_platform(cfg, _forward, q, k, v, qs, ks, qp, kp, params, terms)[0]
 
 
-def _flash_fwd(cfg, q, k, v, qs, ks, qp, kp, params):
-  out, lse = _per_platform(cfg, _forward, q, k, v, qs, ks, qp, kp, params)
-  return out, (q, k, v, qs, ks, qp, kp, params, out, lse)
+def _flash_fwd(cfg, q, k, v, qs, ks, qp, kp, params, terms):
+  out, lse = _per_platform(cfg, _forward, q, k, v, qs, ks, qp, kp, params, terms)
+  return out, (q, k, v, qs, ks, qp, kp, params, out, lse, terms)
 
 
 def _flash_bwd(cfg, residuals, do):
-  dq, dk, dv, dparams = _per_platform(cfg, _gradients, *residuals, do)
-  return dq, dk, dv, None, None, None, None, dparams
+  *residuals, terms = residuals
+  dq, dk, dv, dparams, dterms = _per_platform(cfg, _gradients, *residuals, do, terms)
+  return dq, dk, dv, None, None, None, None, dparams, dterms
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -261,7 +310,22 @@ def visited_blocks(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
           for name, pair in [("forward", forward), *backward.items()]}
 
 
-def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None):
+def _row_weights(logits, visible, sigmoid_bias: float | None, sink):
+  """The normaliser over whole rows of logits [b, h, tq, tk] (visible: their mask): σ(x + b)
+  (sigmoid_bias b), or softmax with the sink's logits [h] as one more column (sink), or
+  softmax; 0 at hidden keys."""
+  if sigmoid_bias is not None:
+    return jnp.where(visible, jax.nn.sigmoid(logits + sigmoid_bias), 0.0)
+  if sink is None:
+    return masked_softmax(logits, visible)
+  column = jnp.broadcast_to(sink.astype(jnp.float32)[:, None, None], (*logits.shape[:3], 1))
+  visible = jnp.broadcast_to(visible, logits.shape)
+  return masked_softmax(jnp.concatenate([logits, column], -1),
+                        jnp.concatenate([visible, jnp.ones_like(visible[..., :1])], -1))[..., :-1]
+
+
+def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None, sigmoid_bias=None, sink=None,
+               bias_vectors=None):
   """The reference formula for rows of one query (q [b, 1, h, d], scaled): its logits
   [b, h, 1, tk] are a row, as small as a kernel's block, and a Pallas call would pad the
   query to a whole block (16 rows for Triton, 128 for Mosaic TPU)."""
@@ -271,7 +335,10 @@ def _one_query(q, k, v, mask: Mask, bias_spec: BiasSpec | None):
   logits = logits.reshape(b, h, 1, k.shape[1])
   if bias_spec is not None:
     logits = logits + spec_bias(bias_spec, mask.q_positions, mask.k_positions)
-  weights = masked_softmax(logits, mask.dense()).astype(v.dtype)
+  if bias_vectors is not None:
+    u, w = (jnp.swapaxes(x, 1, 2).astype(jnp.float32) for x in bias_vectors)
+    logits = logits + u[..., :, None] - w[..., None, :]
+  weights = _row_weights(logits, mask.dense(), sigmoid_bias, sink).astype(v.dtype)
   weights = weights.reshape(b, k.shape[2], h // k.shape[2], 1, k.shape[1])
   return jnp.einsum("bhgqk,bkhd->bqhgd", weights, v).reshape(b, 1, h, v.shape[-1])
 
@@ -280,8 +347,11 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                     causal: bool = False, window: int | None = None,
                     bias_spec: BiasSpec | None = None, scale: float = 1.0, block_q: int = 128,
                     block_k: int = 128, interpret: bool | None = None,
-                    layout: str | None = None) -> jax.Array:
-  """softmax(scale·q·kᵀ + bias)·V over the visible keys, as Pallas kernels.
+                    layout: str | None = None, sigmoid_bias: float | None = None,
+                    sink: jax.Array | None = None,
+                    bias_vectors: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+  """normalise(scale·q·kᵀ + bias)·V over the visible keys, as Pallas kernels; normalise is
+  softmax, softmax with a sink, or a sigmoid.
 
   Args:
     q: [b, tq, h, d]; k: [b, tk, kv_heads, d]; v: [b, tk, kv_heads, d_v] (d_v may differ
@@ -302,6 +372,13 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
     layout: a key of layouts.LAYOUTS run in interpret mode on every platform (a
       compiled lowering's layout checked on the CPU, as tests do); None: each platform's
       own (PLATFORMS).
+    sigmoid_bias: b of sigmoid attention, weights σ(x + b) at the visible keys and no
+      normaliser (FlashSigmoid); None: softmax.
+    sink: [h] float32, softmax with one more logit per head in its normaliser and no value
+      (a learned sink gets its gradient); softmax only.
+    bias_vectors: (u [b, tq, h], w [b, tk, h]) float32: a data-dependent bias u_i − w_j
+      added to the logits (FoX's c_i − c_j), read per block like positions; both get
+      gradients (the row and column sums of the logits' gradient).
   Returns:
     [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key. Rows of one query (a
     KV-cached decoding step) are computed by the reference formula instead (_one_query),
@@ -311,7 +388,11 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
     log_once("flash_attention: one query per row (a decoding step) runs the reference "
              f"formula over the row [b, h, 1, {k.shape[1]}], not the Pallas kernels")
     mask = Mask(q_segments, k_segments, q_positions, k_positions, causal=causal, window=window)
-    return _one_query(q * jnp.asarray(scale, q.dtype), k, v, mask, bias_spec)
+    return _one_query(q * jnp.asarray(scale, q.dtype), k, v, mask, bias_spec, sigmoid_bias,
+                      sink, bias_vectors)
+  if sink is not None and sigmoid_bias is not None:
+    raise ValueError("flash_attention: a sink is a term of softmax's normaliser; sigmoid "
+                     "attention has none")
   q = q * jnp.asarray(scale * LOG2E, q.dtype)  # the kernels' logits are in base 2
   if layout is not None:
     if interpret is False:
@@ -326,6 +407,12 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                 learned=bias_spec is not None and bias_spec.learned, causal=causal,
                 window=window, block_q=block_q, block_k=block_k, variants=variants,
                 dense=None if bias_spec is None else bias_spec.dense,
-                saturates_at=None if bias_spec is None else bias_spec.saturates_at)
+                saturates_at=None if bias_spec is None else bias_spec.saturates_at,
+                normalizer=Normalizer(sigmoid=sigmoid_bias is not None,
+                                      bias=(sigmoid_bias or 0.0) * LOG2E, sink=sink is not None),
+                vectors=bias_vectors is not None)
   params = {} if bias_spec is None else dict(bias_spec.params)
-  return _flash(cfg, q, k, v, q_segments, k_segments, q_positions, k_positions, params)
+  u, w = (None, None) if bias_vectors is None else (
+      jnp.swapaxes(x, 1, 2).astype(jnp.float32) for x in bias_vectors)  # [b, h, t]
+  return _flash(cfg, q, k, v, q_segments, k_segments, q_positions, k_positions, params,
+                (sink, u, w))

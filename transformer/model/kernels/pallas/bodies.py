@@ -62,6 +62,8 @@ class Static:
   dq_atomic: bool = False  # the dk/dv kernel adds dq atomically and gives the parameters' gradient
   table: int | None = None  # the bias read from a table over k − q clipped to ±table (tables.py)
   table_width: int = 0  # a head's row of that table (the block the kernel sees)
+  normalizer: "Normalizer" = None  # how logits become weights (None: softmax)
+  vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head (read_vectors)
 
 
 def outer_block(st: Static, index, outers: int):
@@ -142,14 +144,106 @@ def _logits(st, theta, q, k, qp, kp):
   return logits
 
 
-def _probabilities(st, theta, q, k, qp, kp, lse, visible):
-  """One block's softmax weights [bq, bk] from the saved base-2 logsumexp; visible: the
-  mask of a partial block (0 where not visible), None for a full one."""
-  logits = _logits(st, theta, q, k, qp, kp)
+@dataclasses.dataclass(frozen=True)
+class Normalizer:
+  """How the kernels turn a block's base-2 logits into weights: softmax over the visible
+  keys, with one more logit per head in its normaliser and no value (sink: read from the
+  kernel's sink input, in base 2), or σ(x + b) at each visible key with no normaliser
+  (sigmoid; bias = b·log2 e)."""
+
+  sigmoid: bool = False
+  bias: float = 0.0
+  sink: bool = False
+
+
+SOFTMAX = Normalizer()
+
+
+def _norm(st: Static) -> Normalizer:
+  return st.normalizer or SOFTMAX
+
+
+def _sigmoid(norm: Normalizer, logits):
+  """σ(x + b) of base-2 logits: 1 / (1 + 2^−(logits + b·log2 e)); 0 at _MASKED."""
+  return 1.0 / (1.0 + jnp.exp2(-(logits + norm.bias)))
+
+
+def _start(st: Static, sink, rows: int, dv: int):
+  """The forward's carry before any key block: running max and normaliser [rows, lanes]
+  (a sink: its logit `sink`, read at the kernel's top, as a key already seen, and 2^0 = 1),
+  output [rows, d_v]."""
+  stat = (rows, st.lanes)
+  if _norm(st).sink:
+    top, total = jnp.full(stat, sink, jnp.float32), 1.0
+  else:
+    top, total = jnp.full(stat, _MASKED, jnp.float32), 0.0
+  return top, jnp.full(stat, total, jnp.float32), jnp.zeros((rows, dv), jnp.float32)
+
+
+def _accumulate(st: Static, carry, logits, visible, v):
+  """One key block's step of the forward's carry: logits [bq, bk] in base 2 (_MASKED where
+  hidden), visible the partial block's mask (None: a full block)."""
+  top, total, acc = carry
+  dv = acc.shape[-1]
+  if _norm(st).sigmoid:  # no normaliser: the weights are summed as they come
+    p = _sigmoid(_norm(st), logits)
+    p = p if visible is None else jnp.where(visible, p, 0.0)
+    return top, total, acc + _dot(p.astype(v.dtype), v)
+  new_top = jnp.maximum(top, logits.max(-1, keepdims=True))
+  p = jnp.exp2(logits - widen(new_top, st.block_k))
+  if visible is not None:  # a row with no visible key yet has new_top = _MASKED
+    p = jnp.where(visible, p, 0.0)
+  rescale = jnp.exp2(top - new_top)  # 0 when the first visible key arrives, else ≤ 1
+  acc = acc * widen(rescale, dv) + _dot(p.astype(v.dtype), v)
+  return new_top, total * rescale + p.sum(-1, keepdims=True), acc
+
+
+def _finish(st: Static, carry):
+  """(output [bq, d_v] float32, base-2 logsumexp [bq, lanes]; 0 for sigmoid, which keeps
+  none, and for a row that saw no key)."""
+  top, total, acc = carry
+  if _norm(st).sigmoid:
+    return acc, jnp.zeros(top.shape, jnp.float32)
+  seen = total > 0
+  total = jnp.where(seen, total, 1.0)
+  return acc / widen(total, acc.shape[-1]), jnp.where(seen, top + jnp.log2(total), 0.0)
+
+
+def _dlogits(st: Static, p, dp, delta):
+  """The natural logits' gradient [bq, bk] from the weights p and dp = dO·vᵀ: softmax's
+  p·(dp − dO·O), sigmoid's σ(1 − σ)·dp."""
+  if _norm(st).sigmoid:
+    return p * (1.0 - p) * dp
+  return p * (dp - delta)
+
+
+def read_vectors(st: Static, u, w):
+  """A block's data bias in base 2, log2(e)·(u_i − w_j) [bq, bk] (0 without one): u the
+  query block's [bq, lanes], w the key block's [1, bk]."""
+  return LOG2E * (widen(u, st.block_k) - w) if st.vectors else 0.0
+
+
+def take_terms(st: Static, refs):
+  """(the normaliser's and data bias's input refs by name: "sink", "u", "w", the rest of
+  refs), the kernel's inputs after its fixed ones."""
+  terms = {}
+  if _norm(st).sink:
+    terms["sink"], refs = refs[0], refs[1:]
+  if st.vectors:
+    terms["u"], terms["w"], refs = refs[0], refs[1], refs[2:]
+  return terms, refs
+
+
+def _probabilities(st, theta, q, k, qp, kp, lse, visible, data=0.0):
+  """One block's weights [bq, bk]: softmax's from the saved base-2 logsumexp, or the
+  sigmoid's; visible: the mask of a partial block (0 where not visible), None for a full
+  one; data: the block's data bias in base 2 (read_vectors)."""
+  logits = _logits(st, theta, q, k, qp, kp) + data
+  weigh = ((lambda x: _sigmoid(_norm(st), x)) if _norm(st).sigmoid
+           else (lambda x: jnp.exp2(x - widen(lse, st.block_k))))
   if visible is None:
-    return jnp.exp2(logits - widen(lse, st.block_k))
-  logits = jnp.where(visible, logits, 0.0)
-  return jnp.where(visible, jnp.exp2(logits - widen(lse, st.block_k)), 0.0)
+    return weigh(logits)
+  return jnp.where(visible, weigh(jnp.where(visible, logits, 0.0)), 0.0)
 
 
 def _inner(st: Static, ref, j, keys: bool = False):
@@ -232,84 +326,95 @@ def _split(st: Static, refs, outputs: int, aliased: int = 0):
 def forward_kernel(lists_ref, q_ref, qs_ref, qp_ref, k_ref, v_ref, ks_ref, kp_ref, *refs,
                    st: Static):
   """Outer: a query block; this block's output [bq, d_v] and base-2 logsumexp [bq, lanes]."""
+  terms, refs = take_terms(st, refs)
   theta, (o_ref, lse_ref), count_refs, scratch = _split(st, refs, 2)
   q, qs, qp = q_ref[...], widen(qs_ref[...], st.block_k), widen(qp_ref[...], st.block_k)
-  rows, dv = q.shape[0], o_ref.shape[-1]
+  u = terms["u"][...] if st.vectors else None
+  # this head's sink logit, read here: a program id inside a conditional (the grid
+  # driver's init) does not lower in interpret mode
+  sink = terms["sink"][program(st, "head")] if _norm(st).sink else None
 
   def step(j, carry, masked):
-    top, total, acc = carry  # running max, normaliser [bq, lanes]; output [bq, d_v]
     kp = _inner(st, kp_ref, j, keys=True)
     logits = _logits(st, theta, q, _inner(st, k_ref, j), qp, kp)
+    if st.vectors:
+      logits = logits + read_vectors(st, u, _inner(st, terms["w"], j, keys=True))
+    visible = None
     if masked:
       visible = _visible(st, qs, _inner(st, ks_ref, j, keys=True), qp, kp)
       logits = jnp.where(visible, logits, _MASKED)
-    new_top = jnp.maximum(top, logits.max(-1, keepdims=True))
-    p = jnp.exp2(logits - widen(new_top, st.block_k))
-    if masked:  # a row with no visible key yet has new_top = _MASKED
-      p = jnp.where(visible, p, 0.0)
-    rescale = jnp.exp2(top - new_top)  # 0 when the first visible key arrives, else ≤ 1
-    v = _inner(st, v_ref, j)
-    acc = acc * widen(rescale, dv) + _dot(p.astype(v.dtype), v)
-    return new_top, total * rescale + p.sum(-1, keepdims=True), acc
-
-  def init():
-    stat = (rows, st.lanes)
-    return (jnp.full(stat, _MASKED, jnp.float32), jnp.zeros(stat, jnp.float32),
-            jnp.zeros((rows, dv), jnp.float32))
+    return _accumulate(st, carry, logits, visible, _inner(st, v_ref, j))
 
   def finish(carry):
-    top, total, acc = carry
-    seen = total > 0
-    total = jnp.where(seen, total, 1.0)
-    o_ref[...] = (acc / widen(total, dv)).astype(o_ref.dtype)  # no key seen: 0
-    lse_ref[...] = jnp.where(seen, top + jnp.log2(total), 0.0)
+    out, lse = _finish(st, carry)
+    o_ref[...] = out.astype(o_ref.dtype)  # no key seen: 0
+    lse_ref[...] = lse
 
-  _drive(st, lists_ref, init, step, finish, scratch, count_refs)
+  _drive(st, lists_ref, lambda: _start(st, sink, q.shape[0], o_ref.shape[-1]), step, finish,
+         scratch, count_refs)
 
 
 def dq_kernel(lists_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref, delta_ref, k_ref, v_ref,
               ks_ref, kp_ref, *refs, st: Static):
-  """Outer: a query block; dq [bq, d] and (learned) this block's share of the bias
-  parameters' gradient [1, width]."""
-  theta, (dq_ref, *drow), count_refs, scratch = _split(st, refs, 1 + st.learned)
+  """Outer: a query block; dq [bq, d], (learned) this block's share of the bias
+  parameters' gradient [1, width] and (st.vectors) the data bias's gradient at the
+  queries, Σ_j dlogits [bq, lanes]."""
+  terms, refs = take_terms(st, refs)
+  theta, (dq_ref, *rest), count_refs, scratch = _split(st, refs, 1 + st.learned + st.vectors)
+  drow, du_ref = rest[:st.learned], rest[st.learned:]
   q, do = q_ref[...], do_ref[...]
   qs, qp = widen(qs_ref[...], st.block_k), widen(qp_ref[...], st.block_k)
   lse, delta = lse_ref[...], widen(delta_ref[...], st.block_k)
+  u = terms["u"][...] if st.vectors else None
 
   def step(j, carry, masked):
     kp = _inner(st, kp_ref, j, keys=True)
     visible = _visible(st, qs, _inner(st, ks_ref, j, keys=True), qp, kp) if masked else None
     k, v = _inner(st, k_ref, j), _inner(st, v_ref, j)
-    p = _probabilities(st, theta, q, k, qp, kp, lse, visible)
-    dlogits = p * (_dot(do, v, transpose_b=True) - delta)  # [bq, bk], of the natural logits
-    dq = carry[0] + _dot(dlogits.astype(k.dtype), k)
-    if not st.learned:
-      return (dq,)
-    _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
-    return dq, carry[1] + _row(st, bias_vjp(dlogits)[0])  # the vjp of the block's bias
+    data = read_vectors(st, u, _inner(st, terms["w"], j, keys=True)) if st.vectors else 0.0
+    p = _probabilities(st, theta, q, k, qp, kp, lse, visible, data)
+    dlogits = _dlogits(st, p, _dot(do, v, transpose_b=True), delta)  # of the natural logits
+    out = (carry[0] + _dot(dlogits.astype(k.dtype), k),)
+    if st.learned:
+      _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
+      out += (carry[1] + _row(st, bias_vjp(dlogits)[0]),)  # the vjp of the block's bias
+    if st.vectors:
+      out += (carry[-1] + dlogits.sum(-1, keepdims=True),)
+    return out
 
   def init():
-    dq = jnp.zeros(q.shape, jnp.float32)
-    return (dq, jnp.zeros((1, st.width), jnp.float32)) if st.learned else (dq,)
+    dq = (jnp.zeros(q.shape, jnp.float32),)
+    learned = (jnp.zeros((1, st.width), jnp.float32),) * st.learned
+    return dq + learned + (jnp.zeros((q.shape[0], st.lanes), jnp.float32),) * st.vectors
 
   def finish(carry):
     dq_ref[...] = (carry[0] * LN2).astype(dq_ref.dtype)
     if st.learned:
       drow[0][...] = carry[1]
+    if st.vectors:
+      du_ref[0][...] = carry[-1]
 
   _drive(st, lists_ref, init, step, finish, scratch, count_refs)
 
 
 def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref,
                delta_ref, *refs, st: Static):
-  """Outer: a key block; dk [bk, d] and dv [bk, d_v] over its listed query blocks. With
+  """Outer: a key block; dk [bk, d] and dv [bk, d_v] over its listed query blocks, and
+  (st.vectors) the data bias's gradient at the keys, −Σ_i dlogits [sublanes, bk]. With
   st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
-  float32 dq [lq, d] (in natural-log units but for the factor ln 2), and (learned) this key
-  block's share of the bias parameters' gradient [1, width]."""
-  outputs = 2 + (1 + st.learned) * st.dq_atomic
-  theta, (dk_ref, dv_ref, *dq_refs), count_refs, scratch = _split(st, refs, outputs,
-                                                                  aliased=int(st.dq_atomic))
+  float32 dq [lq, d] (in natural-log units but for the factor ln 2), (learned) this key
+  block's share of the bias parameters' gradient [1, width], and (st.vectors) its share of
+  the data bias's gradient at the queries, added atomically into [lq, lanes]."""
+  terms, refs = take_terms(st, refs)
+  atomic = (1 + st.vectors) * st.dq_atomic  # dq (and the queries' data gradient) added to
+  outputs = 2 + st.vectors + atomic + st.learned * st.dq_atomic
+  theta, (dk_ref, dv_ref, *rest), count_refs, scratch = _split(st, refs, outputs,
+                                                               aliased=atomic)
+  dw_ref, rest = rest[:st.vectors], rest[st.vectors:]
+  split = st.dq_atomic * (1 + st.learned)
+  dq_refs, du_ref = rest[:split], rest[split:]
   k, v, ks, kp = k_ref[...], v_ref[...], ks_ref[0:1, :], kp_ref[0:1, :]
+  w = terms["w"][0:1, :] if st.vectors else None
   learned = st.learned and st.dq_atomic
 
   def step(i, carry, masked):
@@ -318,29 +423,36 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
     visible = (_visible(st, widen(_inner(st, qs_ref, i), st.block_k), ks, qp, kp)
                if masked else None)
     q, do = _inner(st, q_ref, i), _inner(st, do_ref, i)
-    p = _probabilities(st, theta, q, k, qp, kp, _inner(st, lse_ref, i), visible)
+    data = read_vectors(st, _inner(st, terms["u"], i), w) if st.vectors else 0.0
+    p = _probabilities(st, theta, q, k, qp, kp, _inner(st, lse_ref, i), visible, data)
     dv = dv + _dot(p.T.astype(do.dtype), do)
     delta = widen(_inner(st, delta_ref, i), st.block_k)
-    dlogits = p * (_dot(do, v, transpose_b=True) - delta)
+    dlogits = _dlogits(st, p, _dot(do, v, transpose_b=True), delta)
     if st.dq_atomic:
       rows = pl.ds(pl.multiple_of(i * st.inner_block, st.inner_block), st.inner_block)
-      lowering("triton").atomic_add(dq_refs[0], (rows, slice(None)),
-                                    _dot(dlogits.astype(k.dtype), k))
-    dk = dk + _dot(dlogits.T.astype(q.dtype), q)
-    if not learned:
-      return dk, dv
-    _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
-    return dk, dv, carry[2] + _row(st, bias_vjp(dlogits)[0])
+      add = lowering("triton").atomic_add
+      add(dq_refs[0], (rows, slice(None)), _dot(dlogits.astype(k.dtype), k))
+      if st.vectors:
+        add(du_ref[0], (rows, slice(None)), dlogits.sum(-1, keepdims=True))
+    out = (dk + _dot(dlogits.T.astype(q.dtype), q), dv)
+    if learned:
+      _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
+      out += (carry[2] + _row(st, bias_vjp(dlogits)[0]),)
+    if st.vectors:
+      out += (carry[-1] - dlogits.sum(0, keepdims=True),)
+    return out
 
   def init():
     zeros = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-    return zeros + ((jnp.zeros((1, st.width), jnp.float32),) if learned else ())
+    zeros += (jnp.zeros((1, st.width), jnp.float32),) * learned
+    return zeros + (jnp.zeros((1, k.shape[0]), jnp.float32),) * st.vectors
 
   def finish(carry):
     dk_ref[...] = (carry[0] * LN2).astype(dk_ref.dtype)
     dv_ref[...] = carry[1].astype(dv_ref.dtype)
     if learned:
       dq_refs[1][...] = carry[2]
+    if st.vectors:
+      dw_ref[0][...] = jnp.broadcast_to(carry[-1], dw_ref[0].shape)
 
   _drive(st, lists_ref, init, step, finish, scratch, count_refs)
-

@@ -152,6 +152,12 @@ def statistics(layout: Layout, x, length: int):
   return jax.lax.broadcast_in_dim(x, (*x.shape, layout.lanes), (0, 1, 2))
 
 
+def head_keys(layout: Layout, x, length: int):
+  """[b, h, t] float32 per-head key-side values -> [b, h, sublanes, length]."""
+  x = jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2])])
+  return jax.lax.broadcast_in_dim(x, (*x.shape[:2], layout.sublanes, length), (0, 1, 3))
+
+
 def pack(layout: Layout, params: dict):
   """The bias parameters {name: [h, size]} as one flat float32 array [h · width], and
   their (name, offset, size) and width."""
@@ -174,7 +180,7 @@ def unpack(st: Static, rows):
 class Operand:
   """An array and how a kernel sees it: kind "heads" [b, H, t, d], "query" [b, t, lanes],
   "keys" [b, sublanes, t], "stats" [b, h, t, lanes], "params" (whole), "table" [h, width]
-  (the head's row), "drow" [b, h, n, 1, width], "lists" [b, n, width] (the visit lists); role "outer" (the grid's block n) or
+  (the head's row), "drow" [b, h, n, 1, width], "head_keys" [b, h, sublanes, t], "lists" [b, n, width] (the visit lists); role "outer" (the grid's block n) or
   "inner" (the listed block, or the whole row when the kernel loops); groups: query heads
   per head of this array (grouped-query K and V)."""
 
@@ -193,7 +199,8 @@ def _spec(layout: Layout, st: Static, op: Operand, block: int, outers: int):
   if op.kind == "table":
     return pl.BlockSpec((None, shape[1]), lambda *grid: (grid[st.axes.index("head")], 0))
   whole = op.role == "inner" and not layout.grid_inner
-  t = {"heads": 2, "query": 1, "keys": 2, "stats": 2, "drow": 2, "lists": 1}[op.kind]
+  t = {"heads": 2, "query": 1, "keys": 2, "stats": 2, "drow": 2, "lists": 1,
+       "head_keys": 3}[op.kind]
   size = shape[t] if whole else block
 
   def index(build):
@@ -224,6 +231,8 @@ def _spec(layout: Layout, st: Static, op: Operand, block: int, outers: int):
     return pl.BlockSpec((None, shape[1], size), index(lambda i, j, n, at: (i, 0, at)))
   if op.kind == "stats":
     return pl.BlockSpec((None, None, size, shape[3]), index(lambda i, j, n, at: (i, j, at, 0)))
+  if op.kind == "head_keys":
+    return pl.BlockSpec((None, None, shape[2], size), index(lambda i, j, n, at: (i, j, 0, at)))
   if op.kind == "lists":
     return pl.BlockSpec((None, None, shape[2]), index(lambda i, j, n, at: (i, n, 0)))
   return pl.BlockSpec((None, None, None, 1, shape[4]), index(lambda i, j, n, at: (i, j, n, 0, 0)))
