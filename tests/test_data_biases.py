@@ -1,7 +1,8 @@
 """FoX's forget gate (transformer/model/data_biases.py) against its formula in NumPy, on
 packed rows and beside a positional bias; it trains in the decoder-only family and is
-refused elsewhere; cached decoding equals the full pass; xla computes what the reference
-computes (values and the gate's gradients); the kernels without a data bias refuse it."""
+refused elsewhere; cached decoding equals the full pass; xla and pallas compute what the
+reference computes (values and the gate's gradients); the kernels without a data bias
+refuse it."""
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,11 @@ def test_forget_gate_adds_the_sum_of_log_forgets_between_key_and_query():
   np.testing.assert_allclose(layer.self_attend(x, mask, alibi), want, rtol=1e-4, atol=1e-5)
 
 
-def test_xla_computes_the_reference_values_and_gate_gradients():
+@pytest.mark.parametrize("kernel", ["xla", "pallas"])
+def test_kernel_computes_the_reference_values_and_gate_gradients(kernel):
+  """xla adds the bias as an array; pallas reads c per block beside ALiBi's BiasSpec, and
+  gives c's gradient (row and column sums of the logits'), which the cumulative sum
+  carries to the gate's parameters."""
   x, mask = _inputs()
   alibi = POSITIONS["alibi"](D_MODEL, H, 32, causal=True)
 
@@ -69,7 +74,7 @@ def test_xla_computes_the_reference_values_and_gate_gradients():
     loss = lambda s: jnp.sum(nnx.merge(graphdef, s).self_attend(x, mask, alibi) ** 2)  # noqa: E731
     return jax.value_and_grad(loss)(state)
 
-  (got, got_grad), (want, want_grad) = run("xla"), run("reference")
+  (got, got_grad), (want, want_grad) = run(kernel), run("reference")
   np.testing.assert_allclose(got, want, rtol=1e-5)
   for name in ("kernel", "bias"):
     np.testing.assert_allclose(got_grad["data_bias"]["proj"][name][...],
@@ -77,7 +82,7 @@ def test_xla_computes_the_reference_values_and_gate_gradients():
   assert float(jnp.abs(want_grad["data_bias"]["proj"]["bias"][...]).max()) > 0
 
 
-@pytest.mark.parametrize("kernel", ["blockwise", "pallas"])
+@pytest.mark.parametrize("kernel", ["blockwise"])
 def test_kernels_without_a_data_bias_refuse_it(kernel):
   with pytest.raises(ConfigError, match=f"attention.kernel '{kernel}' cannot add a data-"
                                         "dependent logit bias .*; use kernel 'reference' or "

@@ -6,8 +6,10 @@ zhixuan-lin/forgetting-transformer, `fgate_type="full"`): per head, f_t = σ(w_h
 from the layer's input, and the logit of query i and key j ≤ i gains
 Σ_{l=j+1..i} log f_l = c_i − c_j, c the cumulative sums of log f along the sequence: a
 learned, content-dependent ALiBi. The bias is two vectors per row and head (c at the
-queries, c at the keys), which a kernel reads like positions; a kernel adding a bias array
-computes it whole (`data_bias`: transformer/model/kernels/choice.py).
+queries, c at the keys), which the `pallas` kernel reads per block like positions
+(bias_vectors(); its gradient, the row and column sums of the logits', flows back through
+the cumulative sum in XLA); a kernel adding a bias array computes it whole (`data_bias`:
+transformer/model/kernels/capabilities.py).
 
 DATA_BIASES: an entry is made with `(d_model, num_heads, *, dtype, rngs)`; `sums(x, offset)`
 gives the cumulative sums [b, t, h] of x's tokens continuing `offset` [b, h] (None: from 0;
@@ -67,13 +69,22 @@ class ForgetGate(NoDataBias):
 
 class ForgetBiased(EncodingView):
   """`encoding` with c_i − c_j added to its bias: q_sums [b, tq, h] at the queries, k_sums
-  [b, tk, h] at the keys (the whole rows: a kernel computing the bias in blocks cannot slice
-  them by the mask's blocks, so only kernels offering `data_bias` are handed it). Made per
-  call by the layer; its other seams are the encoding's."""
+  [b, tk, h] at the keys (whole rows: only kernels offering `data_bias` are handed it: the
+  whole-array ones add bias(), `pallas` reads bias_vectors() per block beside the
+  encoding's BiasSpec). Made per call by the layer; its other seams are the encoding's."""
 
   def __init__(self, encoding, q_sums: jax.Array, k_sums: jax.Array):
     super().__init__(encoding, biases=True)
     self.q_sums, self.k_sums = q_sums, k_sums
+
+  def bias_spec(self):
+    """The encoding's positional bias alone: a kernel computing in blocks (`pallas`) adds
+    bias_vectors() beside it."""
+    return self.encoding.bias_spec()
+
+  def bias_vectors(self):
+    """(c at the queries [b, tq, h], c at the keys [b, tk, h]): the bias c_i − c_j."""
+    return self.q_sums, self.k_sums
 
   def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """The encoding's bias plus c_i − c_j: [b, h, tq, tk] float32."""

@@ -7,10 +7,13 @@ positional biases) and the visible keys (a boolean [b, 1 or h, tq, tk]) to the w
 `normalizer(logits, visible, mask)`. Its constructor is `(num_heads, settings, *, max_len,
 rngs)`, max_len the model's longest sequence. Each declares what it is, from which the
 capabilities a layer needs of its kernel are read (transformer/model/kernels/capabilities.py:
-`online_normalizer`, `row_normalizer`):
+`flash_normalizer`, `online_normalizer`, `row_normalizer`):
 
   * `plain_softmax`: it is exactly softmax over the visible keys, which every kernel
     computes;
+  * `flash`: a flash-attention kernel computes it in closed form, `flash_form()` (softmax
+    with a sink logit per head, or a sigmoid with no normaliser): the `pallas` kernel runs
+    it;
   * `online`: it is computed block by block over the keys with a running state (start,
     step, divisor), as flash attention computes softmax: the `blockwise` kernel runs it;
   * neither: it needs each query's whole row of logits (the `reference` kernel);
@@ -34,12 +37,23 @@ from transformer.core.registry import NoSettings, lookup, settings_of, settings_
 from transformer.model.masks import Mask, masked_softmax
 
 
+@dataclasses.dataclass(frozen=True)
+class FlashForm:
+  """A normaliser as a flash-attention kernel computes it: softmax (with `sink` [h], one
+  more logit per head in its normaliser, or None), or σ(x + sigmoid_bias) at each visible
+  key with no normaliser (sigmoid_bias not None)."""
+
+  sigmoid_bias: float | None = None
+  sink: jax.Array | None = None
+
+
 class Normalizer(nnx.Module):
   """The interface; an online normaliser also defines start, step and divisor (the
-  blockwise kernel's running state over key blocks)."""
+  blockwise kernel's running state over key blocks), a flash one flash_form()."""
 
   Settings = NoSettings
   plain_softmax = False
+  flash = False
   online = False
   causal_only = False
   name = "softmax"  # its config name (make_normalizer sets it)
@@ -61,15 +75,23 @@ class Normalizer(nnx.Module):
     (never 0)."""
     raise NotImplementedError
 
+  def flash_form(self) -> FlashForm:
+    """What a flash-attention kernel computes for it (a `flash` normaliser)."""
+    raise NotImplementedError
+
 
 class Softmax(Normalizer):
   """softmax over the visible keys ("Attention Is All You Need")."""
 
   plain_softmax = True
+  flash = True
   online = True
 
   def __init__(self, num_heads: int = 0, settings=None, *, max_len: int = 0, rngs=None):
     del num_heads, settings, max_len, rngs
+
+  def flash_form(self):
+    return FlashForm()
 
   def __call__(self, logits, visible, mask):
     del mask
@@ -124,6 +146,9 @@ class Sink(Softmax):
                              jnp.concatenate([visible, jnp.ones_like(visible[..., :1])], -1))
     return weights[..., :-1]
 
+  def flash_form(self):
+    return FlashForm(sink=self.logit())
+
   def start(self, shape):  # the sink as a key already seen: max s_h, total exp(0) = 1
     return (jnp.broadcast_to(self.logit()[:, None], shape), jnp.ones(shape, jnp.float32))
 
@@ -134,6 +159,7 @@ class Sigmoid(Normalizer):
   every logit (their code: the buffer `attn_bias`, `sigmoid_bias: -7.62` = −ln 2048 for
   2048-token training)."""
 
+  flash = True
   online = True
 
   @dataclasses.dataclass(frozen=True)
@@ -154,6 +180,9 @@ class Sigmoid(Normalizer):
   def __call__(self, logits, visible, mask):
     del mask
     return jnp.where(visible, jax.nn.sigmoid(logits.astype(jnp.float32) + self.bias), 0.0)
+
+  def flash_form(self):
+    return FlashForm(sigmoid_bias=self.bias)
 
   def start(self, shape):
     return ()

@@ -45,10 +45,14 @@ CAPABILITIES: dict[str, Capability] = {
         lambda layer: layer.scorer.dot_product is None,
         "computes dot-product scores only, and score '{score}' declares no dot product; use "
         "kernel {able}"),
-    "online_normalizer": Capability(
+    "flash_normalizer": Capability(
         lambda layer: not layer.normalizer.plain_softmax,
         "computes softmax only, and normalizer '{normalizer}' is not softmax; use kernel "
         "{able} or model.attention.normalizer=softmax"),
+    "online_normalizer": Capability(  # an online form, but none a flash kernel computes
+        lambda layer: layer.normalizer.online and not layer.normalizer.flash,
+        "computes the normalisers of a flash-attention form only (softmax, sink, sigmoid), "
+        "and normalizer '{normalizer}' has none; use kernel {able}"),
     "row_normalizer": Capability(
         lambda layer: not layer.normalizer.online,
         "computes its normaliser block by block, and normalizer '{normalizer}' needs each "

@@ -40,6 +40,7 @@ from transformer.model.kernels.cudnn_mask import bias_positions, cudnn_mask, den
 from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import flash_attention
 from transformer.model.kernels.reference import reference_kernel, repeat_heads
+from transformer.model.normalizers import SOFTMAX
 
 
 def fused_kernel(implementation: str):
@@ -86,63 +87,71 @@ def fused_kernel(implementation: str):
 
 def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None):
   """flash_attention (transformer/model/kernels/pallas/attention.py) for a scorer declaring a dot product
-  (its transforms applied before, its scale passed in) and the encoding's BiasSpec, computed
-  in-kernel; blocks of block_size queries and keys. Fewer key/value heads than query heads
-  are read by their query heads in-kernel (grouped-query attention), unless the key
-  transform is per query head (DotProduct.keys_per_head). On a mesh of several devices it
-  runs on each device's shard (per_device): XLA does not partition a pallas_call."""
+  (its transforms applied before, its scale passed in), the encoding's BiasSpec and its
+  data bias's vectors (bias_vectors(): FoX's c_i − c_j), computed in-kernel, and a
+  normaliser of a flash form (softmax, a sink, a sigmoid: Normalizer.flash_form); blocks of
+  block_size queries and keys. Fewer key/value heads than query heads are read by their
+  query heads in-kernel (grouped-query attention), unless the key transform is per query
+  head (DotProduct.keys_per_head). On a mesh of several devices it runs on each device's
+  shard (per_device): XLA does not partition a pallas_call."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
-    del dropout, rngs, normalizer  # softmax (kernel_choice refuses another)
-    spec = encoding.bias_spec()
-    if spec is None and encoding.biases:
+    del dropout, rngs  # none (kernel_choice refuses it)
+    spec, vectors = encoding.bias_spec(), encoding.bias_vectors()
+    if spec is None and vectors is None and encoding.biases:
       raise ConfigError(f"attention.kernel 'pallas' needs a BiasSpec of the positional "
                         f"encoding {type(encoding).__name__}, which declares none; use kernel "
                         "'reference' or 'blockwise'")
+    form = (normalizer or SOFTMAX).flash_form()
     product = score.dot_product
     if product.keys_per_head:  # each query head's own key transform: one key head each
       k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
 
-    def attend(q, k, v, ids, params):
+    def attend(q, k, v, ids, params, sink, vectors):
       return flash_attention(
           q, k, v, q_segments=ids[0], k_segments=ids[1], q_positions=ids[2],
           k_positions=ids[3], causal=mask.causal, window=mask.window,
           bias_spec=None if spec is None else dataclasses.replace(spec, params=params),
-          scale=product.scale, block_q=block_size, block_k=block_size)
+          scale=product.scale, block_q=block_size, block_k=block_size,
+          sigmoid_bias=form.sigmoid_bias, sink=sink, bias_vectors=vectors)
 
     ids = (mask.q_segments, mask.k_segments, mask.q_positions, mask.k_positions)
     params = {} if spec is None else dict(spec.params)
-    return per_device(attend, mesh)(product.queries(q), product.keys(k), v, ids, params)
+    return per_device(attend, mesh)(product.queries(q), product.keys(k), v, ids, params,
+                                    form.sink, vectors)
 
   return kernel
 
 
 def per_device(attend: Callable, mesh: jax.sharding.AbstractMesh | None) -> Callable:
-  """attend(q, k, v, ids, params) run by jax.shard_map on each device's shard of a mesh of
-  several devices (itself on one): the rows over the mesh's batch axes, `data` and `fsdp`,
-  and the heads over `tensor` (the axes of transformer/run/sharding.py), each where it
-  divides them (otherwise that dimension is whole on every device). q [b, t, h, d], k, v
-  [b, t, kv_heads, d] and the output split by rows and heads (a device's query heads read
-  its own key/value heads: both split alike, or neither), the ids ([b, t] segments and
-  positions) by rows, the params ({name: [h, size]}, a BiasSpec's) by heads. Each device's
-  rows and heads are independent attentions, so no collective is needed; the gradients of
-  the params, which the rows share, are summed over the batch axes by shard_map's
-  transpose."""
+  """attend(q, k, v, ids, params, sink, vectors) run by jax.shard_map on each device's
+  shard of a mesh of several devices (itself on one): the rows over the mesh's batch axes,
+  `data` and `fsdp`, and the heads over `tensor` (the axes of transformer/run/sharding.py),
+  each where it divides them (otherwise that dimension is whole on every device). q
+  [b, t, h, d], k, v [b, t, kv_heads, d] and the output split by rows and heads (a
+  device's query heads read its own key/value heads: both split alike, or neither), the
+  ids ([b, t] segments and positions) by rows, the params ({name: [h, size]}, a
+  BiasSpec's) and the sink ([h] or None) by heads, the vectors ((u, w) [b, t, h] or None:
+  a data bias's) by rows and heads. Each device's rows and heads are independent
+  attentions, so no collective is needed; the gradients of the params and the sink, which
+  the rows share, are summed over the batch axes by shard_map's transpose."""
   if mesh is None or mesh.size == 1:
     return attend
 
-  def sharded(q, k, v, ids, params):
+  def sharded(q, k, v, ids, params, sink, vectors):
     rows = ("data", "fsdp")
     rows = rows if q.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0 else None
     tensor = mesh.shape["tensor"]
     heads = "tensor" if q.shape[2] % tensor == 0 and k.shape[2] % tensor == 0 else None
     x, t = P(rows, None, heads, None), P(rows, None)
-    in_specs = (x, x, x, (t,) * len(ids), jax.tree.map(lambda _: P(heads, None), params))
+    in_specs = (x, x, x, (t,) * len(ids), jax.tree.map(lambda _: P(heads, None), params),
+                None if sink is None else P(heads),
+                None if vectors is None else (P(rows, None, heads),) * 2)
     # check_vma=False: a pallas_call's out_shape (kernels/pallas/attention.py) declares no varying
     # mesh axes, which the check requires; the tests compare values and gradients with one
     # device's (test_sharding: the losses of a 2x2x2 mesh).
     return jax.shard_map(attend, mesh=mesh, in_specs=in_specs, out_specs=x,
-                         check_vma=False)(q, k, v, ids, params)
+                         check_vma=False)(q, k, v, ids, params, sink, vectors)
 
   return sharded
 
@@ -224,14 +233,15 @@ KERNELS: dict[str, Kernel] = {
     "cudnn": Kernel(_fused("cudnn"), offers={"data_bias", *_MASKS_HEADS_BIASES} - {"learned_bias"},
                     backends=("gpu",), stand_in="xla", dtypes=("bfloat16", "float16")),
     # the normalisers with an online form, as it computes softmax
-    "blockwise": Kernel(_blockwise, offers={"any_score", "softcap", "online_normalizer",
-                                            *_MASKS_HEADS_BIASES}),
-    # Pallas flash attention, the encoding's BiasSpec evaluated in-kernel
-    # (kernels/pallas/attention.py); interpret mode on the CPU; on a mesh, per device
-    # (shard_map). auto offers it where its in-kernel bias spares an [L, L] array;
-    # elsewhere xla and cudnn are better known.
-    "pallas": Kernel(_pallas, offers=_MASKS_HEADS_BIASES - {"gathered_bias"}, stand_in="xla",
-                     slow_on=("cpu",), auto_only_with_bias=True),
+    "blockwise": Kernel(_blockwise, offers={"any_score", "softcap", "flash_normalizer",
+                                            "online_normalizer", *_MASKS_HEADS_BIASES}),
+    # Pallas flash attention, the encoding's BiasSpec and a data bias's vectors evaluated
+    # in-kernel, and the normalisers of a flash form (kernels/pallas/attention.py);
+    # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where
+    # its in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
+    "pallas": Kernel(_pallas, offers={"flash_normalizer", "data_bias", *_MASKS_HEADS_BIASES}
+                     - {"gathered_bias"}, stand_in="xla", slow_on=("cpu",),
+                     auto_only_with_bias=True),
 }
 
 

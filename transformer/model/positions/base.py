@@ -101,6 +101,12 @@ class PositionalEncoding(nnx.Module):
     """The logit bias as a BiasSpec (an encoding that biases defines it), or None: no bias."""
     return None
 
+  def bias_vectors(self) -> tuple[jax.Array, jax.Array] | None:
+    """A data-dependent logit bias u_i − w_j beside bias_spec()'s, as its two vectors
+    (u [b, tq, h] at the queries, w [b, tk, h] at the keys), or None: none. Only views of
+    transformer/model/data_biases.py give one, to kernels offering `data_bias`."""
+    return None
+
   def bias(self, q_positions: jax.Array, k_positions: jax.Array) -> jax.Array:
     """-> a logit bias broadcastable to [b, h, tq, tk]: bias_spec() over the whole arrays."""
     spec = self.bias_spec()
@@ -151,6 +157,9 @@ class EncodingView:
 
   def bias_spec(self):
     return None
+
+  def bias_vectors(self):
+    return self.encoding.bias_vectors()
 
   def embed(self, x, positions):
     return self.encoding.embed(x, positions)

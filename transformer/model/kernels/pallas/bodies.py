@@ -238,7 +238,9 @@ def _probabilities(st, theta, q, k, qp, kp, lse, visible, data=0.0):
   """One block's weights [bq, bk]: softmax's from the saved base-2 logsumexp, or the
   sigmoid's; visible: the mask of a partial block (0 where not visible), None for a full
   one; data: the block's data bias in base 2 (read_vectors)."""
-  logits = _logits(st, theta, q, k, qp, kp) + data
+  logits = _logits(st, theta, q, k, qp, kp)
+  if st.vectors:
+    logits = logits + data
   weigh = ((lambda x: _sigmoid(_norm(st), x)) if _norm(st).sigmoid
            else (lambda x: jnp.exp2(x - widen(lse, st.block_k))))
   if visible is None:
