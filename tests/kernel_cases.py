@@ -11,6 +11,7 @@ import numpy as np
 from flax import nnx
 
 from transformer.core.errors import ConfigError
+from transformer.model.data_biases import ForgetBiased
 from transformer.model.kernels.capabilities import Needs
 from transformer.model.kernels.choice import check
 from transformer.model.kernels.registry import KERNELS
@@ -70,6 +71,7 @@ class Case:
   dtype: str = "float32"
   softcap: float = 0.0
   normalizer: str = "softmax"
+  data_bias: str = "none"  # "forget": FoX's c_i − c_j beside the encoding (vectors())
 
   def parts(self):
     """(scorer, encoding, mask, its Needs); view(encoding) is what the kernel is handed."""
@@ -79,7 +81,8 @@ class Case:
     name = self.position.removesuffix(SAMPLED)
     encoding = make_positional_encoding(name, H * D, H, 64, causal=mask.causal,
                                         settings=SETTINGS, rngs=nnx.Rngs(1))
-    needs = Needs.of(scorer, self.view(encoding), normalizer=normalizer, score=self.score,
+    needs = Needs.of(scorer, self.view(encoding), normalizer=normalizer,
+                     data_bias=self.data_bias != "none", score=self.score,
                      position=name, softcap=self.softcap, window=mask.window is not None,
                      grouped=self.kv_heads < H, dtype=self.dtype, block_size=BLOCK)
     return scorer, encoding, mask, needs
@@ -92,12 +95,25 @@ class Case:
       normalizer.sink[...] = jnp.array([0.5, -1.0, 2.0, 0.0])
     return normalizer
 
-  def view(self, encoding):
-    """The encoding at sampled offsets (a fixed draw of 2 rows' distances) for NAME@sampled."""
-    if not self.position.endswith(SAMPLED):
-      return encoding
-    table = batch_offsets(jax.random.key(4), jnp.array([T, 5]), T, 16)  # distances < 16
-    return AtSampledOffsets(encoding, table)
+  def vectors(self):
+    """The data bias's vectors (c at the queries [2, tq, H], at the keys [2, T, H]):
+    cumulative sums of log σ of random logits, drawn apart for queries and keys (the
+    kernels take any two), or None."""
+    if self.data_bias == "none":
+      return None
+    rng = np.random.default_rng(7)
+    tq = _mask(self.mask).q_segments.shape[1]
+    return tuple(jnp.cumsum(jax.nn.log_sigmoid(jnp.asarray(2 + rng.normal(size=(2, n, H)),
+                                                           jnp.float32)), 1) for n in (tq, T))
+
+  def view(self, encoding, vectors=None):
+    """The encoding at sampled offsets (a fixed draw of 2 rows' distances) for NAME@sampled;
+    with the data bias of `vectors` (vectors()) beside it."""
+    if self.position.endswith(SAMPLED):
+      table = batch_offsets(jax.random.key(4), jnp.array([T, 5]), T, 16)  # distances < 16
+      encoding = AtSampledOffsets(encoding, table)
+    vectors = vectors or self.vectors()
+    return encoding if vectors is None else ForgetBiased(encoding, *vectors)
 
   def __str__(self):
     base = Case(dtype=self.dtype)
@@ -122,7 +138,8 @@ def _axes(name: str) -> dict[str, list]:
           "mask": list(MASKS), "kv_heads": [H, 1, 2],
           "dtype": ["float32", *(d for d in dtypes if d != "float32")] if "float32" in dtypes
           else list(dtypes), "softcap": [0.0, 2.0],
-          "normalizer": ["softmax", *sorted(set(NORMALIZERS) - {"softmax"})]}
+          "normalizer": ["softmax", *sorted(set(NORMALIZERS) - {"softmax"})],
+          "data_bias": ["none", "forget"]}
 
 
 def _accepts(name: str, case: Case) -> bool:

@@ -4,9 +4,10 @@ base case — every scorer, every encoding that biases the logits (and none; the
 ones also at sampled offsets, a table's), the masks (causal, bidirectional, a local window,
 causal within a window, cross-attention of other lengths, a one-query decoding step; every
 batch holds a packed row and a padded row of gapped positions), grouped- and multi-query
-heads, each dtype, a logit soft-cap, each normaliser — kept where
-kernels.choice.check accepts the case's Needs. Values and gradients (of q, k, v and of the
-scorer's, the encoding's and the normaliser's parameters) on the queries that see a key
+heads, each dtype, a logit soft-cap, each normaliser, FoX's data bias (c_i − c_j from two
+vectors) — kept where kernels.choice.check accepts the case's Needs. Values and gradients
+(of q, k, v, of the scorer's, the encoding's and the normaliser's parameters, and of the
+data bias's vectors) on the queries that see a key
 (the fused kernels let a padding query attend to every key instead of none; no loss reads
 it). Attention
 dropout is compared off: random masks differ between kernels, and the reference is the one
@@ -50,7 +51,8 @@ ELSEWHERE = [name for name in KERNELS if runs_here(name)]
 
 def _outputs_and_grads(name: str, case: Case):
   """((output, gradients) of kernel `name`, the same of the reference), one compiled program;
-  gradients of (q, k, v, the scorer's, the encoding's and the normaliser's states)."""
+  gradients of (q, k, v, the scorer's, the encoding's and the normaliser's states, the data
+  bias's vectors)."""
   scorer, encoding, mask, _ = case.parts()
   (score_def, score_state), (enc_def, enc_state) = nnx.split(scorer), nnx.split(encoding)
   norm_def, norm_state = nnx.split(case.make_normalizer())
@@ -58,16 +60,16 @@ def _outputs_and_grads(name: str, case: Case):
   seen = (np.asarray(mask.q_segments) > 0)[:, :, None, None]
   qkv, qkv_f32, weights = case_inputs(case)
 
-  def loss(q, k, v, score_state, enc_state, norm_state, run):
-    out = run(q, k, v, mask, case.view(nnx.merge(enc_def, enc_state)),
+  def loss(q, k, v, score_state, enc_state, norm_state, vectors, run):
+    out = run(q, k, v, mask, case.view(nnx.merge(enc_def, enc_state), vectors),
               nnx.merge(score_def, score_state), Dropout(0.0), None,
               normalizer=nnx.merge(norm_def, norm_state))
     return jnp.sum(jnp.where(seen, out.astype(jnp.float32) * weights, 0.0)), out
 
   def both(qkv, qkv_f32):
-    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5), has_aux=True)
+    grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5, 6), has_aux=True)
     reference = lambda *x, **kw: reference_kernel(*x, softcap=case.softcap, **kw)  # noqa: E731
-    return [grad(*args, score_state, enc_state, norm_state, run)[::-1]
+    return [grad(*args, score_state, enc_state, norm_state, case.vectors(), run)[::-1]
             for args, run in ((qkv, kernel), (qkv_f32, reference))]
 
   # At XLA:CPU's optimisation level 0 (which compiles Pallas' interpret mode faster) the
@@ -122,6 +124,10 @@ def test_every_kernel_but_the_reference_has_cases_on_every_axis_it_declares():
     assert ({c.score for c in mine} == set(SCORES)) == ("any_score" in offers), name
     assert {c.normalizer for c in mine} == {
         n for n, cls in NORMALIZERS.items()
-        if (cls.plain_softmax or "online_normalizer" in offers)
+        if (cls.plain_softmax or "flash_normalizer" in offers)
+        and (cls.flash or not cls.online or "online_normalizer" in offers)
         and (cls.online or "row_normalizer" in offers)}, name
+    # FoX's gate has parameters: its bias needs a learned bias's gradient too (cuDNN's not)
+    assert any(c.data_bias != "none" for c in mine) == (
+        {"data_bias", "learned_bias"} <= offers), name
     assert {c.mask for c in mine} == set(MASKS) and {c.kv_heads for c in mine} == {1, 2, H}

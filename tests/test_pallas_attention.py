@@ -30,12 +30,14 @@ from flax import nnx
 from tests.support import TINY_MODEL
 from transformer.core.errors import ConfigError
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
+from transformer.model.data_biases import ForgetBiased
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
 from transformer.model.kernels.registry import KERNELS
 from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
+from transformer.model.normalizers import make_normalizer
 from transformer.model.kernels.pallas import sparsity, tables
 from transformer.model.kernels.pallas.attention import flash_attention, visited_blocks
 from transformer.model.kernels.pallas.layouts import LAYOUTS
@@ -195,12 +197,68 @@ def test_compiled_layouts_equal_reference(layout, position, mask_kind, kv_heads)
   _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["triton", "mosaic_tpu"])
-def test_compiled_layouts_over_many_blocks(layout):
+# The normalisers of a flash form and FoX's data bias, in the compiled layouts (the
+# generic one: test_kernel_conformance): a sink (learned,
+# its logits apart from 0) with ALiBi, causal, one K/V head; a sigmoid with T5, a window.
+FUSED_CASES = [(layout, normalizer) for layout in ("triton", "mosaic_tpu")
+               for normalizer in ("sink", "sigmoid")]
+
+
+@pytest.mark.parametrize("layout,normalizer", FUSED_CASES,
+                         ids=[f"{layout}-{n}" for layout, n in FUSED_CASES])
+def test_normalizers_and_data_bias_in_every_layout(layout, normalizer):
+  """Outputs and gradients of q, k, v, the normaliser's sink, the encoding's parameters and
+  the data bias's two vectors (u at the queries, w at the keys: c_i − c_j) against the
+  reference kernel with the model's normaliser (transformer/model/normalizers.py) and
+  FoX's view (data_biases.ForgetBiased)."""
+  position, mask_kind, kv_heads = (("alibi", "causal", 1) if normalizer == "sink"
+                                   else ("t5", "window", H))
+  causal, window = MASKS[mask_kind]
+  seg, pos = _rows()
+  mask = Mask(seg, seg, pos, pos, causal=causal, window=window)
+  enc = _encoding(position, causal)
+  norm = make_normalizer(normalizer, H, max_len=16, causal=True, rngs=nnx.Rngs(0))
+  if normalizer == "sink":
+    norm.sink[...] = jnp.array([0.5, -1.5])
+  (enc_def, enc_state), (norm_def, norm_state) = nnx.split(enc), nnx.split(norm)
+  q, k, v, w = _inputs(kv_heads=kv_heads)
+  rng = np.random.default_rng(9)
+  vectors = tuple(jnp.cumsum(jax.nn.log_sigmoid(jnp.asarray(2 + rng.normal(size=(2, T, H)),
+                                                            jnp.float32)), 1) for _ in range(2))
+
+  def loss(q, k, v, enc_state, norm_state, vectors, kernel):
+    enc, norm = nnx.merge(enc_def, enc_state), nnx.merge(norm_def, norm_state)
+    if kernel == "pallas":
+      form = norm.flash_form()
+      out = flash_attention(q, k, v, q_segments=seg, k_segments=seg, q_positions=pos,
+                            k_positions=pos, causal=causal, window=window,
+                            bias_spec=enc.bias_spec(), block_q=BLOCK, block_k=BLOCK,
+                            layout=layout, sigmoid_bias=form.sigmoid_bias, sink=form.sink,
+                            bias_vectors=vectors)
+    else:
+      out = reference_kernel(q, k, v, mask, ForgetBiased(enc, *vectors), DOT, Dropout(0.0),
+                             None, normalizer=norm)
+    return jnp.sum(out * w[0]), out
+
+  grad = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5), has_aux=True)
+  (grads, out), (want_grads, want) = jax.jit(lambda *x: [
+      grad(*x, kernel) for kernel in ("pallas", "reference")],
+      compiler_options=FAST_COMPILE)(q, k, v, enc_state, norm_state, vectors)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
+  assert np.abs(np.asarray(want_grads[5][1])).max() > 1e-3  # the keys' vector does learn
+  if normalizer == "sink":
+    assert np.abs(np.asarray(want_grads[4]["sink"][...])).min() > 1e-3
+
+
+@pytest.mark.parametrize("layout,fused", [("triton", False), ("mosaic_tpu", False),
+                                          ("mosaic_tpu", True)])
+def test_compiled_layouts_over_many_blocks(layout, fused):
   """Rows of 300 tokens in the layouts' default blocks: Mosaic TPU's inner blocks are grid
   steps (3 of 128 keys), its running sums carried in scratch between them; Triton's
   forward and backward blocks differ (128 and 64). Packed and padded rows, causal, T5's
-  bias, one K/V head for both query heads."""
+  bias, one K/V head for both query heads; `fused`: softmax with a sink and FoX's data
+  bias besides (its sums' gradients carried between grid steps too)."""
   t = 300
   seg = jnp.array([[1] * 150 + [2] * 100 + [0] * 50, [1] * 280 + [0] * 20])
   pos = jnp.array([list(range(150)) + list(range(100)) + [0] * 50,
@@ -208,15 +266,21 @@ def test_compiled_layouts_over_many_blocks(layout):
   mask = Mask(seg, seg, pos, pos, causal=True)
   enc = _encoding("t5", True)
   q, k, v, _ = _inputs(tq=t, tk=t, kv_heads=1)
-  w = jnp.asarray(np.random.default_rng(6).normal(size=(2, t, H, D)), jnp.float32)
-  pallas = lambda q, k, v: flash_attention(  # noqa: E731
+  rng = np.random.default_rng(6)
+  w = jnp.asarray(rng.normal(size=(2, t, H, D)), jnp.float32)
+  c = jnp.cumsum(jax.nn.log_sigmoid(jnp.asarray(3 + rng.normal(size=(2, t, H)), jnp.float32)), 1)
+  norm = make_normalizer("sink" if fused else "softmax", H, max_len=t, causal=True,
+                         rngs=nnx.Rngs(0))
+  pallas = lambda q, k, v, c: flash_attention(  # noqa: E731
       q, k, v, q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos,
-      causal=True, bias_spec=enc.bias_spec(), layout=layout)
-  reference = lambda q, k, v: reference_kernel(  # noqa: E731
-      q, k, v, mask, enc, DOT, Dropout(0.0), None)
+      causal=True, bias_spec=enc.bias_spec(), layout=layout, sink=norm.flash_form().sink,
+      bias_vectors=(c, c) if fused else None)
+  reference = lambda q, k, v, c: reference_kernel(  # noqa: E731
+      q, k, v, mask, ForgetBiased(enc, c, c) if fused else enc, DOT, Dropout(0.0), None,
+      normalizer=norm)
   (out, grads), (want, want_grads) = jax.jit(lambda *x: [
-      (f(*x), jax.grad(lambda *y, f=f: jnp.sum(f(*y) * w), (0, 1, 2))(*x))
-      for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v)
+      (f(*x), jax.grad(lambda *y, f=f: jnp.sum(f(*y) * w), (0, 1, 2, 3))(*x))
+      for f in (pallas, reference)], compiler_options=FAST_COMPILE)(q, k, v, c)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
   _close_grads(grads, want_grads, rtol=1e-4, scale=1e-4)
 
