@@ -5,8 +5,9 @@ shapes, without the hardware.
 - The Pallas flash attention (transformer/model/kernels/pallas/attention.py), its gradient (the
   forward kernel and the backward ones: one on cuda, which adds dq atomically, dq and dk/dv
   on tpu) with no bias and every encoding's BiasSpec ×
-  {causal, bidirectional, local window}, the forward alone with each causal, and head dims
-  from 8 to 256, lowers to compiled Pallas calls (Triton's `__gpu$xla.gpu.triton` custom
+  {causal, bidirectional, local window}, the forward alone with each causal, head dims
+  from 8 to 256, and the fused normalisers (a sink, a sigmoid) with FoX's data bias (its
+  two vectors' gradients too), lowers to compiled Pallas calls (Triton's `__gpu$xla.gpu.triton` custom
   call on cuda, Mosaic's `tpu_custom_call` on tpu), and serialises with jax.export (the Triton call only with its safety check disabled: JAX
   gives it no compatibility guarantee, so such an artifact is for the jaxlib that wrote it).
 - Each family's train step (run/step.make_train_step) lowers for each platform with every
@@ -135,20 +136,25 @@ FLASH_CASES = [(gradient, bias, mask, dtype, kv_heads)
 
 
 @functools.cache
-def _flash(bias, mask, dtype, kv_heads, gradient, head_dim=64):
+def _flash(bias, mask, dtype, kv_heads, gradient, head_dim=64, fused=""):
   """(jitted function, abstract args, its trace): flash attention (or its gradient in q, k,
-  v and the bias parameters) at batch 2, length 256, 4 heads of head_dim; traced once for
-  both platforms, and jax.export reuses the trace of the same jitted function."""
+  v, the bias parameters and the fused terms) at batch 2, length 256, 4 heads of head_dim;
+  traced once for both platforms, and jax.export reuses the trace of the same jitted
+  function. fused: "NORMALIZER+forget" or either alone: a sink's logits [4] or a sigmoid's
+  bias, FoX's two vectors [2, 256, 4] (FUSED_CASES)."""
   causal, window = MASKS[mask]
   spec = None if bias == "none" else POSITIONS[bias](
       256, 4, 512, causal=causal, settings=getattr(SETTINGS, bias),
       rngs=nnx.Rngs(0)).bias_spec()
+  parts = fused.split("+")
 
-  def attend(q, k, v, segments, positions, params):
+  def attend(q, k, v, segments, positions, params, sink=None, vectors=None):
     bias_spec = None if spec is None else dataclasses.replace(spec, params=params)
     return flash_attention(q, k, v, q_segments=segments, k_segments=segments,
                            q_positions=positions, k_positions=positions, causal=causal,
-                           window=window, bias_spec=bias_spec, scale=0.125)
+                           window=window, bias_spec=bias_spec, scale=0.125, sink=sink,
+                           sigmoid_bias=-5.5 if "sigmoid" in parts else None,
+                           bias_vectors=vectors)
 
   def loss(*args):
     return jnp.sum(attend(*args).astype(jnp.float32))
@@ -157,14 +163,16 @@ def _flash(bias, mask, dtype, kv_heads, gradient, head_dim=64):
   args = (S((2, 256, 4, head_dim), dtype), S((2, 256, kv_heads, head_dim), dtype),
           S((2, 256, kv_heads, head_dim), dtype), S((2, 256), jnp.int32),
           S((2, 256), jnp.int32),
-          {} if spec is None else jax.tree.map(lambda x: S(x.shape, x.dtype), spec.params))
-  jitted = jax.jit(jax.grad(loss, (0, 1, 2, 5)) if gradient else attend)
+          {} if spec is None else jax.tree.map(lambda x: S(x.shape, x.dtype), spec.params),
+          S((4,), jnp.float32) if "sink" in parts else None,
+          (S((2, 256, 4), jnp.float32),) * 2 if "forget" in parts else None)
+  jitted = jax.jit(jax.grad(loss, (0, 1, 2, 5, 6, 7)) if gradient else attend)
   return jitted, args, jitted.trace(*args)
 
 
-def check_flash(platform, gradient, *case, head_dim=64):
+def check_flash(platform, gradient, *case, head_dim=64, fused=""):
   """The flash attention case lowered and exported for `platform`: its compiled kernels."""
-  jitted, args, traced = _flash(*case, gradient, head_dim)
+  jitted, args, traced = _flash(*case, gradient, head_dim, fused)
   names = check_compiled(traced, traced.lower(lowering_platforms=(platform,)).as_text(),
                          platform, at_least=len(GRADIENT_KERNELS[platform]) if gradient else 1)
   assert names == (GRADIENT_KERNELS[platform] if gradient else ["flash_forward"])
@@ -183,6 +191,20 @@ def check_flash(platform, gradient, *case, head_dim=64):
 def test_flash_attention_lowers_to_compiled_pallas_calls(platform, gradient, bias, mask, dtype,
                                                          kv_heads):
   check_flash(platform, gradient, bias, mask, dtype, kv_heads)
+
+
+# The normalisers and the data bias run in the kernels (the gradient: forward and backward
+# kernels): a sink with FoX's vectors and ALiBi, causal, bf16; a sigmoid with FoX's vectors
+# and T5, a local window, float32, grouped K/V heads.
+FUSED_CASES = [("sink+forget", "alibi", "causal", "bfloat16", 4),
+               ("sigmoid+forget", "t5", "window", "float32", 2)]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("fused,bias,mask,dtype,kv_heads", FUSED_CASES,
+                         ids=[case[0] for case in FUSED_CASES])
+def test_fused_normalizers_and_data_bias_lower(platform, fused, bias, mask, dtype, kv_heads):
+  check_flash(platform, True, bias, mask, dtype, kv_heads, fused=fused)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
