@@ -180,18 +180,21 @@ def test_cached_generation_equals_the_full_pass_decoder_only(name):
 
 @pytest.mark.parametrize("name", sorted(NORMALIZERS))
 def test_a_kernel_refuses_a_normalizer_it_does_not_offer(name):
-  """Named by hand, xla computes softmax only, blockwise the online normalisers, reference
-  every one; `auto` on the CPU takes the reference."""
+  """Named by hand, xla computes softmax only, pallas the normalisers of a flash form
+  (softmax, sink, sigmoid), blockwise the online ones, reference every one; `auto` on the
+  CPU takes the reference."""
   cls = NORMALIZERS[name]
   normalizer = make_normalizer(name, H, max_len=8, causal=True, rngs=nnx.Rngs(0))
   needs = Needs.of(make_score("scaled_dot", H, 4, rngs=nnx.Rngs(0)), PositionalEncoding(),
                    normalizer=normalizer)
   assert choose("reference", needs)[0].name == choose("auto", needs)[0].name == "reference"
+  whole_row = ("computes its normaliser block by block, and normalizer '{}' needs each "
+               "query's whole row of logits; use kernel 'reference'")
   refusals = {"xla": "computes softmax only, and normalizer '{}' is not softmax; use kernel "
-                     "'reference' or 'blockwise'",
-              "blockwise": "computes its normaliser block by block, and normalizer '{}' needs "
-                           "each query's whole row of logits; use kernel 'reference'"}
-  for kernel, computes in (("xla", cls.plain_softmax), ("blockwise", cls.online)):
+                     "'reference' or 'blockwise' or 'pallas'",
+              "blockwise": whole_row, "pallas": whole_row}
+  for kernel, computes in (("xla", cls.plain_softmax), ("blockwise", cls.online),
+                           ("pallas", cls.flash)):
     if computes:
       assert choose(kernel, needs)[0].name == kernel
     else:
