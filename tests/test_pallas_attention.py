@@ -9,7 +9,9 @@ The compiled lowerings' layouts (Triton's, Mosaic TPU's: pallas_layouts.LAYOUTS)
 interpret mode against the reference too, every encoding per layout with grouped-query heads
 in every other case; tests/test_lowering.py lowers them for cuda and tpu. A one-query row (a
 KV-cached decoding step) takes the reference formula: it is checked against the reference
-kernel for every encoding.
+kernel for every encoding. The fused normalisers (a sink, a sigmoid) and FoX's data bias
+(two vectors per row and head) run in the compiled layouts and over many Mosaic grid steps
+against the reference kernel with the model's normaliser, and in one-query rows.
 
 Tolerances: float32 outputs within atol = rtol = 1e-5; float32 gradients within rtol 1e-4
 and atol max(1e-4 × the largest |entry| of that gradient, 2e-5) (the blocks sum in another
@@ -327,6 +329,32 @@ def test_one_query_rows_equal_reference(position):
   want = reference_kernel(enc.rotate_queries(q, mask.q_positions),
                           enc.rotate_keys(k, mask.k_positions), v, mask, enc, DOT,
                           Dropout(0.0), None)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("normalizer", ["sink", "sigmoid"])
+def test_one_query_rows_with_a_normalizer_and_data_bias(normalizer):
+  """The one-query rows' formula (_one_query) with a sink or a sigmoid and FoX's vectors
+  beside ALiBi: the reference kernel's values."""
+  rng = np.random.default_rng(4)
+  q = jnp.asarray(rng.normal(size=(2, 1, H, D)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(2, T, 1, D)), jnp.float32) for _ in range(2))
+  u, w = jnp.asarray(rng.normal(size=(2, 1, H)), jnp.float32), jnp.asarray(
+      rng.normal(size=(2, T, H)), jnp.float32)
+  slots = jnp.broadcast_to(jnp.arange(T), (2, T))
+  mask = Mask(jnp.ones((2, 1), jnp.int32), (slots < jnp.array([[12], [5]])).astype(jnp.int32),
+              jnp.array([[11], [4]]), slots, causal=True)
+  enc = _encoding("alibi", True)
+  norm = make_normalizer(normalizer, H, max_len=16, causal=True, rngs=nnx.Rngs(0))
+  if normalizer == "sink":
+    norm.sink[...] = jnp.array([0.5, -1.5])
+  form = norm.flash_form()
+  out = flash_attention(q, k, v, q_segments=mask.q_segments, k_segments=mask.k_segments,
+                        q_positions=mask.q_positions, k_positions=mask.k_positions,
+                        causal=True, bias_spec=enc.bias_spec(), sink=form.sink,
+                        sigmoid_bias=form.sigmoid_bias, bias_vectors=(u, w))
+  want = reference_kernel(q, k, v, mask, ForgetBiased(enc, u, w), DOT, Dropout(0.0), None,
+                          normalizer=norm)
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 

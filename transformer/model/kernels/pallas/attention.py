@@ -1,5 +1,12 @@
 """Flash attention as Pallas kernels, with the positional bias computed inside them.
 
+Besides softmax, the kernels compute softmax with a sink logit per head (the running sum
+starts at the sink; its gradient, −Σ_rows p_sink·(dO·O), comes from the saved statistics
+here) and sigmoid weights σ(x + b) with no normaliser (FlashSigmoid), and add a data bias
+u_i − w_j from two vectors per row and head (FoX's c_i − c_j), read per block like the
+positions, whose gradients are the row and column sums of the logits' gradient
+(bodies.py: Normalizer, read_vectors).
+
 softmax(q·kᵀ + bias)·V over the visible keys (the same non-pad segment, optionally causal and
 within a local window, read from segment ids and positions as transformer/model/masks.py does), in
 blocks: the forward kernel runs an online softmax over key blocks and saves each query's
