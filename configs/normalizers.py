@@ -5,12 +5,15 @@ gate (Qiu et al. 2025, their recommended G1), stick-breaking (Tan et al. 2025) a
 forget gate (Lin et al. 2025), each with no positions (NoPE) and with rotary, 3 seeds.
 
 `cast`: bucket_sort in the decoder cast (configs/decoder_cast.py: trained on input
-lengths 1..20, tested on 21..40), its model and training. `lm`: the context-extension LM
+lengths 1..20, tested on 21..40), its model and training; `cast_reverse`: the same on
+reverse_string. `lm`: the context-extension LM
 of configs/lm_context.py (L = 64, a quarter of the training rows passkey rows at L,
 perplexity and passkey at L, 2L, 4L, 8L) made CPU-sized for this grid: d 64, 4 heads, 2
 layers, 400 steps of 32 windows.
 
   python sweep.py --config configs/normalizers.py:cast --sweep_dir sweeps/normalizers_cast
+  python sweep.py --config configs/normalizers.py:cast_reverse \\
+      --sweep_dir sweeps/normalizers_reverse
   python sweep.py --config configs/normalizers.py:lm --sweep_dir sweeps/normalizers_lm
 
 Each variant against softmax with the same positions (compare.py, paired by seed), and the
@@ -35,12 +38,13 @@ VARIANTS = [PLAIN,  # the baseline first
             {**PLAIN, "model.attention.data_bias": "forget"}]
 POSITIONS = ["none", "rotary"]
 SEEDS = [0, 1, 2]
-TASK = "bucket_sort"  # the cast's task that every encoding learns in distribution
+TASKS = {"cast": "bucket_sort",  # the cast's task that every encoding learns in distribution
+         "cast_reverse": "reverse_string"}  # the one where rotary beat NoPE past L
 
 
-def _cast():
+def _cast(task: str):
   config = decoder_cast.get_config()
-  config.task.name = TASK
+  config.task.name = task
   return config
 
 
@@ -51,7 +55,7 @@ def _lm():
   return config
 
 
-CONFIGS = {"cast": _cast, "lm": _lm}
+CONFIGS = {**{arg: lambda task=task: _cast(task) for arg, task in TASKS.items()}, "lm": _lm}
 ARGS = tuple(CONFIGS)  # get_config's arguments
 
 
