@@ -61,15 +61,18 @@ def layer_masses(model, batch: dict[str, np.ndarray], stack: str = "decoder") ->
   return [first_token_mass(w, None if queries is None else queries > 0) for w in maps[stack]]
 
 
-def run_masses(workdir: str, split: str, rows: int) -> list[float]:
-  """layer_masses of the trained run in `workdir` on the first `rows` rows of its held-out
-  `split` (e.g. len64)."""
+def run_masses(workdir: str, splits: Sequence[str], rows: int) -> dict[str, list[float]]:
+  """{split: layer_masses} of the trained run in `workdir` on the first `rows` rows of each
+  of its held-out `splits` (e.g. len64)."""
   run = restore_run(workdir, announce=False)
-  splits = splits_of(run)
-  if split not in splits:
-    raise ConfigError(f"{workdir} has no held-out split {split!r}; it has {sorted(splits)}")
-  batch = {k: v[:rows] for k, v in splits[split].arrays.items()}
-  return layer_masses(nnx.merge(run.experiment.graphdef, run.params), batch)
+  held_out = splits_of(run)
+  missing = [split for split in splits if split not in held_out]
+  if missing:
+    raise ConfigError(f"{workdir} has no held-out split {missing[0]!r}; it has "
+                      f"{sorted(held_out)}")
+  model = nnx.merge(run.experiment.graphdef, run.params)
+  return {split: layer_masses(model, {k: v[:rows] for k, v in held_out[split].arrays.items()})
+          for split in splits}
 
 
 def variant_and_seed(workdir: str) -> tuple[str, int]:
@@ -124,24 +127,26 @@ def table(masses: dict[str, dict[int, list[float]]], baseline: str | None = None
   return "\n".join(lines)
 
 
-def sweep_masses(patterns: Sequence[str], split: str, rows: int) -> dict[str, dict]:
-  """{variant: {seed: run_masses}} of the finished runs matching the glob `patterns`."""
+def sweep_masses(patterns: Sequence[str], splits: Sequence[str], rows: int
+                 ) -> dict[str, dict[str, dict[int, list[float]]]]:
+  """{split: {variant: {seed: per-layer mass}}} of the runs matching the glob `patterns`."""
   workdirs = sorted({w for p in patterns for w in glob.glob(p) if os.path.isdir(w)})
   if not workdirs:
     raise ConfigError(f"no run directory matches {' '.join(patterns)}")
-  masses: dict[str, dict[int, list[float]]] = {}
+  masses = {split: {} for split in splits}
   for workdir in workdirs:
     variant, seed = variant_and_seed(workdir)
-    masses.setdefault(variant, {})[seed] = run_masses(workdir, split, rows)
+    for split, layers in run_masses(workdir, splits, rows).items():
+      masses[split].setdefault(variant, {})[seed] = layers
   return masses
 
 
 def main(argv: Sequence[str]) -> None:
   from absl import flags  # the command line's, parsed by app.run
-  for split in flags.FLAGS.split:
-    masses = sweep_masses(argv[1:], split, flags.FLAGS.rows)
+  masses = sweep_masses(argv[1:], flags.FLAGS.split, flags.FLAGS.rows)
+  for split, table_masses in masses.items():
     print(f"first-token attention mass, {split} ({flags.FLAGS.rows} rows):")
-    print(table(masses, flags.FLAGS.baseline))
+    print(table(table_masses, flags.FLAGS.baseline))
 
 
 if __name__ == "__main__":
