@@ -9,7 +9,8 @@ lengths 1..20, tested on 21..40), its model and training; `cast_reverse`: the sa
 reverse_string. `lm`: the context-extension LM
 of configs/lm_context.py (L = 64, a quarter of the training rows passkey rows at L,
 perplexity and passkey at L, 2L, 4L, 8L) made CPU-sized for this grid: d 64, 4 heads, 2
-layers, 400 steps of 32 windows.
+layers, 400 steps of 32 windows; sigmoid's b = −log n with n = L, its paper's choice (the
+cast keeps the default n = model.max_len).
 
   python sweep.py --config configs/normalizers.py:cast --sweep_dir sweeps/normalizers_cast
   python sweep.py --config configs/normalizers.py:cast_reverse \\
@@ -20,8 +21,13 @@ Each variant against softmax with the same positions (compare.py, paired by seed
 first-token attention mass per layer (transformer/study/attention_sinks.py):
 
   python compare.py sweeps/normalizers_lm/model.position=rotary,* \\
-      --baseline model.attention.normalizer=softmax --output sweeps/normalizers_lm/rotary
-  python benchmarks/attention_sinks.py --runs 'sweeps/normalizers_lm/*seed=*'
+      --output sweeps/normalizers_lm/rotary --ignore model.attention.normalizer_settings \\
+      --baseline model.attention.normalizer=softmax,model.attention.gate=none,model.attention.data_bias=none
+  python -m transformer.study.attention_sinks 'sweeps/normalizers_lm/*seed=*' \\
+      --split len64 --split len512 \\
+      --baseline model.attention.normalizer=softmax,model.attention.gate=none,model.attention.data_bias=none
+
+The results, commands and wall time: docs/results.md.
 """
 
 from configs import decoder_cast, lm_context
@@ -51,6 +57,8 @@ def _cast(task: str):
 def _lm():
   config = lm_context.get_config()
   config.model.update(d_model=64, num_heads=4, d_ff=256)
+  # sigmoid's b = −log n with n the training length, as its paper (not model.max_len = 8L)
+  config.model.attention.normalizer_settings.sigmoid.length = lm_context.L
   config.train.update(num_steps=400, warmup_steps=100)
   return config
 
