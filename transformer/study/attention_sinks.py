@@ -1,17 +1,18 @@
 """The attention sink of trained decoders: the mean attention weight each layer puts on the
 first token (Xiao et al. 2024, "Efficient Streaming Language Models with Attention Sinks";
-Qiu et al. 2025 report it per layer for gated and plain attention), read from the weights
+Qiu et al. 2025 compare it between gated and plain attention), read from the weights
 that pictures.attention_weights records (the formula, whatever the run's kernel).
 
 A layer's first-token mass is the mean over rows, heads and the counted queries of
 w[q, 0]; query 0 is left out (under causal attention its one visible key is the first
 token itself, whatever the layer does). Uniform causal attention over T tokens gives
 (H_T − 1) / (T − 1), H_T the T-th harmonic number: a mass well above it is a sink. The
-weights are what the normaliser gives: with a sink logit or sigmoid a row's weights may
-sum to less than 1, and the mass on the first token is read as it is, not renormalised.
+weights are what the normaliser gives: with a sink logit or sigmoid a row's weights need
+not sum to 1, and the mass on the first token is read as it is, not renormalised.
 
-  python -m transformer.study.attention_sinks 'sweeps/normalizers_lm/*seed=*' --split len64 \\
-      --baseline model.attention.normalizer=softmax,model.attention.gate=none,model.attention.data_bias=none
+  python -m transformer.study.attention_sinks 'sweeps/normalizers_lm/*seed=*' \\
+      --split len64 --split len512 --baseline \\
+      model.attention.normalizer=softmax,model.attention.gate=none,model.attention.data_bias=none
 
 prints a table per split: each variant's mass per layer over its seeds and, with
 --baseline, its paired difference by seed from the variant with those values.
