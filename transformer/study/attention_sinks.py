@@ -144,7 +144,11 @@ def sweep_masses(patterns: Sequence[str], splits: Sequence[str], rows: int
 
 def main(argv: Sequence[str]) -> None:
   from absl import flags  # the command line's, parsed by app.run
-  masses = sweep_masses(argv[1:], flags.FLAGS.split, flags.FLAGS.rows)
+  from transformer.run import cli
+  with cli.one_line_errors():
+    if flags.FLAGS.rows < 1:
+      raise ConfigError(f"--rows {flags.FLAGS.rows}: give 1 or more")
+    masses = sweep_masses(argv[1:], flags.FLAGS.split, flags.FLAGS.rows)
   for split, table_masses in masses.items():
     print(f"first-token attention mass, {split} ({flags.FLAGS.rows} rows):")
     print(table(table_masses, flags.FLAGS.baseline))
