@@ -5,9 +5,9 @@ exactly the registry's entries; every `pip install` extra exists; the README sta
 its tour names every module and config file.
 
 A failure names the doc file, its line and the command. Commands are found in shell code
-blocks (``` or ```sh) and in inline code spans: any `python SCRIPT.py ...`, after environment
-assignments or launchers (srun, taskset, ...), within `&&` chains and quoted --command strings,
-with `\\` continuations joined.
+blocks (``` or ```sh) and in inline code spans: any `python SCRIPT.py ...` or `python -m
+transformer.MODULE ...`, after environment assignments or launchers (srun, taskset, ...),
+within `&&` chains and quoted --command strings, with `\\` continuations joined.
 """
 
 import dataclasses
@@ -47,8 +47,20 @@ def _tokens(text: str) -> list[str]:
   return list(lexer)
 
 
+def _script(words: list[str]) -> str | None:
+  """The repository script that `python WORDS...` runs: SCRIPT.py, or the module of
+  `-m PACKAGE.MODULE` where it is one of the repository's (not `-m venv`, `-m pytest`)."""
+  if words and words[0].endswith(".py"):
+    return words[0].removeprefix("./")
+  if len(words) > 1 and words[0] == "-m":
+    path = words[1].replace(".", "/") + ".py"
+    return path if (ROOT_PATH / path).is_file() else None
+  return None
+
+
 def scripts_in(text: str) -> list[tuple[str, list[str]]]:
-  """Every (script, args) of `python SCRIPT.py ARGS` in a shell command line `text`."""
+  """Every (script, args) of `python SCRIPT.py ARGS` or `python -m MODULE ARGS` (a module of
+  the repository's) in a shell command line `text`."""
   found, segment = [], []
   for token in [*_tokens(text), ";"]:
     if token not in SEPARATORS:
@@ -57,13 +69,14 @@ def scripts_in(text: str) -> list[tuple[str, list[str]]]:
     for i, word in enumerate(segment):
       if re.search(r"python\S*\s", word) and ".py" in word:  # a quoted command: --command='...'
         found += [s for _, line in logical_lines(word.splitlines()) for s in scripts_in(line)]
-      elif PYTHON.fullmatch(word) and i + 1 < len(segment) and segment[i + 1].endswith(".py"):
+      elif PYTHON.fullmatch(word) and (script := _script(segment[i + 1:])):
+        skip = 2 if segment[i + 1] == "-m" else 1
         args = []
-        for arg in segment[i + 2:]:
+        for arg in segment[i + 1 + skip:]:
           if REDIRECTION.fullmatch(arg):
             break
           args.append(arg)
-        found.append((segment[i + 1].removeprefix("./"), args))
+        found.append((script, args))
         break
     segment = []
   return found
@@ -141,6 +154,7 @@ gcloud ssh --command='
   cd x && python sweep.py --config configs/positions.py --sweep_dir "a b"'
 #SBATCH --nodes=4
 srun python benchmarks/decoding.py --workdir w > out.txt
+python -m transformer.study.attention_sinks 'w/*' --split len64
 ```
 Inline: `python compare.py a b --output o` and `--config.model.position=rotary`.
 ```python
@@ -153,7 +167,8 @@ python_is_not_shell = "python train.py"
       (5, "eval.py", ("--workdir", "w")),
       (6, "sweep.py", ("--config", "configs/positions.py", "--sweep_dir", "a b")),
       (9, "benchmarks/decoding.py", ("--workdir", "w")),
-      (11, "compare.py", ("a", "b", "--output", "o"))]
+      (10, "transformer/study/attention_sinks.py", ("w/*", "--split", "len64")),
+      (12, "compare.py", ("a", "b", "--output", "o"))]
   quick_start = {c.script for c in COMMANDS if c.doc == "README.md"}
   assert {"train.py", "eval.py"} <= quick_start, "the README's Quick start commands are not found"
 
