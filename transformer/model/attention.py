@@ -65,7 +65,8 @@ class AttentionConfig:
   # softmax(A₁) − λ·softmax(A₂); transformer/model/differential.py)
   heads: str = "plain"
   # a key of DATA_BIASES: a logit bias computed from the tokens, added to the positional
-  # one: none | forget (FoX's forget gate, c_i − c_j; transformer/model/data_biases.py)
+  # one: none | forget (FoX's forget gate, c_i − c_j) | selective (selective attention: one
+  # head's logits mask keys for later queries; transformer/model/data_biases.py)
   data_bias: str = "none"
 
   def __post_init__(self):
@@ -126,7 +127,8 @@ class MultiHeadAttention(nnx.Module):
     self.logit_softcap = cfg.logit_softcap
     self.needs = Needs.of(  # what it asks of its kernel (transformer/model/kernels/choice.py)
         self.score, encoding or PositionalEncoding(), normalizer=self.normalizer,
-        data_bias=self.data_bias.vectors, score=cfg.score, dropout=cfg.dropout,
+        data_bias=self.data_bias.vectors or self.data_bias.array,
+        data_bias_array=self.data_bias.array, score=cfg.score, dropout=cfg.dropout,
         softcap=cfg.logit_softcap,
         window=not cross and WINDOWS[cfg.window](cfg.window_size) is not None,
         grouped=num_kv_heads < num_heads, dtype=jnp.dtype(dtype).name,
@@ -163,10 +165,12 @@ class MultiHeadAttention(nnx.Module):
     return self._attend(x_q, self.query(x_q), kv, mask, encoding, rngs)
 
   def _attend(self, x_q, q, kv, mask, encoding, rngs):
-    """__call__ with the queries projected: q [b, tq, d_model]. The kernel's output per head
-    is combined (head_mix: plain or differential) and gated from x_q before W_O."""
+    """__call__ with the queries projected: q [b, tq, d_model]. The data bias may read the
+    logits first (logit_view: selective attention's); the kernel's output per head is
+    combined (head_mix: plain or differential) and gated from x_q before W_O."""
     k, v = kv
     q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
+    encoding = self.data_bias.logit_view(encoding, q, k, mask, self.score, self.logit_softcap)
     out = self.kernel(q, k, self.head_mix.values(v), mask, encoding, self.score, self.dropout,
                       rngs, normalizer=self.normalizer)
     return self.out(self.gate(x_q, self.head_mix.combine(out)))
@@ -204,6 +208,7 @@ class MultiHeadAttention(nnx.Module):
     sums = jnp.zeros((batch, max_len, self.num_heads), jnp.float32) if (
         self.data_bias.vectors) else None
     self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), sums)
+    self.data_bias.init_cache(batch, max_len)
 
   def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
     self.cache = KVCache(*self.keys_values(encoded, encoded_positions, encoding))

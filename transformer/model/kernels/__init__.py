@@ -8,8 +8,8 @@ enters here."""
 from transformer.model.kernels.capabilities import Needs
 from transformer.model.kernels.choice import (Target, check_kernel_name, choose, choosing_for,
                                              kernel_choices, kernel_warnings)
-from transformer.model.kernels.reference import attention_weights, repeat_heads
+from transformer.model.kernels.reference import attention_weights, repeat_heads, soft_cap
 from transformer.model.kernels.registry import KERNELS
 
 __all__ = ["KERNELS", "Needs", "Target", "attention_weights", "check_kernel_name", "choose",
-           "choosing_for", "kernel_choices", "kernel_warnings", "repeat_heads"]
+           "choosing_for", "kernel_choices", "kernel_warnings", "repeat_heads", "soft_cap"]

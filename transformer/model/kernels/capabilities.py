@@ -28,6 +28,7 @@ class Layer:
   grouped: bool = False  # fewer key/value heads than query heads
   normalizer: Normalizer = SOFTMAX  # how its rows of logits become weights
   data_bias: bool = False  # a data-dependent logit bias (data_biases.py: FoX's c_i − c_j)
+  data_bias_array: bool = False  # ... that is a whole array (data_biases.py: selective's F)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,11 @@ CAPABILITIES: dict[str, Capability] = {
         lambda layer: layer.data_bias,
         "cannot add a data-dependent logit bias (model.attention.data_bias); use kernel "
         "{able}"),
+    "data_bias_array": Capability(
+        lambda layer: layer.data_bias_array,
+        "takes a data-dependent logit bias as two vectors per head only, and this layer's "
+        "(model.attention.data_bias) is a whole [tq, tk] array read from one head's logits; "
+        "use kernel {able}"),
     "dropout": Capability(
         lambda layer: layer.dropout > 0,
         "has no attention dropout; set model.attention.dropout=0 (got {dropout}) or kernel "
@@ -120,11 +126,11 @@ class Needs:
   @classmethod
   def of(cls, scorer: Scorer, encoding: PositionalEncoding, /, *, window: bool = False,
          grouped: bool = False, normalizer: Normalizer = SOFTMAX, data_bias: bool = False,
-         **fields) -> "Needs":
+         data_bias_array: bool = False, **fields) -> "Needs":
     """The needs of a layer of these parts (the encoding as its kernel is handed it; its
     name unless `position` is given; the normaliser's name) and the other `fields`."""
     layer = Layer(scorer, encoding, fields.get("dropout", 0.0), fields.get("softcap", 0.0),
-                  window, grouped, normalizer, data_bias)
+                  window, grouped, normalizer, data_bias, data_bias_array)
     needed = frozenset(name for name, c in CAPABILITIES.items() if c.needed(layer))
     return cls(needed, bias=encoding.biases,
                **{"position": encoding.name, "normalizer": normalizer.name, **fields})

@@ -225,8 +225,8 @@ _MASKS_HEADS_BIASES = {"local_window", "grouped_query", "learned_bias", "gathere
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(_reference, offers=set(CAPABILITIES)),  # the formula: everything
-    # a data bias added to the positional bias array it builds
-    "xla": Kernel(_fused("xla"), offers={"data_bias", *_MASKS_HEADS_BIASES}),
+    # a data bias (two vectors' or a whole array) added to the positional bias array it builds
+    "xla": Kernel(_fused("xla"), offers={"data_bias", "data_bias_array", *_MASKS_HEADS_BIASES}),
     # cuDNN's flash attention takes fp16/bf16 only, and its bias gradient is not to be
     # trusted (JAX #23701: for years refused unless batch 1 and one bias per head; #27184,
     # #32242: none, or NaN): it is refused for a learned bias.
