@@ -92,6 +92,7 @@ REFUSALS = {
                       "sampled offsets"),
     "learned_bias": (dict(position="t5"),
                      "gives no reliable gradient for the learned logit bias of position 't5'"),
+    "data_bias_array": ({}, "takes a data-dependent logit bias as two vectors per head only"),
     "local_window": ({}, "takes no local attention window"),
     "grouped_query": ({}, "has no grouped-query attention"),
 }

@@ -11,8 +11,8 @@ queries, c at the keys), which the `pallas` kernel reads per block like position
 the cumulative sum in XLA); a kernel adding a bias array computes it whole (`data_bias`:
 transformer/model/kernels/capabilities.py).
 
-`selective` is selective attention (Leviathan, Kalman, Matias, ICLR 2025; the code of their
-appendix): one head's logits (head 0's) choose which earlier tokens later queries stop
+`selective` is selective attention (Leviathan, Kalman, Matias, ICLR 2025; the sketch of
+their Figure 2): one head's logits (head 0's) choose which earlier tokens later queries stop
 seeing. S_kj = ReLU(logit⁰_kj) where query k sees key j, 0 at each sequence's first token
 and at query k's own key; F_ij = Σ_{k<i} S_kj, the selections by the queries before i; every
 head's logit of query i and key j loses F_ij. No parameters; the bias is a whole [b, tq, tk]
