@@ -149,7 +149,7 @@ class Selective(NoDataBias):
 
 
 def head_logits(q, k, mask: Mask, encoding, score, softcap: float, head: int) -> jax.Array:
-  """One head's logits as the reference kernel computes them before normalising, in float32:
+  """One head's logits as the reference kernel forms them before normalising, in float32:
   cap(score(q, k)) + the encoding's positional bias (not its content bias), [b, tq, tk]. q
   [b, tq, h, d], k [b, tk, kv_heads, d]; a dot-product scorer's transforms apply to every
   head (they may hold per-head parameters), its product to `head` alone."""
@@ -174,7 +174,7 @@ def selections(logits: jax.Array, mask: Mask) -> jax.Array:
   and at the query's own key (the same position); 0 elsewhere."""
   k_seg, k_pos = mask.k_segments, mask.k_positions
   same = k_seg[:, :, None] == k_seg[:, None, :]
-  earliest = jnp.min(jnp.where(same, k_pos[:, None, :], jnp.iinfo(jnp.int32).max), axis=2)
+  earliest = jnp.min(jnp.where(same, k_pos[:, None, :], jnp.iinfo(k_pos.dtype).max), axis=2)
   own = mask.q_positions[:, :, None] == k_pos[:, None, :]
   keep = mask.dense()[:, 0] & ~own & (k_pos != earliest)[:, None, :]
   return jnp.where(keep, jax.nn.relu(logits), 0.0)
