@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from transformer.core.errors import ConfigError
-from transformer.model.data_biases import ForgetBiased
+from transformer.model.data_biases import ForgetBiased, Selected
 from transformer.model.kernels.capabilities import Needs
 from transformer.model.kernels.choice import check
 from transformer.model.kernels.registry import KERNELS
@@ -71,7 +71,9 @@ class Case:
   dtype: str = "float32"
   softcap: float = 0.0
   normalizer: str = "softmax"
-  data_bias: str = "none"  # "forget": FoX's c_i − c_j beside the encoding (vectors())
+  # "forget": FoX's c_i − c_j beside the encoding; "selective": an array F subtracted from
+  # it (selective attention's); their inputs are vectors()
+  data_bias: str = "none"
 
   def parts(self):
     """(scorer, encoding, mask, its Needs); view(encoding) is what the kernel is handed."""
@@ -82,7 +84,8 @@ class Case:
     encoding = make_positional_encoding(name, H * D, H, 64, causal=mask.causal,
                                         settings=SETTINGS, rngs=nnx.Rngs(1))
     needs = Needs.of(scorer, self.view(encoding), normalizer=normalizer,
-                     data_bias=self.data_bias != "none", score=self.score,
+                     data_bias=self.data_bias != "none",
+                     data_bias_array=self.data_bias == "selective", score=self.score,
                      position=name, softcap=self.softcap, window=mask.window is not None,
                      grouped=self.kv_heads < H, dtype=self.dtype, block_size=BLOCK)
     return scorer, encoding, mask, needs
@@ -98,11 +101,14 @@ class Case:
   def vectors(self):
     """The data bias's vectors (c at the queries [2, tq, H], at the keys [2, T, H]):
     cumulative sums of log σ of random logits, drawn apart for queries and keys (the
-    kernels take any two), or None."""
+    kernels take any two); selective attention's F [2, tq, T] (cumulative sums down the
+    queries of nonnegative draws); or None."""
     if self.data_bias == "none":
       return None
     rng = np.random.default_rng(7)
     tq = _mask(self.mask).q_segments.shape[1]
+    if self.data_bias == "selective":
+      return (jnp.cumsum(jnp.asarray(np.abs(rng.normal(size=(2, tq, T))), jnp.float32), 1),)
     return tuple(jnp.cumsum(jax.nn.log_sigmoid(jnp.asarray(2 + rng.normal(size=(2, n, H)),
                                                            jnp.float32)), 1) for n in (tq, T))
 
@@ -113,7 +119,9 @@ class Case:
       table = batch_offsets(jax.random.key(4), jnp.array([T, 5]), T, 16)  # distances < 16
       encoding = AtSampledOffsets(encoding, table)
     vectors = vectors or self.vectors()
-    return encoding if vectors is None else ForgetBiased(encoding, *vectors)
+    if vectors is None:
+      return encoding
+    return (Selected if self.data_bias == "selective" else ForgetBiased)(encoding, *vectors)
 
   def __str__(self):
     base = Case(dtype=self.dtype)
@@ -139,7 +147,7 @@ def _axes(name: str) -> dict[str, list]:
           "dtype": ["float32", *(d for d in dtypes if d != "float32")] if "float32" in dtypes
           else list(dtypes), "softcap": [0.0, 2.0],
           "normalizer": ["softmax", *sorted(set(NORMALIZERS) - {"softmax"})],
-          "data_bias": ["none", "forget"]}
+          "data_bias": ["none", "forget", "selective"]}
 
 
 def _accepts(name: str, case: Case) -> bool:

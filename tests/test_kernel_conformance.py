@@ -5,9 +5,9 @@ ones also at sampled offsets, a table's), the masks (causal, bidirectional, a lo
 causal within a window, cross-attention of other lengths, a one-query decoding step; every
 batch holds a packed row and a padded row of gapped positions), grouped- and multi-query
 heads, each dtype, a logit soft-cap, each normaliser, FoX's data bias (c_i − c_j from two
-vectors) — kept where kernels.choice.check accepts the case's Needs. Values and gradients
+vectors) and selective attention's (an array F) — kept where kernels.choice.check accepts the case's Needs. Values and gradients
 (of q, k, v, of the scorer's, the encoding's and the normaliser's parameters, and of the
-data bias's vectors) on the queries that see a key
+data bias's vectors or array) on the queries that see a key
 (the fused kernels let a padding query attend to every key instead of none; no loss reads
 it). Attention
 dropout is compared off: random masks differ between kernels, and the reference is the one
@@ -130,4 +130,6 @@ def test_every_kernel_but_the_reference_has_cases_on_every_axis_it_declares():
     # FoX's gate has parameters: its bias needs a learned bias's gradient too (cuDNN's not)
     assert any(c.data_bias != "none" for c in mine) == (
         {"data_bias", "learned_bias"} <= offers), name
+    assert any(c.data_bias == "selective" for c in mine) == (
+        {"data_bias", "data_bias_array", "learned_bias"} <= offers), name
     assert {c.mask for c in mine} == set(MASKS) and {c.kv_heads for c in mine} == {1, 2, H}
