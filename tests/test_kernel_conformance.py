@@ -5,10 +5,10 @@ ones also at sampled offsets, a table's), the masks (causal, bidirectional, a lo
 causal within a window, cross-attention of other lengths, a one-query decoding step; every
 batch holds a packed row and a padded row of gapped positions), grouped- and multi-query
 heads, each dtype, a logit soft-cap, each normaliser, FoX's data bias (c_i − c_j from two
-vectors) and selective attention's (an array F) — kept where kernels.choice.check accepts the case's Needs. Values and gradients
-(of q, k, v, of the scorer's, the encoding's and the normaliser's parameters, and of the
-data bias's vectors or array) on the queries that see a key
-(the fused kernels let a padding query attend to every key instead of none; no loss reads
+vectors) and selective attention's (an array F) — kept where kernels.choice.check accepts
+the case's Needs. Values and gradients (of q, k, v, of the scorer's, the encoding's and the
+normaliser's parameters, and of the data bias's vectors or array) on the queries that see
+a key (the fused kernels let a padding query attend to every key instead of none; no loss reads
 it). Attention
 dropout is compared off: random masks differ between kernels, and the reference is the one
 kernel declaring it.
