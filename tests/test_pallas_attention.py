@@ -21,6 +21,7 @@ gradients within 5e-2 × their largest |entry| of the float32 reference on the s
 (bf16-rounded) inputs.
 """
 
+import dataclasses
 import itertools
 
 import jax
@@ -538,3 +539,20 @@ def test_t5_table_reads_the_dense_bias_bit_for_bit(causal):
   np.testing.assert_array_equal(table[:, at], spec_bias(spec, pos, pos)[0])
   assert LAYOUTS["generic"].tables and LAYOUTS["triton"].tables
   assert not LAYOUTS["mosaic_tpu"].tables
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_t5_gradient_through_the_table_is_the_dense_gradient(causal):
+  """The logits' gradient summed per entry of the table (as the backward kernel adds it,
+  bodies.table_add), then tables.table_gradient, is the gradient of Σ dS·bias through
+  the dense bias, at offsets within and beyond max_distance."""
+  spec = _encoding("t5", causal).bias_spec()
+  m = spec.saturates_at
+  pos = jnp.array([[0, 1, 3, 7, 12, 13, 40, 300]])
+  ds = jnp.asarray(np.random.default_rng(4).normal(size=(1, H, 8, 8)), jnp.float32)
+  at = jnp.clip(pos[0][None, :] - pos[0][:, None], -m, m) + m
+  dtable = jax.vmap(lambda d: jnp.zeros(32, jnp.float32).at[at].add(d))(ds[0])
+  got = tables.table_gradient(spec, 32, dtable)
+  want = jax.grad(lambda p: jnp.sum(ds * spec_bias(
+      dataclasses.replace(spec, params=p), pos, pos)))(spec.params)
+  np.testing.assert_allclose(got["table"], want["table"], rtol=1e-6, atol=1e-6)

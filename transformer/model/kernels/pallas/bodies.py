@@ -62,6 +62,9 @@ class Static:
   dq_atomic: bool = False  # the dk/dv kernel adds dq atomically and gives the parameters' gradient
   table: int | None = None  # the bias read from a table over k − q clipped to ±table (tables.py)
   table_width: int = 0  # a head's row of that table (the block the kernel sees)
+  # the table's gradient added by atomics (compiled Triton); else by a scatter-add (interpret
+  # mode, whose atomic_add keeps one of repeated indices): table_add
+  atomic_table: bool = False
   normalizer: "Normalizer" = None  # how logits become weights (None: softmax)
   vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head (read_vectors)
 
@@ -137,11 +140,34 @@ def _logits(st, theta, q, k, qp, kp):
   logits = _dot(q, k, transpose_b=True)
   params, table_ref = theta
   if st.table is not None:  # a gather from this head's row of the table (tables.py)
-    at = jnp.clip(kp - qp, -st.table, st.table) + st.table
-    logits = logits + LOG2E * table_ref[at]
+    logits = logits + LOG2E * table_ref[_table_index(st, qp, kp)]
   elif st.fn is not None:
     logits = logits + LOG2E * st.fn(params, qp, kp)
   return logits
+
+
+def _table_index(st: Static, qp, kp):
+  """The table entry of each pair of a block: clip(k − q, ±table) + table [bq, bk]."""
+  return jnp.clip(kp - qp, -st.table, st.table) + st.table
+
+
+def table_gradient(st: Static) -> bool:
+  """The bias parameters' gradient is taken through the table (table_add), not a vjp of
+  the BiasSpec's fn per block: the one backward kernel of a layout that reads a table."""
+  return st.learned and st.dq_atomic and st.table is not None
+
+
+def table_add(st: Static, ref, qp, kp, dlogits):
+  """Adds a block's logits' gradient dlogits [bq, bk] to this head's row of the table's
+  gradient ref [table_width] at each pair's entry (_table_index). Compiled (Triton), one
+  atomic add per pair, the device summing repeated entries (the one scatter Triton has;
+  the adds to one entry are serialised, ≤ 2·table + 1 entries per head); in interpret mode
+  a scatter-add, then one add of the row."""
+  at = _table_index(st, qp, kp)
+  if st.atomic_table:
+    lowering("triton").atomic_add(ref, (at,), dlogits)
+  else:
+    ref[...] += jnp.zeros(ref.shape, jnp.float32).at[at].add(dlogits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,10 +431,13 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   (st.vectors) the data bias's gradient at the keys, −Σ_i dlogits [sublanes, bk]. With
   st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
   float32 dq [lq, d] (in natural-log units but for the factor ln 2), (learned) this key
-  block's share of the bias parameters' gradient [1, width], and (st.vectors) its share of
-  the data bias's gradient at the queries, added atomically into [lq, lanes]."""
+  block's share of the bias parameters' gradient [1, width] (or, table_gradient, of the
+  table's [table_width], added per entry: table_add), and (st.vectors) its share of the
+  data bias's gradient at the queries, added atomically into [lq, lanes]."""
   terms, refs = take_terms(st, refs)
-  atomic = (1 + st.vectors) * st.dq_atomic  # dq (and the queries' data gradient) added to
+  by_table = table_gradient(st)
+  # dq (and the table's and the queries' data gradient) added to
+  atomic = (1 + by_table + st.vectors) * st.dq_atomic
   outputs = 2 + st.vectors + atomic + st.learned * st.dq_atomic
   theta, (dk_ref, dv_ref, *rest), count_refs, scratch = _split(st, refs, outputs,
                                                                aliased=atomic)
@@ -417,7 +446,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   dq_refs, du_ref = rest[:split], rest[split:]
   k, v, ks, kp = k_ref[...], v_ref[...], ks_ref[0:1, :], kp_ref[0:1, :]
   w = terms["w"][0:1, :] if st.vectors else None
-  learned = st.learned and st.dq_atomic
+  learned = st.learned and st.dq_atomic and not by_table  # a row carried per kernel
 
   def step(i, carry, masked):
     dk, dv = carry[:2]
@@ -436,6 +465,8 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
       add(dq_refs[0], (rows, slice(None)), _dot(dlogits.astype(k.dtype), k))
       if st.vectors:
         add(du_ref[0], (rows, slice(None)), dlogits.sum(-1, keepdims=True))
+      if by_table:
+        table_add(st, dq_refs[1], qp, kp, dlogits)
     out = (dk + _dot(dlogits.T.astype(q.dtype), q), dv)
     if learned:
       _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
