@@ -30,5 +30,6 @@ def relative_table(spec: BiasSpec, width: int):
 def table_gradient(spec: BiasSpec, width: int, dtable):
   """The gradient of spec.params from the table's, dtable float32 [heads, width] (the
   logits' gradient summed per entry of relative_table): the vjp of relative_table."""
-  build = lambda params: relative_table(dataclasses.replace(spec, params=params), width)  # noqa: E731
+  def build(params):
+    return relative_table(dataclasses.replace(spec, params=params), width)
   return jax.vjp(build, spec.params)[1](dtable)[0]
