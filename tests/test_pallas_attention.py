@@ -158,6 +158,22 @@ def test_bias_spec_block_function_is_the_encodings_bias(position):
     _close_grads(grads, want_grads, 1e-4, 1e-5, 1e-7)
 
 
+@pytest.mark.parametrize("position", sorted(
+    n for n, cls in POSITIONS.items() if cls.biases and _encoding(n, True).bias_spec().grad))
+def test_bias_spec_grad_is_the_vjp_of_its_fn(position):
+  """A BiasSpec's closed-form grad (KERPLE's two block sums), which the kernels take in
+  place of the vjp of fn, equals that vjp for each head, keys on both sides of the query."""
+  spec = _encoding(position, False).bias_spec()
+  qp, kp = jnp.array([[0], [3], [9], [40]]), jnp.array([[0, 1, 5, 9, 41, 200]])
+  dbias = jnp.asarray(np.random.default_rng(6).normal(size=(4, 6)), jnp.float32)
+  for head in range(H):
+    params = {name: tuple(x[head]) for name, x in spec.params.items()}
+    want = jax.vjp(lambda p: spec.fn(p, qp, kp), params)[1](dbias)[0]
+    got = spec.grad(params, qp, kp, dbias)
+    for name in want:
+      np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("mask_kind", sorted(MASKS))
 @pytest.mark.parametrize("position", KERNEL_POSITIONS)
 def test_pallas_equals_reference(position, mask_kind):

@@ -79,6 +79,7 @@ class _Config:
   count: bool = False  # the kernels also count the blocks they visit (visited_blocks)
   dense: object = None  # the BiasSpec's dense form, or None
   saturates_at: int | None = None  # the BiasSpec's: a table over k − q where a layout reads one
+  grad: object = None  # the BiasSpec's closed-form vjp of its fn, or None
   normalizer: Normalizer | None = None  # how logits become weights (None: softmax)
   vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head
 
@@ -92,7 +93,7 @@ def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, vi
                 reverse=reverse and cfg.causal and layout.heaviest_first,
                 table=cfg.saturates_at if layout.tables else None,
                 table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0,
-                atomic_table=not interpret,
+                atomic_table=not interpret, grad=cfg.grad,
                 normalizer=cfg.normalizer, vectors=cfg.vectors)
 
 
@@ -423,6 +424,7 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                 window=window, block_q=block_q, block_k=block_k, variants=variants,
                 dense=None if bias_spec is None else bias_spec.dense,
                 saturates_at=None if bias_spec is None else bias_spec.saturates_at,
+                grad=None if bias_spec is None else bias_spec.grad,
                 normalizer=Normalizer(sigmoid=sigmoid_bias is not None,
                                       bias=(sigmoid_bias or 0.0) * LOG2E, sink=sink is not None),
                 vectors=bias_vectors is not None)

@@ -65,6 +65,7 @@ class Static:
   # the table's gradient added by atomics (compiled Triton); else by a scatter-add (interpret
   # mode, whose atomic_add keeps one of repeated indices): table_add
   atomic_table: bool = False
+  grad: object = None  # the BiasSpec's grad (its fn's vjp in closed form), or None: the vjp
   normalizer: "Normalizer" = None  # how logits become weights (None: softmax)
   vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head (read_vectors)
 
@@ -132,6 +133,16 @@ def _row(st: Static, grads):
     for u in range(size):
       row = row + jnp.where(lane == offset + u, grads[name][u], 0.0)
   return row
+
+
+def _bias_grad(st: Static, params, qp, kp, dlogits):
+  """A block's share of the bias parameters' gradient as a row [1, width], from the logits'
+  gradient dlogits [bq, bk]: the BiasSpec's grad where it declares one (block sums in
+  closed form), else the vjp of its fn (one reduction per parameter)."""
+  if st.grad is not None:
+    return _row(st, st.grad(params, qp, kp, dlogits))
+  _, bias_vjp = jax.vjp(lambda p: st.fn(p, qp, kp), params)
+  return _row(st, bias_vjp(dlogits)[0])
 
 
 def _logits(st, theta, q, k, qp, kp):
@@ -404,8 +415,7 @@ def dq_kernel(lists_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref, delta_ref, k_re
     dlogits = _dlogits(st, p, _dot(do, v, transpose_b=True), delta)  # of the natural logits
     out = (carry[0] + _dot(dlogits.astype(k.dtype), k),)
     if st.learned:
-      _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
-      out += (carry[1] + _row(st, bias_vjp(dlogits)[0]),)  # the vjp of the block's bias
+      out += (carry[1] + _bias_grad(st, theta[0], qp, kp, dlogits),)
     if st.vectors:
       out += (carry[-1] + dlogits.sum(-1, keepdims=True),)
     return out
@@ -469,8 +479,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
         table_add(st, dq_refs[1], qp, kp, dlogits)
     out = (dk + _dot(dlogits.T.astype(q.dtype), q), dv)
     if learned:
-      _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
-      out += (carry[2] + _row(st, bias_vjp(dlogits)[0]),)
+      out += (carry[2] + _bias_grad(st, theta[0], qp, kp, dlogits),)
     if st.vectors:
       out += (carry[-1] - dlogits.sum(0, keepdims=True),)
     return out
