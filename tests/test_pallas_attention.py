@@ -560,7 +560,7 @@ def test_t5_table_reads_the_dense_bias_bit_for_bit(causal):
 @pytest.mark.parametrize("causal", [True, False])
 def test_t5_gradient_through_the_table_is_the_dense_gradient(causal):
   """The logits' gradient summed per entry of the table (as the backward kernel adds it,
-  bodies.table_add), then tables.table_gradient, is the gradient of Σ dS·bias through
+  tables.add), then tables.table_gradient, is the gradient of Σ dS·bias through
   the dense bias, at offsets within and beyond max_distance."""
   spec = _encoding("t5", causal).bias_spec()
   m = spec.saturates_at

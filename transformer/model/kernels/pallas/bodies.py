@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from transformer.model.kernels.pallas import tables
+
 # The running maximum before any visible key, and the logit of hidden keys: finite (no inf
 # arithmetic in the kernels), so low that exp2(_MASKED − any real logit) is exactly 0.
 _MASKED = -1e30
@@ -63,7 +65,7 @@ class Static:
   table: int | None = None  # the bias read from a table over k − q clipped to ±table (tables.py)
   table_width: int = 0  # a head's row of that table (the block the kernel sees)
   # the table's gradient added by atomics (compiled Triton); else by a scatter-add (interpret
-  # mode, whose atomic_add keeps one of repeated indices): table_add
+  # mode, whose atomic_add keeps one of repeated indices): tables.add
   atomic_table: bool = False
   grad: object = None  # the BiasSpec's grad (its fn's vjp in closed form), or None: the vjp
   normalizer: "Normalizer" = None  # how logits become weights (None: softmax)
@@ -151,34 +153,16 @@ def _logits(st, theta, q, k, qp, kp):
   logits = _dot(q, k, transpose_b=True)
   params, table_ref = theta
   if st.table is not None:  # a gather from this head's row of the table (tables.py)
-    logits = logits + LOG2E * table_ref[_table_index(st, qp, kp)]
+    logits = logits + LOG2E * table_ref[tables.entry(st.table, qp, kp)]
   elif st.fn is not None:
     logits = logits + LOG2E * st.fn(params, qp, kp)
   return logits
 
 
-def _table_index(st: Static, qp, kp):
-  """The table entry of each pair of a block: clip(k − q, ±table) + table [bq, bk]."""
-  return jnp.clip(kp - qp, -st.table, st.table) + st.table
-
-
 def table_gradient(st: Static) -> bool:
-  """The bias parameters' gradient is taken through the table (table_add), not a vjp of
+  """The bias parameters' gradient is taken through the table (tables.add), not a vjp of
   the BiasSpec's fn per block: the one backward kernel of a layout that reads a table."""
   return st.learned and st.dq_atomic and st.table is not None
-
-
-def table_add(st: Static, ref, qp, kp, dlogits):
-  """Adds a block's logits' gradient dlogits [bq, bk] to this head's row of the table's
-  gradient ref [table_width] at each pair's entry (_table_index). Compiled (Triton), one
-  atomic add per pair, the device summing repeated entries (the one scatter Triton has;
-  the adds to one entry are serialised, ≤ 2·table + 1 entries per head); in interpret mode
-  a scatter-add, then one add of the row."""
-  at = _table_index(st, qp, kp)
-  if st.atomic_table:
-    lowering("triton").atomic_add(ref, (at,), dlogits)
-  else:
-    ref[...] += jnp.zeros(ref.shape, jnp.float32).at[at].add(dlogits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -442,7 +426,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
   float32 dq [lq, d] (in natural-log units but for the factor ln 2), (learned) this key
   block's share of the bias parameters' gradient [1, width] (or, table_gradient, of the
-  table's [table_width], added per entry: table_add), and (st.vectors) its share of the
+  table's [table_width], added per entry: tables.add), and (st.vectors) its share of the
   data bias's gradient at the queries, added atomically into [lq, lanes]."""
   terms, refs = take_terms(st, refs)
   by_table = table_gradient(st)
@@ -476,7 +460,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
       if st.vectors:
         add(du_ref[0], (rows, slice(None)), dlogits.sum(-1, keepdims=True))
       if by_table:
-        table_add(st, dq_refs[1], qp, kp, dlogits)
+        tables.add(dq_refs[1], tables.entry(st.table, qp, kp), dlogits, st.atomic_table)
     out = (dk + _dot(dlogits.T.astype(q.dtype), q), dv)
     if learned:
       out += (carry[2] + _bias_grad(st, theta[0], qp, kp, dlogits),)
