@@ -58,7 +58,7 @@ from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import layouts, sparsity, tables
 from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Normalizer, Static,
                                                      dkv_kernel, dq_kernel, forward_kernel,
-                                                     table_gradient)
+                                                     grad_by_table)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.positions import BiasSpec, spec_bias
@@ -229,7 +229,7 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
              Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
   outputs += [Operand(jax.ShapeDtypeStruct((b, h, layout.sublanes, lk), jnp.float32),
                       "head_keys")] * cfg.vectors
-  by_table = table_gradient(st)
+  by_table = grad_by_table(st)
   if layout.dq_atomic:  # dq's float32 sums, zeros aliased to the output the kernel adds to
     outputs += [Operand(jnp.zeros((b, h, lq, dp), jnp.float32), "heads", "inner")]
     outputs += ([Operand(jnp.zeros((h, st.table_width), jnp.float32), "table")] if by_table

@@ -159,7 +159,7 @@ def _logits(st, theta, q, k, qp, kp):
   return logits
 
 
-def table_gradient(st: Static) -> bool:
+def grad_by_table(st: Static) -> bool:
   """The bias parameters' gradient is taken through the table (tables.add), not a vjp of
   the BiasSpec's fn per block: the one backward kernel of a layout that reads a table."""
   return st.learned and st.dq_atomic and st.table is not None
@@ -425,11 +425,11 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   (st.vectors) the data bias's gradient at the keys, −Σ_i dlogits [sublanes, bk]. With
   st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
   float32 dq [lq, d] (in natural-log units but for the factor ln 2), (learned) this key
-  block's share of the bias parameters' gradient [1, width] (or, table_gradient, of the
+  block's share of the bias parameters' gradient [1, width] (or, grad_by_table, of the
   table's [table_width], added per entry: tables.add), and (st.vectors) its share of the
   data bias's gradient at the queries, added atomically into [lq, lanes]."""
   terms, refs = take_terms(st, refs)
-  by_table = table_gradient(st)
+  by_table = grad_by_table(st)
   # dq (and the table's and the queries' data gradient) added to
   atomic = (1 + by_table + st.vectors) * st.dq_atomic
   outputs = 2 + st.vectors + atomic + st.learned * st.dq_atomic
