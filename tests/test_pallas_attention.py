@@ -21,6 +21,7 @@ gradients within 5e-2 × their largest |entry| of the float32 reference on the s
 (bf16-rounded) inputs.
 """
 
+import dataclasses
 import itertools
 
 import jax
@@ -155,6 +156,22 @@ def test_bias_spec_block_function_is_the_encodings_bias(position):
     np.testing.assert_allclose(dense, enc.bias(pos, pos), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(block, dense, rtol=1e-5, atol=1e-6)
     _close_grads(grads, want_grads, 1e-4, 1e-5, 1e-7)
+
+
+@pytest.mark.parametrize("position", sorted(
+    n for n, cls in POSITIONS.items() if cls.biases and _encoding(n, True).bias_spec().grad))
+def test_bias_spec_grad_is_the_vjp_of_its_fn(position):
+  """A BiasSpec's closed-form grad (KERPLE's two block sums), which the kernels take in
+  place of the vjp of fn, equals that vjp for each head, keys on both sides of the query."""
+  spec = _encoding(position, False).bias_spec()
+  qp, kp = jnp.array([[0], [3], [9], [40]]), jnp.array([[0, 1, 5, 9, 41, 200]])
+  dbias = jnp.asarray(np.random.default_rng(6).normal(size=(4, 6)), jnp.float32)
+  for head in range(H):
+    params = {name: tuple(x[head]) for name, x in spec.params.items()}
+    want = jax.vjp(lambda p: spec.fn(p, qp, kp), params)[1](dbias)[0]
+    got = spec.grad(params, qp, kp, dbias)
+    for name in want:
+      np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mask_kind", sorted(MASKS))
@@ -538,3 +555,20 @@ def test_t5_table_reads_the_dense_bias_bit_for_bit(causal):
   np.testing.assert_array_equal(table[:, at], spec_bias(spec, pos, pos)[0])
   assert LAYOUTS["generic"].tables and LAYOUTS["triton"].tables
   assert not LAYOUTS["mosaic_tpu"].tables
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_t5_gradient_through_the_table_is_the_dense_gradient(causal):
+  """The logits' gradient summed per entry of the table (as the backward kernel adds it,
+  tables.add), then tables.table_gradient, is the gradient of Σ dS·bias through
+  the dense bias, at offsets within and beyond max_distance."""
+  spec = _encoding("t5", causal).bias_spec()
+  m = spec.saturates_at
+  pos = jnp.array([[0, 1, 3, 7, 12, 13, 40, 300]])
+  ds = jnp.asarray(np.random.default_rng(4).normal(size=(1, H, 8, 8)), jnp.float32)
+  at = jnp.clip(pos[0][None, :] - pos[0][:, None], -m, m) + m
+  dtable = jax.vmap(lambda d: jnp.zeros(32, jnp.float32).at[at].add(d))(ds[0])
+  got = tables.table_gradient(spec, 32, dtable)
+  want = jax.grad(lambda p: jnp.sum(ds * spec_bias(
+      dataclasses.replace(spec, params=p), pos, pos)))(spec.params)
+  np.testing.assert_allclose(got["table"], want["table"], rtol=1e-6, atol=1e-6)

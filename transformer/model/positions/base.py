@@ -27,13 +27,17 @@ class BiasSpec:
   a kernel must compute. `saturates_at`:
   the bias is a function of k − q alone, constant for k − q ≤ −saturates_at and for
   k − q ≥ saturates_at (T5's buckets beyond max_distance), so a kernel may read it from a
-  table of 2·saturates_at + 1 entries per head; None: no such promise."""
+  table of 2·saturates_at + 1 entries per head; None: no such promise. `grad`:
+  grad(params, q_positions, k_positions, dbias [m, n]) -> {name: tuple of scalars}, the vjp
+  of fn at dbias in closed form (sums over the block), for a kernel to take in place of
+  jax.vjp of fn; under the same rules as fn; None: the vjp."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
   learned: bool = True
   dense: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
   saturates_at: int | None = None
+  grad: Callable[[dict, jax.Array, jax.Array, jax.Array], dict] | None = None
 
 
 def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,

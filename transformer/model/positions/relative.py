@@ -185,13 +185,23 @@ class Kerple(PositionalEncoding):
 
   def bias_spec(self):
     return BiasSpec(kerple_bias, {"r1": jnp.exp(self.log_r1[...])[:, None],
-                                  "r2": jnp.exp(self.log_r2[...])[:, None]})  # [h, 1] each
+                                  "r2": jnp.exp(self.log_r2[...])[:, None]},  # [h, 1] each
+                    grad=kerple_grad)
 
 
 def kerple_bias(params, q_positions, k_positions):
   """One head's KERPLE bias −r₁·log(1 + r₂·|i − j|): params {"r1", "r2": (r,)}, positions
   [m, 1], [1, n] -> [m, n]."""
   return -params["r1"][0] * jnp.log1p(params["r2"][0] * _distance(q_positions, k_positions))
+
+
+def kerple_grad(params, q_positions, k_positions, dbias):
+  """The vjp of kerple_bias at dbias [m, n] as two sums over the block: d r₁ = −Σ dbias·
+  log(1 + r₂·|i − j|), d r₂ = −r₁·Σ dbias·|i − j| / (1 + r₂·|i − j|): {"r1", "r2": (scalar,)}."""
+  r1, r2 = params["r1"][0], params["r2"][0]
+  distance = _distance(q_positions, k_positions)
+  return {"r1": (-jnp.sum(dbias * jnp.log1p(r2 * distance)),),
+          "r2": (-r1 * jnp.sum(dbias * distance / (1.0 + r2 * distance)),)}
 
 
 class Fire(PositionalEncoding):

@@ -18,7 +18,10 @@ ones masked, the full ones not. The
 bias comes from the encoding's BiasSpec (transformer/model/positions/base.py), evaluated on each
 [block_q, block_k] block of positions from the head's parameters, so no [L, L] array exists
 in memory, forward or backward; the gradient of the bias parameters is the vjp of the
-block's bias function at the logits' gradient, summed over blocks. The kernel bodies are
+block's bias function at the logits' gradient (or the BiasSpec's closed form of it),
+summed over blocks, or, where a layout reads the bias from a table over k − q, the
+logits' gradient summed per table entry, then the vjp of the table's construction
+(tables.py). The kernel bodies are
 transformer/model/kernels/pallas/bodies.py; each lowering's blocks and array layout,
 transformer/model/kernels/pallas/layouts.py.
 
@@ -54,7 +57,8 @@ import jax.numpy as jnp
 from transformer.model.kernels.fallbacks import log_once
 from transformer.model.kernels.pallas import layouts, sparsity, tables
 from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Normalizer, Static,
-                                                     dkv_kernel, dq_kernel, forward_kernel)
+                                                     dkv_kernel, dq_kernel, forward_kernel,
+                                                     grad_by_table)
 from transformer.model.kernels.pallas.layouts import LAYOUTS, Operand
 from transformer.model.masks import Mask, masked_softmax
 from transformer.model.positions import BiasSpec, spec_bias
@@ -78,12 +82,13 @@ class _Config:
   count: bool = False  # the kernels also count the blocks they visit (visited_blocks)
   dense: object = None  # the BiasSpec's dense form, or None
   saturates_at: int | None = None  # the BiasSpec's: a table over k − q where a layout reads one
+  grad: object = None  # the BiasSpec's closed-form vjp of its fn, or None
   normalizer: Normalizer | None = None  # how logits become weights (None: softmax)
   vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head
 
 
 def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, visits,
-            reverse=False):
+            reverse=False, interpret=True):
   return Static(fn=cfg.fn, learned=cfg.learned, causal=cfg.causal, window=cfg.window,
                 block_q=bq, block_k=bk, params=packing, width=width, lanes=layout.lanes,
                 grid_inner=layout.grid_inner, inner=inner, inner_block=inner_block,
@@ -91,6 +96,7 @@ def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, vi
                 reverse=reverse and cfg.causal and layout.heaviest_first,
                 table=cfg.saturates_at if layout.tables else None,
                 table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0,
+                atomic_table=not interpret, grad=cfg.grad,
                 normalizer=cfg.normalizer, vectors=cfg.vectors)
 
 
@@ -218,13 +224,16 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
     counts["dq"] = tuple(c[:, :, ::bq, 0] for c in rest)
 
   lists, visits = _lists(layout, jnp.swapaxes(kind, 1, 2))
-  st = _static(cfg, layout, bq, bk, packing, width, nq, bq, visits)
+  st = _static(cfg, layout, bq, bk, packing, width, nq, bq, visits, interpret=interpret)
   outputs = [Operand(jax.ShapeDtypeStruct((b, h, lk, dp), k.dtype), "heads"),
              Operand(jax.ShapeDtypeStruct((b, h, lk, dvp), v.dtype), "heads")]
   outputs += [Operand(jax.ShapeDtypeStruct((b, h, layout.sublanes, lk), jnp.float32),
                       "head_keys")] * cfg.vectors
+  by_table = grad_by_table(st)
   if layout.dq_atomic:  # dq's float32 sums, zeros aliased to the output the kernel adds to
-    outputs += [Operand(jnp.zeros((b, h, lq, dp), jnp.float32), "heads", "inner")] + drow(nk)
+    outputs += [Operand(jnp.zeros((b, h, lq, dp), jnp.float32), "heads", "inner")]
+    outputs += ([Operand(jnp.zeros((h, st.table_width), jnp.float32), "table")] if by_table
+                else drow(nk))
     outputs += [Operand(jnp.zeros(x.shape, x.dtype), "stats", "inner") for x in vectors]
   dk, dv_, *rest = layouts.call(
       layout, dkv_kernel, st, name="flash_backward" if layout.dq_atomic else "flash_dkv",
@@ -239,7 +248,10 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
   counts["dkv"] = tuple(c[:, :, ::bk, 0] for c in rest)
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
-  if cfg.learned:
+  if by_table:
+    spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
+    dparams = tables.table_gradient(spec, st.table_width, rows[0])
+  elif cfg.learned:
     dparams = layouts.unpack(st, rows[0].sum((0, 2))[:, 0])
   else:
     dparams = jax.tree.map(jnp.zeros_like, params)
@@ -415,6 +427,7 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                 window=window, block_q=block_q, block_k=block_k, variants=variants,
                 dense=None if bias_spec is None else bias_spec.dense,
                 saturates_at=None if bias_spec is None else bias_spec.saturates_at,
+                grad=None if bias_spec is None else bias_spec.grad,
                 normalizer=Normalizer(sigmoid=sigmoid_bias is not None,
                                       bias=(sigmoid_bias or 0.0) * LOG2E, sink=sink is not None),
                 vectors=bias_vectors is not None)

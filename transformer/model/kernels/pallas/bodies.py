@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from transformer.model.kernels.pallas import tables
+
 # The running maximum before any visible key, and the logit of hidden keys: finite (no inf
 # arithmetic in the kernels), so low that exp2(_MASKED − any real logit) is exactly 0.
 _MASKED = -1e30
@@ -62,6 +64,10 @@ class Static:
   dq_atomic: bool = False  # the dk/dv kernel adds dq atomically and gives the parameters' gradient
   table: int | None = None  # the bias read from a table over k − q clipped to ±table (tables.py)
   table_width: int = 0  # a head's row of that table (the block the kernel sees)
+  # the table's gradient added by atomics (compiled Triton); else by a scatter-add (interpret
+  # mode, whose atomic_add keeps one of repeated indices): tables.add
+  atomic_table: bool = False
+  grad: object = None  # the BiasSpec's grad (its fn's vjp in closed form), or None: the vjp
   normalizer: "Normalizer" = None  # how logits become weights (None: softmax)
   vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head (read_vectors)
 
@@ -131,17 +137,32 @@ def _row(st: Static, grads):
   return row
 
 
+def _bias_grad(st: Static, params, qp, kp, dlogits):
+  """A block's share of the bias parameters' gradient as a row [1, width], from the logits'
+  gradient dlogits [bq, bk]: the BiasSpec's grad where it declares one (block sums in
+  closed form), else the vjp of its fn (one reduction per parameter)."""
+  if st.grad is not None:
+    return _row(st, st.grad(params, qp, kp, dlogits))
+  _, bias_vjp = jax.vjp(lambda p: st.fn(p, qp, kp), params)
+  return _row(st, bias_vjp(dlogits)[0])
+
+
 def _logits(st, theta, q, k, qp, kp):
   """One block's biased logits in base 2 [bq, bk] float32: q·kᵀ (q already multiplied by
   scale·log2 e) + log2(e)·bias. theta: (this head's parameters, the table's ref or None)."""
   logits = _dot(q, k, transpose_b=True)
   params, table_ref = theta
   if st.table is not None:  # a gather from this head's row of the table (tables.py)
-    at = jnp.clip(kp - qp, -st.table, st.table) + st.table
-    logits = logits + LOG2E * table_ref[at]
+    logits = logits + LOG2E * table_ref[tables.entry(st.table, qp, kp)]
   elif st.fn is not None:
     logits = logits + LOG2E * st.fn(params, qp, kp)
   return logits
+
+
+def grad_by_table(st: Static) -> bool:
+  """The bias parameters' gradient is taken through the table (tables.add), not a vjp of
+  the BiasSpec's fn per block: the one backward kernel of a layout that reads a table."""
+  return st.learned and st.dq_atomic and st.table is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,8 +399,7 @@ def dq_kernel(lists_ref, q_ref, qs_ref, qp_ref, do_ref, lse_ref, delta_ref, k_re
     dlogits = _dlogits(st, p, _dot(do, v, transpose_b=True), delta)  # of the natural logits
     out = (carry[0] + _dot(dlogits.astype(k.dtype), k),)
     if st.learned:
-      _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
-      out += (carry[1] + _row(st, bias_vjp(dlogits)[0]),)  # the vjp of the block's bias
+      out += (carry[1] + _bias_grad(st, theta[0], qp, kp, dlogits),)
     if st.vectors:
       out += (carry[-1] + dlogits.sum(-1, keepdims=True),)
     return out
@@ -405,10 +425,13 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   (st.vectors) the data bias's gradient at the keys, −Σ_i dlogits [sublanes, bk]. With
   st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
   float32 dq [lq, d] (in natural-log units but for the factor ln 2), (learned) this key
-  block's share of the bias parameters' gradient [1, width], and (st.vectors) its share of
-  the data bias's gradient at the queries, added atomically into [lq, lanes]."""
+  block's share of the bias parameters' gradient [1, width] (or, grad_by_table, of the
+  table's [table_width], added per entry: tables.add), and (st.vectors) its share of the
+  data bias's gradient at the queries, added atomically into [lq, lanes]."""
   terms, refs = take_terms(st, refs)
-  atomic = (1 + st.vectors) * st.dq_atomic  # dq (and the queries' data gradient) added to
+  by_table = grad_by_table(st)
+  # dq (and the table's and the queries' data gradient) added to
+  atomic = (1 + by_table + st.vectors) * st.dq_atomic
   outputs = 2 + st.vectors + atomic + st.learned * st.dq_atomic
   theta, (dk_ref, dv_ref, *rest), count_refs, scratch = _split(st, refs, outputs,
                                                                aliased=atomic)
@@ -417,7 +440,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   dq_refs, du_ref = rest[:split], rest[split:]
   k, v, ks, kp = k_ref[...], v_ref[...], ks_ref[0:1, :], kp_ref[0:1, :]
   w = terms["w"][0:1, :] if st.vectors else None
-  learned = st.learned and st.dq_atomic
+  learned = st.learned and st.dq_atomic and not by_table  # a row carried per kernel
 
   def step(i, carry, masked):
     dk, dv = carry[:2]
@@ -436,10 +459,11 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
       add(dq_refs[0], (rows, slice(None)), _dot(dlogits.astype(k.dtype), k))
       if st.vectors:
         add(du_ref[0], (rows, slice(None)), dlogits.sum(-1, keepdims=True))
+      if by_table:
+        tables.add(dq_refs[1], tables.entry(st.table, qp, kp), dlogits, st.atomic_table)
     out = (dk + _dot(dlogits.T.astype(q.dtype), q), dv)
     if learned:
-      _, bias_vjp = jax.vjp(lambda params: st.fn(params, qp, kp), theta[0])
-      out += (carry[2] + _row(st, bias_vjp(dlogits)[0]),)
+      out += (carry[2] + _bias_grad(st, theta[0], qp, kp, dlogits),)
     if st.vectors:
       out += (carry[-1] - dlogits.sum(0, keepdims=True),)
     return out

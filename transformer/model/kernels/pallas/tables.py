@@ -6,9 +6,14 @@ beyond ±M: T5's buckets past max_distance), the table holds, per head, the bias
 Δ = −M, …, M (2M + 1 entries, then zeros up to the layout's width), computed by the
 encoding's own formula (its dense form where it has one) at query position 0 and key
 position Δ; a kernel reads entry clip(Δ, −M, M) + M. On integer positions the value read is
-the dense bias's, bit for bit (the same formula at the same Δ). The parameters' gradient
-still comes from the vjp of the BiasSpec's fn (bodies.dq_kernel, dkv_kernel)."""
+the dense bias's, bit for bit (the same formula at the same Δ). Where the kernels read the
+table they also give its gradient, the logits' gradient summed per entry (add),
+and table_gradient turns it into the parameters' by the vjp of the table's construction."""
 
+import dataclasses
+import importlib
+
+import jax
 import jax.numpy as jnp
 
 from transformer.model.positions import BiasSpec, spec_bias
@@ -21,3 +26,29 @@ def relative_table(spec: BiasSpec, width: int):
   offsets = jnp.arange(-m, m + 1, dtype=jnp.int32)[None, :]  # [1, 2M + 1]
   table = spec_bias(spec, jnp.zeros((1, 1), jnp.int32), offsets)[0, :, 0]  # [h, 2M + 1]
   return jnp.pad(table.astype(jnp.float32), [(0, 0), (0, width - 2 * m - 1)])
+
+
+def table_gradient(spec: BiasSpec, width: int, dtable):
+  """The gradient of spec.params from the table's, dtable float32 [heads, width] (the
+  logits' gradient summed per entry of relative_table): the vjp of relative_table."""
+  def build(params):
+    return relative_table(dataclasses.replace(spec, params=params), width)
+  return jax.vjp(build, spec.params)[1](dtable)[0]
+
+
+def entry(m: int, q_positions, k_positions):
+  """The table entry of each pair of a block: clip(k − q, ±m) + m, int [bq, bk]."""
+  return jnp.clip(k_positions - q_positions, -m, m) + m
+
+
+def add(ref, at, dlogits, atomic: bool):
+  """Adds a block's logits' gradient dlogits [bq, bk] to a head's row of the table's
+  gradient, ref [width], at each pair's entry `at` [bq, bk]. atomic (compiled Triton): one
+  atomic add per pair at a gathered address, the device summing repeated entries (the one
+  scatter Triton's lowering has; adds to one entry are serialised). Else (interpret mode,
+  whose atomic_add keeps one of repeated indices: its discharge is a set) a scatter-add,
+  then one add of the row."""
+  if atomic:
+    importlib.import_module("jax.experimental.pallas.triton").atomic_add(ref, (at,), dlogits)
+  else:
+    ref[...] += jnp.zeros(ref.shape, jnp.float32).at[at].add(dlogits)
