@@ -295,6 +295,35 @@ def family_batch(arch, b=2, t=8):
   return {"inputs": inputs, "targets": targets, "targets_segmentation": np.ones((b, t), np.int32)}
 
 
+def assert_generation_is_the_full_pass(model):
+  """A decoder-only `model`'s logits while generating 12 tokens from 3 prompts (of 1, 3, 5
+  tokens) with its cache equal its one full pass over the generated rows."""
+  from flax import nnx  # noqa: PLC0415
+
+  from transformer.model.decoding import generate  # noqa: PLC0415
+
+  prompts = jnp.asarray(np.random.default_rng(0).integers(3, 19, (3, 5)), jnp.int32)
+  tokens, cached = nnx.jit(lambda m, p, n: generate(m, p, n, 12))(model, prompts,
+                                                                  jnp.array([1, 3, 5]))
+  ones = jnp.ones_like(tokens)
+  full = nnx.jit(lambda m, b: m(b))(model, {"inputs": tokens, "inputs_segmentation": ones})
+  np.testing.assert_allclose(np.asarray(cached), np.asarray(full)[:, :-1], atol=5e-5, rtol=1e-4)
+
+
+def randomise(module, seed=7):
+  """Every parameter of `module` moved by 0.5·N(0, 1) (norm scales and biases start at 1
+  and 0, where formulas would not tell them apart); returns it."""
+  import jax  # noqa: PLC0415 - support stays light to import
+  from flax import nnx  # noqa: PLC0415
+
+  state = nnx.state(module, nnx.Param)
+  leaves, tree = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  nnx.update(module, jax.tree.unflatten(tree, [
+      leaf + 0.5 * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]))
+  return module
+
+
 def adam_losses(model, arch, steps=6, learning_rate=3e-2):
   """The per-token losses of `steps` Adam steps of `model` (family `arch`) on one
   family_batch: a variant that learns lowers them."""

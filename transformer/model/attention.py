@@ -7,7 +7,9 @@ masks (transformer/model/masks.py) and the positional encoding are
 handed to each call, and the layer hands the encoding on to the kernel, which calls its
 logit seams. With num_kv_heads < num_heads (grouped-query attention; 1: multi-query) the
 key and value projections, and the KV cache, have num_kv_heads heads, each read by
-num_heads / num_kv_heads query heads.
+num_heads / num_kv_heads query heads; with model.attention.kv=latent (multi-head latent
+attention, transformer/model/latent_kv.py) self-attention's keys and values come from a
+latent, which the cache holds.
 """
 
 import dataclasses
@@ -24,6 +26,7 @@ from transformer.model.data_biases import DATA_BIASES, make_data_bias
 from transformer.model.differential import HEADS, make_heads
 from transformer.model.gates import GATES, make_gate
 from transformer.model.kernels import Needs, check_kernel_name, choose
+from transformer.model.latent_kv import KV_FORMS, KVSettings, make_kv_form
 from transformer.model.layers import Dense, Dropout, project
 from transformer.model.masks import WINDOWS, Mask
 from transformer.model.normalizers import NORMALIZERS, NormalizerSettings, make_normalizer
@@ -68,6 +71,13 @@ class AttentionConfig:
   # one: none | forget (FoX's forget gate, c_i − c_j) | selective (selective attention: one
   # head's logits mask keys for later queries; transformer/model/data_biases.py)
   data_bias: str = "none"
+  # a key of KV_FORMS: how self-attention forms its keys and values and what its cache
+  # holds: heads (per-head projections; model.num_kv_heads for grouped-query) | latent
+  # (multi-head latent attention, DeepSeek-V2; transformer/model/latent_kv.py)
+  kv: str = "heads"
+  # Each form's own knobs (`kv_settings.latent.rank`), as score_settings.
+  kv_settings: KVSettings = dataclasses.field(default_factory=KVSettings,
+                                              metadata={"chosen_by": "kv"})
 
   def __post_init__(self):
     check_ranges(self, window_size=AT_LEAST_1, dropout=FRACTION, block_size=AT_LEAST_1,
@@ -77,6 +87,7 @@ class AttentionConfig:
     lookup(GATES, self.gate, "attention gate")
     lookup(HEADS, self.heads, "attention heads")
     lookup(DATA_BIASES, self.data_bias, "attention data_bias")
+    lookup(KV_FORMS, self.kv, "attention kv")
     layer_pattern.check("window", self.window, WINDOWS, "attention window")
     check_kernel_name(self.kernel)
     lookup(QK_NORMS, self.qk_norm, "attention qk_norm")
@@ -112,7 +123,17 @@ class MultiHeadAttention(nnx.Module):
     heads_in, heads_out = ("fsdp", "tensor"), ("tensor", "fsdp")
     kv_width = num_kv_heads * self.head_dim
     self.query = dense(d_model, heads_in)
-    self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
+    # cross-attention keeps per-head K/V: its keys are the encoder's, projected once
+    self.latent = None if cross else make_kv_form(
+        cfg.kv, d_model, num_heads, self.head_dim, cfg.kv_settings, encoding=encoding,
+        dtype=dtype, rngs=rngs)
+    if self.latent is None:
+      self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
+    elif num_kv_heads < num_heads or cfg.qk_norm != "none":
+      raise ConfigError(
+          f"model.attention.kv='latent' forms every head's key and value from one latent: it "
+          f"takes no model.num_kv_heads ({num_kv_heads} of {num_heads} heads) and no "
+          f"model.attention.qk_norm ({cfg.qk_norm!r}): set num_kv_heads=0 and qk_norm=none")
     self.out = dense(d_model, heads_out)
     self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
@@ -169,7 +190,9 @@ class MultiHeadAttention(nnx.Module):
     logits first (logit_view: selective attention's); the kernel's output per head is
     combined (head_mix: plain or differential) and gated from x_q before W_O."""
     k, v = kv
-    q = encoding.rotate_queries(self.q_norm(self._heads(q, self.num_heads)), mask.q_positions)
+    q = self.q_norm(self._heads(q, self.num_heads))
+    q = encoding.rotate_queries(q, mask.q_positions) if self.latent is None else (
+        self.latent.rotate_queries(q, mask.q_positions, encoding))
     encoding = self.data_bias.logit_view(encoding, q, k, mask, self.score, self.logit_softcap)
     out = self.kernel(q, k, self.head_mix.values(v), mask, encoding, self.score, self.dropout,
                       rngs, normalizer=self.normalizer)
@@ -179,11 +202,15 @@ class MultiHeadAttention(nnx.Module):
     """Self-attention of x [b, t, d_model] at positions mask.q_positions. With a cache
     (init_self_cache), x holds the next token(s): their keys/values are appended and they
     attend over everything cached, the mask's keys being cache slots 0..cache_len-1."""
-    q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
-    kv = self._keys_values(k, v, mask.q_positions, encoding)
+    if self.latent is None:
+      q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
+      state = self._keys_values(k, v, mask.q_positions, encoding)
+    else:
+      q, state = self.query(x), self.latent.state(x, mask.q_positions, encoding)
     encoding = self._data_biased(x, encoding)
     if self.cache is not None:
-      kv = self.cache.append(kv)
+      state = self.cache.append(state)
+    kv = state if self.latent is None else self.latent.keys_values(state)
     return self._attend(x, q, kv, mask, encoding, rngs)
 
   def _data_biased(self, x, encoding):
@@ -205,9 +232,10 @@ class MultiHeadAttention(nnx.Module):
 
   def init_self_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> None:
     shape = (batch, max_len, self.num_kv_heads, self.head_dim)
+    shapes = (shape, shape) if self.latent is None else self.latent.cache_shapes(batch, max_len)
     sums = jnp.zeros((batch, max_len, self.num_heads), jnp.float32) if (
         self.data_bias.vectors) else None
-    self.cache = KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), sums)
+    self.cache = KVCache(*(jnp.zeros(s, dtype) for s in shapes), sums)
     self.data_bias.init_cache(batch, max_len)
 
   def init_cross_cache(self, encoded, encoded_positions, encoding) -> None:
@@ -215,8 +243,10 @@ class MultiHeadAttention(nnx.Module):
 
 
 class KVCache(nnx.Module):
-  """Keys and values [b, max_len, kv_heads, d] of the positions decoded so far, and their
-  count; with a data bias, its cumulative sums [b, max_len, heads] at those positions."""
+  """Keys and values [b, max_len, kv_heads, d] of the positions decoded so far (with
+  model.attention.kv=latent the latent [b, max_len, rank] and the rotated shared key
+  [b, max_len, r] in their place: latent_kv.py), and their count; with a data bias, its
+  cumulative sums [b, max_len, heads] at those positions."""
 
   def __init__(self, k: jax.Array, v: jax.Array, sums: jax.Array | None = None):
     self.k, self.v = nnx.Cache(k), nnx.Cache(v)
@@ -240,7 +270,8 @@ class KVCache(nnx.Module):
     return self.sums[...]
 
   def append(self, kv):
-    """Writes kv ([b, t, kv_heads, d] each) at the current index; returns the whole cache."""
+    """Writes kv ([b, t, ...] each, as k and v) at the current index; returns the whole
+    cache."""
     i = self.index[...]
     self.k[...] = jax.lax.dynamic_update_slice_in_dim(self.k[...], kv[0].astype(self.k.dtype), i, 1)
     self.v[...] = jax.lax.dynamic_update_slice_in_dim(self.v[...], kv[1].astype(self.v.dtype), i, 1)

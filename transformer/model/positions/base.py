@@ -98,6 +98,13 @@ class PositionalEncoding(nnx.Module):
     del positions
     return x
 
+  def rotated_dims(self, head_dim: int) -> int | None:
+    """How many leading dimensions of a head of head_dim rotate_queries and rotate_keys
+    turn among themselves, passing the rest through: 0 where they are the identity; None
+    where what they turn is not such a block (multi-head latent attention needs it)."""
+    del head_dim
+    return 0 if type(self).rotate_keys is PositionalEncoding.rotate_keys else None
+
   def check_length(self, length: int) -> None:
     """Raises ConfigError if sequences of `length` tokens cannot be encoded."""
 
@@ -173,6 +180,9 @@ class EncodingView:
 
   def rotate_keys(self, x, positions):
     return self.encoding.rotate_keys(x, positions)
+
+  def rotated_dims(self, head_dim):
+    return self.encoding.rotated_dims(head_dim)
 
   def content_bias(self, q, logits):
     return self.encoding.content_bias(q, logits)

@@ -136,6 +136,10 @@ class Rotary(PositionalEncoding):
   def rotate_keys(self, x, positions):
     return self._rope(x, positions)
 
+  def rotated_dims(self, head_dim):
+    whole = self.pairs == head_dim // 2
+    return 2 * self.pairs if whole or self.partial == "neox" else None
+
 
 def xpos_scale(positions: jax.Array, dim: int, *, gamma: float, scale_base: float) -> jax.Array:
   """xPos's factor ζ_i^(p / scale_base) of feature pair i at position p, with

@@ -1,0 +1,155 @@
+"""How an attention layer forms its keys and values, and what its KV cache holds.
+
+KV_FORMS: `model.attention.kv`.
+  * `heads`: K and V projected per head from the input (num_kv_heads heads: multi-head,
+    grouped-query or multi-query attention); the cache holds them.
+  * `latent`: multi-head latent attention (DeepSeek-V2, Liu et al. 2024; its code:
+    `DeepseekV2Attention` in deepseek-ai/DeepSeek-V2's modeling_deepseek.py). The input is
+    compressed to a latent c = RMSNorm(x W_DKV) of `rank` features, from which each head's
+    key part k_C and value are projected up (W_UK, W_UV, one matrix `up` here, as their
+    kv_b_proj); the rotary part of the key, k_R = RoPE(x W_KR), is one vector shared by all
+    heads (the "decoupled" rotary key, their k_pe from kv_a_proj_with_mqa), and each head's
+    query is [RoPE(q_R), q_C]. The cache holds c and the rotated k_R — rank + r floats per
+    token against 2·heads·head_dim — and the keys and values are projected up from it at
+    each step (the non-absorbed form: the paper's inference folds W_UK into W_Q, which
+    changes the cost, not the result).
+
+A form maps a self-attention input to its cacheable state, `state(x, positions, encoding)`
+-> (a [b, t, ...], b [b, t, ...]), and a state to the kernel's keys and values,
+`keys_values(state)` -> (k, v) [b, t, kv_heads, head_dim]. `heads`' state is (k, v).
+
+Differences from DeepSeek-V2's code (docs/axes.md): the query is projected directly (their
+q_lora_rank compression of the query is not built; DeepSeek-V2-Lite has none either);
+queries, keys and values have one head dimension d_model / num_heads, whose first r
+dimensions are the rotary part (theirs: qk_nope_head_dim 128 + qk_rope_head_dim 64 for
+queries and keys, v_head_dim 128), so the softmax scale is 1/√head_dim; r is the rotary
+encoding's own rotated part (model.position_settings.rotary.rotated_fraction·head_dim, its
+"neox" layout), which must be below the whole head; an encoding that rotates nothing
+(none, ALiBi, T5, ...) gives r = 0: no rotary key, and its bias applies as to any layer.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from transformer.core.errors import ConfigError
+from transformer.core.fields import AT_LEAST_0, check_ranges
+from transformer.core.registry import lookup, settings_sections
+from transformer.model.layers import NORMS, Dense
+from transformer.model.positions import PositionalEncoding
+
+EPSILON = 1e-6  # the latent's RMSNorm (DeepSeek-V2's rms_norm_eps)
+
+
+class HeadKV:
+  """Keys and values per head: the layer's own K and V projections (attention.py)."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    pass
+
+
+class LatentKV(nnx.Module):
+  """Multi-head latent attention's keys and values (module docstring), for num_heads heads
+  of head_dim, from inputs of d_model features."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    # the latent's width (their kv_lora_rank); 0: 4·head_dim, DeepSeek-V2's 512 for its
+    # heads of 128
+    rank: int = 0
+
+    def __post_init__(self):
+      check_ranges(self, rank=AT_LEAST_0)
+
+  def __init__(self, d_model: int, num_heads: int, head_dim: int, settings: Settings, *,
+               encoding: PositionalEncoding | None, dtype=jnp.float32, rngs: nnx.Rngs):
+    self.num_heads, self.head_dim = num_heads, head_dim
+    self.rank = settings.rank or 4 * head_dim
+    self.rotary = rotary_dims(encoding or PositionalEncoding(), head_dim)
+    self.down = Dense(d_model, self.rank, use_bias=False, kernel_axes=("fsdp", None),
+                      dtype=dtype, rngs=rngs)
+    self.norm = NORMS["rmsnorm"](self.rank, epsilon=EPSILON, dtype=dtype, rngs=rngs)
+    content = head_dim - self.rotary
+    self.up = Dense(self.rank, num_heads * (content + head_dim), use_bias=False,
+                    kernel_axes=(None, "tensor"), dtype=dtype, rngs=rngs)
+    self.rotary_key = Dense(d_model, self.rotary, use_bias=False, kernel_axes=("fsdp", None),
+                            dtype=dtype, rngs=rngs) if self.rotary else None
+
+  def state(self, x: jax.Array, positions: jax.Array, encoding: PositionalEncoding):
+    """(the latent c [b, t, rank], the rotated shared key k_R [b, t, r]) of x [b, t, d_model]
+    at positions [b, t]."""
+    latent = self.norm(self.down(x))
+    if not self.rotary:
+      return latent, jnp.zeros((*x.shape[:2], 0), latent.dtype)
+    key = self.rotary_key(x)[:, :, None, :]  # one head
+    return latent, rotate_prefix(encoding.rotate_keys, key, positions, self.head_dim)[:, :, 0]
+
+  def keys_values(self, state) -> tuple[jax.Array, jax.Array]:
+    """The kernel's keys and values [b, t, heads, head_dim] of a state (the cached one)."""
+    latent, rotated = state
+    b, t = latent.shape[:2]
+    up = self.up(latent).reshape(b, t, self.num_heads, -1)
+    content, v = up[..., :self.head_dim - self.rotary], up[..., self.head_dim - self.rotary:]
+    shared = jnp.broadcast_to(rotated[:, :, None, :].astype(content.dtype),
+                              (b, t, self.num_heads, self.rotary))
+    return jnp.concatenate([shared, content], axis=-1), v
+
+  def rotate_queries(self, q: jax.Array, positions: jax.Array,
+                     encoding: PositionalEncoding) -> jax.Array:
+    """q [b, t, heads, head_dim] with its first r dimensions (q_R) rotated, the rest (q_C)
+    as they are."""
+    if not self.rotary:
+      return q
+    turned = rotate_prefix(encoding.rotate_queries, q[..., :self.rotary], positions,
+                           self.head_dim)
+    return jnp.concatenate([turned, q[..., self.rotary:]], axis=-1)
+
+  def cache_shapes(self, batch: int, max_len: int) -> tuple[tuple[int, ...], ...]:
+    return (batch, max_len, self.rank), (batch, max_len, self.rotary)
+
+
+def rotary_dims(encoding: PositionalEncoding, head_dim: int) -> int:
+  """r: how many leading dimensions of a head `encoding` rotates, for the latent form; a
+  ConfigError where it rotates the whole head (no content part would remain) or not a
+  leading block."""
+  r = encoding.rotated_dims(head_dim)
+  if r is None:
+    raise ConfigError(
+        f"model.attention.kv='latent' decouples the rotary part of the keys, and "
+        f"model.position={encoding.name!r} does not rotate a leading block of each head: "
+        "use rotary with partial='neox', or an encoding that does not rotate")
+  if r >= head_dim:
+    raise ConfigError(
+        f"model.attention.kv='latent' decouples the rotary part of the keys, and "
+        f"model.position={encoding.name!r} rotates all {head_dim} dimensions of each head: "
+        "set model.position_settings.rotary.rotated_fraction below 1 (DeepSeek-V2 rotates "
+        "64 of 192: 1/3)")
+  return r
+
+
+def rotate_prefix(rotate, x: jax.Array, positions: jax.Array, head_dim: int) -> jax.Array:
+  """rotate (an encoding's rotate_queries or rotate_keys, defined on whole heads) applied to
+  x [b, t, h, r], the leading r dimensions of heads of head_dim: x zero-padded to the head,
+  rotated, cut back. Exact: the encoding turns its leading r dimensions among themselves."""
+  pad = jnp.zeros((*x.shape[:-1], head_dim - x.shape[-1]), x.dtype)
+  return rotate(jnp.concatenate([x, pad], axis=-1), positions)[..., :x.shape[-1]]
+
+
+KV_FORMS: dict[str, type] = {"heads": HeadKV, "latent": LatentKV}
+
+KVSettings = settings_sections(KV_FORMS, "KVSettings")
+
+
+def make_kv_form(name: str, d_model: int, num_heads: int, head_dim: int, settings, *,
+                 encoding: PositionalEncoding | None, dtype=jnp.float32,
+                 rngs: nnx.Rngs) -> LatentKV | None:
+  """The form `name` of KV_FORMS: None for `heads` (the layer's own projections), else
+  its module."""
+  form = lookup(KV_FORMS, name, "attention kv")
+  if form is HeadKV:
+    return None
+  return form(d_model, num_heads, head_dim, getattr(settings, name), encoding=encoding,
+              dtype=dtype, rngs=rngs)
