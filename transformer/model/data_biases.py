@@ -27,7 +27,9 @@ q, k, mask, score, softcap)` the encoding with a bias read from the logits (afte
 `init_cache(batch, max_len)` makes what cached decoding carries beyond the layer's KVCache.
 Each declares `vectors` (it adds u_i − w_j: the kernel must declare `data_bias`), `array` (it
 adds a whole array: `data_bias` and `data_bias_array`) and `causal_only` (defined for causal
-self-attention, where keys j ≤ i precede the query, `causal_reason` saying why).
+self-attention, where keys j ≤ i precede the query, `causal_reason` saying why: an
+encoder-decoder's encoder and cross-attention take none, outside_causal(); an encoder-only
+model refuses it).
 """
 
 import dataclasses
