@@ -1,8 +1,9 @@
 """The data biases (transformer/model/data_biases.py), FoX's forget gate and selective
 attention, against their formulas in NumPy, on packed rows and beside a positional bias;
 each trains in the decoder-only family and the encoder-decoder's decoder self-attention and
-is refused elsewhere; cached decoding equals the full pass; the kernels declaring them compute what the reference computes (values and
-gradients); the kernels without them refuse them."""
+is refused elsewhere; cached decoding equals the full pass; the kernels declaring them
+compute what the reference computes (values and gradients); the kernels without them refuse
+them."""
 
 import dataclasses
 
@@ -160,8 +161,8 @@ def test_each_data_bias_trains_in_every_family_it_declares(name, arch):
   model = _model(arch, data_bias=name)
   for stack in model.stacks().values():
     for layer in stack.layers:
-      causal = type(layer.self_attention.data_bias) is DATA_BIASES[name]
-      assert causal == (stack is model.decoder or not DATA_BIASES[name].causal_only)
+      biased = type(layer.self_attention.data_bias) is DATA_BIASES[name]
+      assert biased == (stack is model.decoder or not DATA_BIASES[name].causal_only)
       if hasattr(layer, "cross_attention"):
         assert type(layer.cross_attention.data_bias) is DATA_BIASES["none"]
   losses = adam_losses(model, arch)
