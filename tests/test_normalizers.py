@@ -190,8 +190,10 @@ def test_a_kernel_refuses_a_normalizer_it_does_not_offer(name):
   assert choose("reference", needs)[0].name == choose("auto", needs)[0].name == "reference"
   whole_row = ("computes its normaliser block by block, and normalizer '{}' needs each "
                "query's whole row of logits; use kernel 'reference'")
+  able = " or ".join(repr(kernel) for kernel, computes in (
+      ("reference", True), ("blockwise", cls.online), ("pallas", cls.flash)) if computes)
   refusals = {"xla": "computes softmax only, and normalizer '{}' is not softmax; use kernel "
-                     "'reference' or 'blockwise' or 'pallas'",
+                     f"{able} or model",
               "blockwise": whole_row, "pallas": whole_row}
   for kernel, computes in (("xla", cls.plain_softmax), ("blockwise", cls.online),
                            ("pallas", cls.flash)):

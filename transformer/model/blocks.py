@@ -14,6 +14,7 @@ from flax import nnx
 from transformer.core.registry import lookup
 from transformer.model.attention import AttentionConfig, MultiHeadAttention
 from transformer.model.config import ModelConfig, compute_dtype
+from transformer.model.data_biases import outside_causal
 from transformer.model.feedforward import FFNS
 from transformer.model.positions import PositionalEncoding
 from transformer.model.residual import RESIDUALS, PostNorm
@@ -71,7 +72,7 @@ class DecoderLayer(EncoderLayer):
                attention: AttentionConfig | None = None, depth: int = 0, rngs: nnx.Rngs):
     super().__init__(cfg, encoding=encoding, attention=attention, depth=depth, rngs=rngs)
     self.cross_attention = MultiHeadAttention(cfg.d_model, cfg.num_heads,
-                                              attention or cfg.attention,
+                                              outside_causal(attention or cfg.attention),
                                               dtype=compute_dtype(cfg),
                                               num_kv_heads=cfg.num_kv_heads, cross=True,
                                               max_len=cfg.max_len, depth=depth, rngs=rngs)

@@ -27,18 +27,22 @@ q, k, mask, score, softcap)` the encoding with a bias read from the logits (afte
 `init_cache(batch, max_len)` makes what cached decoding carries beyond the layer's KVCache.
 Each declares `vectors` (it adds u_i − w_j: the kernel must declare `data_bias`), `array` (it
 adds a whole array: `data_bias` and `data_bias_array`) and `causal_only` (defined for causal
-self-attention, where keys j ≤ i precede the query, `causal_reason` saying why).
+self-attention, where keys j ≤ i precede the query, `causal_reason` saying why: an
+encoder-decoder's encoder and cross-attention take none, outside_causal(); an encoder-only
+model refuses it).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from transformer.core.errors import ConfigError
 from transformer.core.registry import lookup
 from transformer.model.kernels import repeat_heads, soft_cap
 from transformer.model.layers import Dense
 from transformer.model.masks import Mask
-from transformer.model.normalizers import causal_only_error
 from transformer.model.positions import EncodingView
 
 
@@ -204,5 +208,19 @@ def make_data_bias(name: str, d_model: int, num_heads: int, *, causal: bool, dty
   and the layer is not causal self-attention."""
   cls = lookup(DATA_BIASES, name, "attention data_bias")
   if cls.causal_only and not causal:
-    raise causal_only_error("data_bias", name, cls.causal_reason)
+    raise ConfigError(
+        f"model.attention.data_bias={name!r} is defined for causal self-attention only "
+        f"({cls.causal_reason}), and this layer is bidirectional or cross-attention (an "
+        "encoder-only model has no causal self-attention): use model.arch=decoder, or "
+        "encoder_decoder (where it acts in the decoder's self-attention), or another data_bias")
   return cls(d_model, num_heads, dtype=dtype, rngs=rngs)
+
+
+def outside_causal(attention):
+  """`attention` (an AttentionConfig) for the bidirectional and cross-attention layers of a
+  model that also has causal self-attention (an encoder-decoder's encoder stack and its
+  decoder's cross-attention): a causal-only data bias acts in the causal self-attention
+  alone, so these layers take none."""
+  if lookup(DATA_BIASES, attention.data_bias, "attention data_bias").causal_only:
+    return dataclasses.replace(attention, data_bias="none")
+  return attention

@@ -26,6 +26,7 @@ from transformer.core.vocab import BOS_ID
 from transformer.data import Targets
 from transformer.model.blocks import NO_POSITION, CausalLayer, DecoderLayer, EncoderLayer
 from transformer.model.config import ModelConfig, compute_dtype
+from transformer.model.data_biases import outside_causal
 from transformer.model.embeddings import (Embeddings, default_positions, default_segments,
                                           inputs_mask)
 from transformer.model.kernels import Target, choosing_for
@@ -119,7 +120,9 @@ class EncoderDecoder(ModelFamily):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.encoder = Stack(cfg, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
+    # a causal-only data bias acts in the decoder's self-attention alone (data_biases.py)
+    encoder = dataclasses.replace(cfg, attention=outside_causal(cfg.attention))
+    self.encoder = Stack(encoder, EncoderLayer, cfg.num_encoder_layers, rngs=rngs)
     self.decoder = Stack(cfg, DecoderLayer, cfg.num_decoder_layers, rngs=rngs)
     self.source_context: SourceContext | None = nnx.data(None)  # set by init_decoding
     self.slots: nnx.Cache | None = nnx.data(None)  # cache slots' positions, set by init_decoding

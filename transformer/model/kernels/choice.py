@@ -143,8 +143,9 @@ def check(name: str, needs: Needs, target: Target | None = None) -> None:
                       f"kernel 'auto' or {able(lambda k: k.multi_device)}")
   for capability in CAPABILITIES:  # in their order: the first refusal is said
     if capability in needs.capabilities and capability not in kernel.offers:
-      raise ConfigError(f"attention.kernel '{name}' "
-                        f"{needs.refusal(capability, able(capability))}")
+      # the kernels to use instead offer everything the layer needs, not this one alone
+      instead = able(lambda k: needs.capabilities <= k.offers)
+      raise ConfigError(f"attention.kernel '{name}' {needs.refusal(capability, instead)}")
   if kernel.dtypes is not None and needs.dtype not in kernel.dtypes:
     raise ConfigError(
         f"attention.kernel '{name}' computes in {' or '.join(kernel.dtypes)} only, and "
