@@ -1,0 +1,110 @@
+"""A Mosaic GPU (Hopper) forward for the Pallas attention: one warpgroup per (head, block
+of 64 queries, batch row), QKᵀ and PV by wgmma from shared memory, online softmax in
+base 2. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode;
+it has not run on a GPU. It loops over every key block, masking each from segments and
+positions (no visit lists, no bias, no pipelining, no warp specialisation)."""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+BLOCK = 64
+
+
+def _interpret_params():
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+  return InterpretGPUParams()
+
+
+def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
+            interpret=False):
+  """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
+  positions int32 [b, tq] / [b, tk] (segment 0 is padding) -> out [b, tq, h, d], base-2
+  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16."""
+  (b, tq, h, d), tk = q.shape, k.shape[1]
+  if d % 64 or tq % BLOCK or tk % BLOCK:
+    raise ValueError(f"head dim {d} must be a multiple of 64 and lengths {tq}, {tk} of {BLOCK}")
+  if q.dtype not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"dtype {q.dtype} must be bfloat16 or float16")
+  groups, dtype, nk = h // k.shape[2], q.dtype, tk // BLOCK
+
+  def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, out_ref, lse_ref,
+             q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, bar):
+    head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
+    kv_head = lax.div(head, jnp.array(groups, head.dtype))
+    q0 = qb * BLOCK
+    plgpu.copy_gmem_to_smem(q_ref.at[row, pl.ds(q0, BLOCK), head], q_smem, bar.at[0])
+    plgpu.copy_gmem_to_smem(qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem, bar.at[0])
+    plgpu.copy_gmem_to_smem(qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem, bar.at[0])
+    plgpu.barrier_wait(bar.at[0])
+    rows = plgpu.Layout.WGMMA.reduce(1)
+    cols = plgpu.Layout.WGMMA.reduce(0)
+    qseg = plgpu.load(qs_smem, (), layout=rows)
+    qpos = plgpu.load(qp_smem, (), layout=rows)
+    m_i = plgpu.layout_cast(jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
+    l_i = plgpu.layout_cast(jnp.full((BLOCK,), 0, jnp.float32), rows)
+    acc = plgpu.layout_cast(jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
+
+    def step(j, carry):
+      acc, m_i, l_i = carry
+      s = (row, pl.ds(j * BLOCK, BLOCK))
+      plgpu.copy_gmem_to_smem(k_ref.at[s + (kv_head,)], k_smem, bar.at[1])
+      plgpu.copy_gmem_to_smem(v_ref.at[s + (kv_head,)], v_smem, bar.at[1])
+      plgpu.copy_gmem_to_smem(ks_ref.at[s], ks_smem, bar.at[1])
+      plgpu.copy_gmem_to_smem(kp_ref.at[s], kp_smem, bar.at[1])
+      plgpu.barrier_wait(bar.at[1])
+
+      def qk(acc_ref):
+        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+        return acc_ref[...]
+      x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
+      kseg = plgpu.load(ks_smem, (), layout=cols)
+      kpos = plgpu.load(kp_smem, (), layout=cols)
+      shape = (BLOCK, BLOCK)
+      qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
+      ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
+      keep = (qs2 == ks2) & (ks2 != 0)
+      if causal:
+        keep &= kp2 <= qp2
+      if window is not None:
+        keep &= qp2 - kp2 < window
+      x = jnp.where(keep, x, -jnp.inf)
+      m_new = jnp.maximum(m_i, x.max(axis=1))
+      safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+      alpha = jnp.exp2(m_i - safe)
+      p = jnp.exp2(x - lax.broadcast_in_dim(safe, shape, [0]))
+      l_i = l_i * alpha + p.sum(axis=1)
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+      def pv(acc_ref):
+        plgpu.wgmma(acc_ref, p.astype(dtype), v_smem)
+      acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+      return acc, m_new, l_i
+
+    acc, m_i, l_i = lax.fori_loop(0, nk, step, (acc, m_i, l_i))
+    empty = l_i == 0
+    inv = 1.0 / jnp.where(empty, 1.0, l_i)
+    acc = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
+    q_smem[...] = acc.astype(dtype)
+    lse_smem[...] = jnp.where(empty, -jnp.inf, m_i + jnp.log2(jnp.where(empty, 1.0, l_i)))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[row, pl.ds(q0, BLOCK), head])
+    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[row, head, pl.ds(q0, BLOCK)])
+    plgpu.wait_smem_to_gmem(0)
+
+  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
+  ids = plgpu.SMEM((BLOCK,), jnp.int32)
+  scratch = [tile, tile, tile, ids, ids, ids, ids, plgpu.SMEM((BLOCK,), jnp.float32),
+             plgpu.Barrier(num_barriers=2)]
+  call = plgpu.kernel(
+      kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
+                        jax.ShapeDtypeStruct((b, h, tq), jnp.float32)],
+      scratch_types=scratch, grid=(h, tq // BLOCK, b),
+      grid_names=("heads", "q_seq", "batch"),
+      interpret=_interpret_params() if interpret else None)
+  i32 = lambda a: a.astype(jnp.int32)
+  return tuple(call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
+                    i32(k_positions)))
