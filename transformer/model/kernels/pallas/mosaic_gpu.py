@@ -18,6 +18,25 @@ def _interpret_params():
   return InterpretGPUParams()
 
 
+def _load(ref, layout, interpret):
+  """A 1-D shared-memory vector in a wgmma row/column layout."""
+  return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
+
+
+def _cast(interpret, x, layout):
+  """x in a register layout (interpret mode has none)."""
+  return x if interpret else plgpu.layout_cast(x, layout)
+
+
+def _copy(pairs, barriers, first):
+  """Copies each (GMEM ref, SMEM ref) pair on its own barrier from barriers[first] on and
+  waits for all of them."""
+  for i, (src, dst) in enumerate(pairs):
+    plgpu.copy_gmem_to_smem(src, dst, barriers.at[first + i])
+  for i in range(len(pairs)):
+    plgpu.barrier_wait(barriers.at[first + i])
+
+
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
             interpret=False):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
@@ -31,37 +50,37 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   groups, dtype, nk = h // k.shape[2], q.dtype, tk // BLOCK
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, out_ref, lse_ref,
-             q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, bar):
+             q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, bar, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     q0 = qb * BLOCK
-    plgpu.copy_gmem_to_smem(q_ref.at[row, pl.ds(q0, BLOCK), head], q_smem, bar.at[0])
-    plgpu.copy_gmem_to_smem(qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem, bar.at[0])
-    plgpu.copy_gmem_to_smem(qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem, bar.at[0])
-    plgpu.barrier_wait(bar.at[0])
+    _copy([(q_ref.at[row, pl.ds(q0, BLOCK), head], q_smem),
+           (qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem),
+           (qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem)], bar, 0)
     rows = plgpu.Layout.WGMMA.reduce(1)
     cols = plgpu.Layout.WGMMA.reduce(0)
-    qseg = plgpu.load(qs_smem, (), layout=rows)
-    qpos = plgpu.load(qp_smem, (), layout=rows)
-    m_i = plgpu.layout_cast(jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
-    l_i = plgpu.layout_cast(jnp.full((BLOCK,), 0, jnp.float32), rows)
-    acc = plgpu.layout_cast(jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
+    qseg = _load(qs_smem, rows, interpret)
+    qpos = _load(qp_smem, rows, interpret)
+    m_i = _cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
+    l_i = _cast(interpret, jnp.full((BLOCK,), 0, jnp.float32), rows)
+    acc = _cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
 
     def step(j, carry):
       acc, m_i, l_i = carry
       s = (row, pl.ds(j * BLOCK, BLOCK))
-      plgpu.copy_gmem_to_smem(k_ref.at[s + (kv_head,)], k_smem, bar.at[1])
-      plgpu.copy_gmem_to_smem(v_ref.at[s + (kv_head,)], v_smem, bar.at[1])
-      plgpu.copy_gmem_to_smem(ks_ref.at[s], ks_smem, bar.at[1])
-      plgpu.copy_gmem_to_smem(kp_ref.at[s], kp_smem, bar.at[1])
-      plgpu.barrier_wait(bar.at[1])
+      _copy([(k_ref.at[s + (kv_head,)], k_smem), (v_ref.at[s + (kv_head,)], v_smem),
+             (ks_ref.at[s], ks_smem), (kp_ref.at[s], kp_smem)], bar, 3)
 
       def qk(acc_ref):
-        plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+        if interpret:  # the interpreter's wgmma takes refs only, untransposed
+          copies[0][...] = k_smem[...].T
+          plgpu.wgmma(acc_ref, q_smem, copies[0])
+        else:
+          plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
         return acc_ref[...]
       x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
-      kseg = plgpu.load(ks_smem, (), layout=cols)
-      kpos = plgpu.load(kp_smem, (), layout=cols)
+      kseg = _load(ks_smem, cols, interpret)
+      kpos = _load(kp_smem, cols, interpret)
       shape = (BLOCK, BLOCK)
       qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
       ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
@@ -79,8 +98,13 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
       def pv(acc_ref):
-        plgpu.wgmma(acc_ref, p.astype(dtype), v_smem)
-      acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+        if interpret:
+          copies[1][...] = p.astype(dtype)
+          plgpu.wgmma(acc_ref, copies[1], v_smem)
+        else:
+          plgpu.wgmma(acc_ref, p.astype(dtype), v_smem)
+        return acc_ref[...]
+      acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
       return acc, m_new, l_i
 
     acc, m_i, l_i = lax.fori_loop(0, nk, step, (acc, m_i, l_i))
@@ -98,7 +122,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
   ids = plgpu.SMEM((BLOCK,), jnp.int32)
   scratch = [tile, tile, tile, ids, ids, ids, ids, plgpu.SMEM((BLOCK,), jnp.float32),
-             plgpu.Barrier(num_barriers=2)]
+             plgpu.Barrier(num_barriers=7)]
+  scratch += [plgpu.SMEM((d, BLOCK), dtype), plgpu.SMEM((BLOCK, BLOCK), dtype)] if interpret else []
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
                         jax.ShapeDtypeStruct((b, h, tq), jnp.float32)],
