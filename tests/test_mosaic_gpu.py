@@ -24,7 +24,7 @@ def _dense(q, k, v, seg, pos, causal, window):
   qp, kp = pos[:, None, :, None], pos[:, None, None, :]
   keep = (qs == ks) & (ks != 0)
   keep &= (kp <= qp) if causal else True
-  keep &= (qp - kp < window) if window else True
+  keep &= (jnp.abs(qp - kp) <= window) if window else True
   lse = jax.nn.logsumexp(jnp.where(keep, s * math.log(2), -jnp.inf), axis=-1) / math.log(2)
   p = jnp.where(keep, jnp.exp2(s - jnp.where(jnp.isinf(lse), 0, lse)[..., None]), 0)
   return jnp.einsum("bhqk,bkhd->bqhd", p, v), lse
@@ -32,7 +32,7 @@ def _dense(q, k, v, seg, pos, causal, window):
 
 CASES = {  # name: (segments, causal, window, heads, kv heads)
     "causal": ([1] * L, True, None, 1, 1),
-    "padded": ([1] * 100 + [0] * 28, False, None, 2, 1),
+    "padded": ([1] * 100 + [0] * 28, False, 40, 2, 1),
     "packed": ([1] * 50 + [2] * 60 + [0] * 18, True, 24, 2, 2),
 }
 

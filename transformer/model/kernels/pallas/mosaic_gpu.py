@@ -87,8 +87,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       keep = (qs2 == ks2) & (ks2 != 0)
       if causal:
         keep &= kp2 <= qp2
-      if window is not None:
-        keep &= qp2 - kp2 < window
+      if window is not None:  # keys within window positions of the query, each side
+        keep &= (qp2 - kp2 <= window) & (kp2 - qp2 <= window)
       x = jnp.where(keep, x, -jnp.inf)
       m_new = jnp.maximum(m_i, x.max(axis=1))
       safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
