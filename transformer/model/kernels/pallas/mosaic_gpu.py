@@ -2,7 +2,9 @@
 of 64 queries, batch row), QKᵀ and PV by wgmma from shared memory, online softmax in
 base 2. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode;
 it has not run on a GPU. It loops over every key block, masking each from segments and
-positions (no visit lists, no bias, no pipelining, no warp specialisation)."""
+positions (no visit lists, no bias, no pipelining, no warp specialisation). Interpret mode
+takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
+there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
 
 import jax
 import jax.numpy as jnp
