@@ -1,8 +1,8 @@
 """A Mosaic GPU (Hopper) forward for the Pallas attention: one warpgroup per (head, block
 of 64 queries, batch row), QKᵀ and PV by wgmma from shared memory, online softmax in
 base 2. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode;
-it has not run on a GPU. It loops over every key block, masking each from segments and
-positions (no visit lists, no bias, no pipelining, no warp specialisation). Interpret mode
+it has not run on a GPU. It visits the key blocks of sparsity's visit lists (the row's list
+copied to shared memory, read as scalars), masking each from segments and positions (no visit lists, no bias, no pipelining, no warp specialisation). Interpret mode
 takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
 there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
 
@@ -11,6 +11,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from transformer.model.kernels.pallas import sparsity
 
 BLOCK = 64
 
@@ -50,15 +52,21 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   if q.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"dtype {q.dtype} must be bfloat16 or float16")
   groups, dtype, nk = h // k.shape[2], q.dtype, tk // BLOCK
+  width = -(-(nk + 2) // BLOCK) * BLOCK
+  kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
+                           window=window, block_q=BLOCK, block_k=BLOCK, lq=tq, lk=tk)
+  lists = sparsity.visit_lists(kind, width)
 
-  def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, out_ref, lse_ref,
-             q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, bar, *copies):
+  def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, out_ref, lse_ref,
+             q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, list_smem,
+             bar, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     q0 = qb * BLOCK
     _copy([(q_ref.at[row, pl.ds(q0, BLOCK), head], q_smem),
            (qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem),
-           (qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem)], bar, 0)
+           (qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem), (list_ref.at[row, qb], list_smem)],
+          bar, 0)
     rows = plgpu.Layout.WGMMA.reduce(1)
     cols = plgpu.Layout.WGMMA.reduce(0)
     qseg = _load(qs_smem, rows, interpret)
@@ -69,9 +77,9 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
 
     def step(j, carry):
       acc, m_i, l_i = carry
-      s = (row, pl.ds(j * BLOCK, BLOCK))
+      s = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
       _copy([(k_ref.at[s + (kv_head,)], k_smem), (v_ref.at[s + (kv_head,)], v_smem),
-             (ks_ref.at[s], ks_smem), (kp_ref.at[s], kp_smem)], bar, 3)
+             (ks_ref.at[s], ks_smem), (kp_ref.at[s], kp_smem)], bar, 4)
 
       def qk(acc_ref):
         if interpret:  # the interpreter's wgmma takes refs only, untransposed
@@ -109,7 +117,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
       return acc, m_new, l_i
 
-    acc, m_i, l_i = lax.fori_loop(0, nk, step, (acc, m_i, l_i))
+    acc, m_i, l_i = lax.fori_loop(0, list_smem[1], step, (acc, m_i, l_i))
     empty = l_i == 0
     inv = 1.0 / jnp.where(empty, 1.0, l_i)
     acc = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
@@ -124,7 +132,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
   ids = plgpu.SMEM((BLOCK,), jnp.int32)
   scratch = [tile, tile, tile, ids, ids, ids, ids, plgpu.SMEM((BLOCK,), jnp.float32),
-             plgpu.Barrier(num_barriers=7)]
+             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=8)]
   scratch += [plgpu.SMEM((d, BLOCK), dtype), plgpu.SMEM((BLOCK, BLOCK), dtype)] if interpret else []
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
@@ -134,4 +142,4 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       interpret=_interpret_params() if interpret else None)
   i32 = lambda a: a.astype(jnp.int32)
   return tuple(call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
-                    i32(k_positions)))
+                    i32(k_positions), lists))
