@@ -10,12 +10,14 @@ reverse_string. `lm`: the context-extension LM
 of configs/lm_context.py (L = 64, a quarter of the training rows passkey rows at L,
 perplexity and passkey at L, 2L, 4L, 8L) made CPU-sized for this grid: d 64, 4 heads, 2
 layers, 400 steps of 32 windows; sigmoid's b = −log n with n = L, its paper's choice (the
-cast keeps the default n = model.max_len).
+cast keeps the default n = model.max_len). `mqar`: MQAR (configs/mqar.py: L = 64, 4
+key-value pairs, accuracy by length × pairs) with 1000 steps of its 2000, rotary only.
 
   python sweep.py --config configs/normalizers.py:cast --sweep_dir sweeps/normalizers_cast
   python sweep.py --config configs/normalizers.py:cast_reverse \\
       --sweep_dir sweeps/normalizers_reverse
   python sweep.py --config configs/normalizers.py:lm --sweep_dir sweeps/normalizers_lm
+  python sweep.py --config configs/normalizers.py:mqar --sweep_dir sweeps/normalizers_mqar
 
 Each variant against softmax with the same positions (compare.py, paired by seed), and the
 first-token attention mass per layer (transformer/study/attention_sinks.py):
@@ -30,7 +32,7 @@ first-token attention mass per layer (transformer/study/attention_sinks.py):
 The results, commands and wall time: docs/results.md.
 """
 
-from configs import decoder_cast, lm_context
+from configs import decoder_cast, lm_context, mqar
 from transformer.api import axis, lookup, product
 
 # Every variant names all three fields, so that each differs from softmax in one only.
@@ -63,7 +65,15 @@ def _lm():
   return config
 
 
-CONFIGS = {**{arg: lambda task=task: _cast(task) for arg, task in TASKS.items()}, "lm": _lm}
+def _mqar():
+  config = mqar.get_config()
+  config.model.attention.normalizer_settings.sigmoid.length = config.data.max_len
+  config.train.update(num_steps=1000)
+  return config
+
+
+CONFIGS = {**{arg: lambda task=task: _cast(task) for arg, task in TASKS.items()}, "lm": _lm,
+           "mqar": _mqar}
 ARGS = tuple(CONFIGS)  # get_config's arguments
 
 
@@ -72,5 +82,6 @@ def get_config(arg: str = "cast"):
 
 
 def get_sweep(arg: str = "cast"):
-  del arg
-  return product(axis("model.position", POSITIONS), VARIANTS, axis("seed", SEEDS))
+  # MQAR with rotary only: its runs are the grid's longest
+  positions = ["rotary"] if arg == "mqar" else POSITIONS
+  return product(axis("model.position", positions), VARIANTS, axis("seed", SEEDS))
