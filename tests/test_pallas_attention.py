@@ -72,8 +72,13 @@ def _rows():
 
 
 def _encoding(name, causal):
+  """The encoding `name`; FIRE's hidden biases set apart from their initial zeros: its
+  MLP's kinks at 0.35 (w1 > 0) and 0 (w1 < 0: off at the diagonal's input 0, a tie)."""
   cls = POSITIONS[name]
-  return cls(16, H, 64, causal=causal, settings=SETTINGS.get(name), rngs=nnx.Rngs(1))
+  enc = cls(16, H, 64, causal=causal, settings=SETTINGS.get(name), rngs=nnx.Rngs(1))
+  if name == "fire":
+    enc.hidden.bias[...] = jnp.array([-0.2, 0.0])
+  return enc
 
 
 def _run(kernel, enc, scorers, mask, q, k, v, w, layout=None):

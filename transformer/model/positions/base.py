@@ -30,7 +30,12 @@ class BiasSpec:
   table of 2·saturates_at + 1 entries per head; None: no such promise. `grad`:
   grad(params, q_positions, k_positions, dbias [m, n]) -> {name: tuple of scalars}, the vjp
   of fn at dbias in closed form (sums over the block), for a kernel to take in place of
-  jax.vjp of fn; under the same rules as fn; None: the vjp."""
+  jax.vjp of fn; under the same rules as fn; None: the vjp. `mlp_input`: fn is
+  b2 + Σ_u w2[u]·relu(w1[u]·x + b1[u]) (relu′(0) = 0) of one scalar per pair,
+  x = mlp_input(params, q_positions, k_positions) [m, n], the MLP's parameters params
+  "w1", "b1", "w2" (width each) and "b2" (1), the input's the others, so a kernel may read
+  fn as a piecewise-linear function of x (kernels/pallas/piecewise.py); None: no such
+  promise."""
 
   fn: Callable[[dict, jax.Array, jax.Array], jax.Array]
   params: dict[str, Any]
@@ -38,6 +43,7 @@ class BiasSpec:
   dense: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
   saturates_at: int | None = None
   grad: Callable[[dict, jax.Array, jax.Array, jax.Array], dict] | None = None
+  mlp_input: Callable[[dict, jax.Array, jax.Array], jax.Array] | None = None
 
 
 def spec_bias(spec: BiasSpec, q_positions: jax.Array, k_positions: jax.Array, *,

@@ -254,7 +254,7 @@ class Fire(PositionalEncoding):
         "c": shared(jnp.abs(self.c[...])), "threshold": shared(self._threshold()),
         "w1": shared(self.hidden.kernel[...]), "b1": shared(self.hidden.bias[...]),
         "w2": self.output.kernel[...].T, "b2": self.output.bias[...][:, None]},
-        dense=fire_dense_bias)
+        dense=fire_dense_bias, mlp_input=fire_mlp_input)
 
 
 def fire_input(c, threshold, q_positions, k_positions) -> jax.Array:
@@ -268,12 +268,18 @@ def fire_input(c, threshold, q_positions, k_positions) -> jax.Array:
       psi(jnp.maximum(jnp.maximum(i, j), threshold)) + Fire.EPS)
 
 
+def fire_mlp_input(params, q_positions, k_positions):
+  """One head's FIRE MLP input (fire_input) from its parameters "c", "threshold" (1
+  scalar each): positions [m, 1], [1, n] -> [m, n]."""
+  return fire_input(params["c"][0], params["threshold"][0], q_positions, k_positions)
+
+
 def fire_bias(params, q_positions, k_positions):
   """One head's FIRE bias f_θ(input): params {"c", "threshold", "b2": 1 scalar; "w1", "b1",
   "w2": width scalars}, positions [m, 1], [1, n] -> [m, n]. The MLP as a sum over its hidden
   units, so no [m, n, width] array; its ReLU as a select (jax.nn.relu is a custom_jvp
   function, which not every kernel lowering takes), with relu's gradient (0 at 0)."""
-  x = fire_input(params["c"][0], params["threshold"][0], q_positions, k_positions)
+  x = fire_mlp_input(params, q_positions, k_positions)
   w1, b1, w2 = params["w1"], params["b1"], params["w2"]
   bias = jnp.zeros(x.shape, jnp.float32) + params["b2"][0]
   for u in range(len(w1)):

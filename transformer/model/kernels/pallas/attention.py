@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.model.kernels.fallbacks import log_once
-from transformer.model.kernels.pallas import layouts, sparsity, tables
+from transformer.model.kernels.pallas import layouts, piecewise, sparsity, tables
 from transformer.model.kernels.pallas.bodies import (LN2, LOG2E, Normalizer, Static,
                                                      dkv_kernel, dq_kernel, forward_kernel,
                                                      grad_by_table)
@@ -83,8 +83,19 @@ class _Config:
   dense: object = None  # the BiasSpec's dense form, or None
   saturates_at: int | None = None  # the BiasSpec's: a table over k − q where a layout reads one
   grad: object = None  # the BiasSpec's closed-form vjp of its fn, or None
+  mlp_input: object = None  # the BiasSpec's: its MLP read as pieces where a layout reads tables
   normalizer: Normalizer | None = None  # how logits become weights (None: softmax)
   vectors: bool = False  # a data bias u_i − w_j from two vectors per row and head
+
+
+def _table_width(cfg: _Config, layout, packing) -> int:
+  """A head's row of the bias table the layout reads (0: none): 2·M + 1 entries over k − q,
+  or the pieces of an MLP (piecewise.row_width), as the layout pads it."""
+  if not layout.tables:
+    return 0
+  if cfg.saturates_at:
+    return layout.dim(2 * cfg.saturates_at + 1)
+  return layout.dim(piecewise.row_width(packing)) if cfg.mlp_input else 0
 
 
 def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, visits,
@@ -95,21 +106,33 @@ def _static(cfg: _Config, layout, bq, bk, packing, width, inner, inner_block, vi
                 axes=layout.axes, visits=visits, count=cfg.count, dq_atomic=layout.dq_atomic,
                 reverse=reverse and cfg.causal and layout.heaviest_first,
                 table=cfg.saturates_at if layout.tables else None,
-                table_width=layout.dim(2 * cfg.saturates_at + 1) if cfg.saturates_at else 0,
-                atomic_table=not interpret, grad=cfg.grad,
+                table_width=_table_width(cfg, layout, packing), atomic_table=not interpret,
+                grad=cfg.grad, mlp_input=(cfg.mlp_input if layout.tables and not
+                                          cfg.saturates_at else None),
                 normalizer=cfg.normalizer, vectors=cfg.vectors)
 
 
 def _bias_operands(cfg: _Config, st: Static, flat, params):
-  """The kernels' bias inputs: the flat parameters, and the table over k − q where the
-  layout reads one (tables.py)."""
+  """The kernels' bias inputs: the flat parameters, and the table where the layout reads
+  one: over k − q (tables.py) or an MLP's pieces (piecewise.py)."""
   if cfg.fn is None:
     return []
   ops = [Operand(flat, "params")]
   if st.table is not None:
     spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
     ops.append(Operand(tables.relative_table(spec, st.table_width), "table"))
+  elif st.mlp_input is not None:
+    ops.append(Operand(piecewise.piece_table(params, st.params, st.table_width), "table"))
   return ops
+
+
+def _table_params_gradient(cfg: _Config, st: Static, params, dtable):
+  """The bias parameters' gradient {name: [h, size]} from the table's, dtable float32
+  [h, table_width]: the vjp of the table's construction."""
+  if st.mlp_input is not None:
+    return piecewise.params_gradient(params, st.params, dtable)
+  spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
+  return tables.table_gradient(spec, st.table_width, dtable)
 
 
 def _term_operands(cfg: _Config, layout, terms, lq: int, lk: int, query_outer: bool = True):
@@ -249,8 +272,7 @@ def _backward(cfg, name, interpret, q, k, v, qs, ks, qp, kp, params, out, lse, d
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv_ = (x.reshape(b, h // groups, groups, *x.shape[2:]).sum(2) for x in (dk, dv_))
   if by_table:
-    spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
-    dparams = tables.table_gradient(spec, st.table_width, rows[0])
+    dparams = _table_params_gradient(cfg, st, params, rows[0])
   elif cfg.learned:
     dparams = layouts.unpack(st, rows[0].sum((0, 2))[:, 0])
   else:
@@ -428,6 +450,7 @@ def flash_attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions
                 dense=None if bias_spec is None else bias_spec.dense,
                 saturates_at=None if bias_spec is None else bias_spec.saturates_at,
                 grad=None if bias_spec is None else bias_spec.grad,
+                mlp_input=None if bias_spec is None else bias_spec.mlp_input,
                 normalizer=Normalizer(sigmoid=sigmoid_bias is not None,
                                       bias=(sigmoid_bias or 0.0) * LOG2E, sink=sink is not None),
                 vectors=bias_vectors is not None)
