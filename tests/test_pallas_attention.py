@@ -41,7 +41,7 @@ from transformer.model.kernels.reference import reference_kernel
 from transformer.model.layers import Dropout
 from transformer.model.masks import Mask
 from transformer.model.normalizers import make_normalizer
-from transformer.model.kernels.pallas import sparsity, tables
+from transformer.model.kernels.pallas import layouts, piecewise, sparsity, tables
 from transformer.model.kernels.pallas.attention import flash_attention, visited_blocks
 from transformer.model.kernels.pallas.layouts import LAYOUTS
 from transformer.model.positions import POSITIONS, Fire, T5Bias
@@ -577,3 +577,53 @@ def test_t5_gradient_through_the_table_is_the_dense_gradient(causal):
   want = jax.grad(lambda p: jnp.sum(ds * spec_bias(
       dataclasses.replace(spec, params=p), pos, pos)))(spec.params)
   np.testing.assert_allclose(got["table"], want["table"], rtol=1e-6, atol=1e-6)
+
+
+class _Row:
+  """A head's row of a table's gradient as the kernels' ref (tables.add: ref[...] += x)."""
+
+  def __init__(self, width):
+    self.value = jnp.zeros(width, jnp.float32)
+    self.shape = self.value.shape
+
+  def __getitem__(self, at):
+    return self.value[at]
+
+  def __setitem__(self, at, x):
+    self.value = self.value.at[at].set(x)
+
+
+def test_mlp_pieces_are_the_mlp_and_its_gradient():
+  """An MLP of one scalar read as pieces (piecewise.read: A_p·x + C_p) is the MLP's value,
+  and the per-piece sums (piecewise.add_gradient) mapped back (params_gradient) are its
+  parameters' gradient with relu′(0) = 0, at inputs exactly at kinks (a pair of kinks at
+  0.5 of either slope, a pair at 0, one at −0.5, where the hidden units are exactly 0),
+  near them and between, with two units of w1 = 0 (on, off)."""
+  w1 = jnp.array([[0.5, -2.0, 0.25, 0.0, 0.0, 1.5, -1.0]])
+  b1 = jnp.array([[-0.25, 1.0, 0.125, 0.3, -0.1, 0.0, 0.0]])
+  rng = np.random.default_rng(7)
+  params = {"w1": w1, "b1": b1, "w2": jnp.asarray(rng.normal(size=(1, 7)), jnp.float32),
+            "b2": jnp.array([[0.2]])}
+  x = jnp.array([[-1.0, -0.5, -0.499, -0.25, 0.0, 1e-3, 0.25, 0.5, 0.501, 0.75, 1.0]])
+  ds = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
+  _, packing, _ = layouts.pack(LAYOUTS["generic"], params)
+  width = piecewise.row_width(packing)
+  table = piecewise.piece_table(params, packing, width)[0]
+  given = lambda p, qp, kp: x  # noqa: E731
+
+  def mlp(params):
+    hidden = x[..., None] * params["w1"][0] + params["b1"][0]
+    return params["b2"][0, 0] + jnp.sum(jnp.where(hidden > 0, hidden, 0.0) * params["w2"][0], -1)
+
+  def both(params):
+    head = {name: tuple(p[0]) for name, p in params.items()}
+    got, pieces = piecewise.read(given, packing, head, table, None, None)
+    row = _Row(width)
+    piecewise.add_gradient(given, packing, head, row, pieces, None, None, ds, atomic=False)
+    return ((got, piecewise.params_gradient(params, packing, row.value[None])),
+            (mlp(params), jax.grad(lambda p: jnp.sum(ds * mlp(p)))(params)))
+
+  (got, grads), (value, want) = jax.jit(both)(params)
+  np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-6)
+  for name in params:
+    np.testing.assert_allclose(grads[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
