@@ -619,7 +619,8 @@ def test_mlp_pieces_are_the_mlp_and_its_gradient():
     head = {name: tuple(p[0]) for name, p in params.items()}
     got, pieces = piecewise.read(given, packing, head, table, None, None)
     row = _Row(width)
-    piecewise.add_gradient(given, packing, head, row, pieces, None, None, ds, atomic=False)
+    piecewise.add_gradient(given, packing, head, row, pieces, None, None, ds,
+                           lambda *a: tables.add(*a, atomic=False))
     return ((got, piecewise.params_gradient(params, packing, row.value[None])),
             (mlp(params), jax.grad(lambda p: jnp.sum(ds * mlp(p)))(params)))
 

@@ -19,9 +19,9 @@ bias comes from the encoding's BiasSpec (transformer/model/positions/base.py), e
 [block_q, block_k] block of positions from the head's parameters, so no [L, L] array exists
 in memory, forward or backward; the gradient of the bias parameters is the vjp of the
 block's bias function at the logits' gradient (or the BiasSpec's closed form of it),
-summed over blocks, or, where a layout reads the bias from a table over k − q, the
-logits' gradient summed per table entry, then the vjp of the table's construction
-(tables.py). The kernel bodies are
+summed over blocks, or, where a layout reads the bias from a table (over k − q: tables.py;
+of an MLP's linear pieces: piecewise.py), the logits' gradient summed per table entry,
+then the vjp of the table's construction. The kernel bodies are
 transformer/model/kernels/pallas/bodies.py; each lowering's blocks and array layout,
 transformer/model/kernels/pallas/layouts.py.
 

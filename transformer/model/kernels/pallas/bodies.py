@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from transformer.model.kernels.pallas import piecewise, tables
+from transformer.model.kernels.pallas import tables
 
 # The running maximum before any visible key, and the logit of hidden keys: finite (no inf
 # arithmetic in the kernels), so low that exp2(_MASKED − any real logit) is exactly 0.
@@ -155,39 +155,18 @@ def _logits(st, theta, q, k, qp, kp):
   scale·log2 e) + log2(e)·bias. theta: (this head's parameters, the table's ref or None)."""
   logits = _dot(q, k, transpose_b=True)
   params, table_ref = theta
-  if st.table is not None:  # a gather from this head's row of the table (tables.py)
-    logits = logits + LOG2E * table_ref[tables.entry(st.table, qp, kp)]
-  elif st.mlp_input is not None:  # the MLP's piece at each pair's input (piecewise.py)
-    logits = logits + LOG2E * piecewise.read(st.mlp_input, st.params, params, table_ref,
-                                             qp, kp)[0]
+  if tables.reads(st):  # gathered from this head's row of the table (tables.py)
+    logits = logits + LOG2E * tables.read(st, params, table_ref, qp, kp)
   elif st.fn is not None:
     logits = logits + LOG2E * st.fn(params, qp, kp)
   return logits
 
 
-def reads_table(st: Static) -> bool:
-  """The kernel reads the bias from a head's row of a table: over k − q (tables.py) or
-  the pieces of an MLP (piecewise.py)."""
-  return st.table is not None or st.mlp_input is not None
-
-
 def grad_by_table(st: Static) -> bool:
-  """The bias parameters' gradient is taken through the table (tables.add), not a vjp of
-  the BiasSpec's fn per block: the one backward kernel of a layout that reads a table."""
-  return st.learned and st.dq_atomic and reads_table(st)
-
-
-def _add_table_gradient(st: Static, theta, ref, qp, kp, dlogits):
-  """Adds a block's logits' gradient dlogits [bq, bk] to this head's row ref of the
-  table's gradient: per entry of k − q (tables.add), or per piece of the MLP with its
-  input's parameters' block sums (piecewise.add_gradient)."""
-  if st.mlp_input is None:
-    tables.add(ref, tables.entry(st.table, qp, kp), dlogits, st.atomic_table)
-    return
-  params, table_ref = theta
-  pieces = piecewise.read(st.mlp_input, st.params, params, table_ref, qp, kp)[1]
-  piecewise.add_gradient(st.mlp_input, st.params, params, ref, pieces, qp, kp, dlogits,
-                         st.atomic_table)
+  """The bias parameters' gradient is taken through the table (tables.add_gradient), not
+  a vjp of the BiasSpec's fn per block: the one backward kernel of a layout that reads a
+  table."""
+  return st.learned and st.dq_atomic and tables.reads(st)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,7 +343,7 @@ def _split(st: Static, refs, outputs: int, aliased: int = 0):
   scratch refs) of a kernel's refs after its inputs; `aliased`: inputs after the parameters
   and table that alias outputs (not read here)."""
   p_ref, refs = (refs[0], refs[1:]) if st.fn else (None, refs)
-  t_ref, refs = (refs[0], refs[1:]) if reads_table(st) else (None, refs)
+  t_ref, refs = (refs[0], refs[1:]) if tables.reads(st) else (None, refs)
   refs = refs[aliased:]
   counts = 2 if st.count else 0
   return ((_theta(st, p_ref), t_ref), refs[:outputs], refs[outputs:outputs + counts],
@@ -451,8 +430,8 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
   st.dq_atomic, also each listed query block's share of dq, added atomically into the whole
   float32 dq [lq, d] (in natural-log units but for the factor ln 2), (learned) this key
   block's share of the bias parameters' gradient [1, width] (or, grad_by_table, of the
-  table's [table_width], added per entry: tables.add), and (st.vectors) its share of the
-  data bias's gradient at the queries, added atomically into [lq, lanes]."""
+  table's [table_width], added per entry: tables.add_gradient), and (st.vectors) its
+  share of the data bias's gradient at the queries, added atomically into [lq, lanes]."""
   terms, refs = take_terms(st, refs)
   by_table = grad_by_table(st)
   # dq (and the table's and the queries' data gradient) added to
@@ -485,7 +464,7 @@ def dkv_kernel(lists_ref, k_ref, v_ref, ks_ref, kp_ref, q_ref, qs_ref, qp_ref, d
       if st.vectors:
         add(du_ref[0], (rows, slice(None)), dlogits.sum(-1, keepdims=True))
       if by_table:
-        _add_table_gradient(st, theta, dq_refs[1], qp, kp, dlogits)
+        tables.add_gradient(st, *theta, dq_refs[1], qp, kp, dlogits)
     out = (dk + _dot(dlogits.T.astype(q.dtype), q), dv)
     if learned:
       out += (carry[2] + _bias_grad(st, theta[0], qp, kp, dlogits),)

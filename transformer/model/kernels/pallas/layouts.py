@@ -13,8 +13,8 @@ A Layout meets one lowering's rules:
   the blocks of the outer block's visit list (a power-of-two row). The grid's first axis
   (the fastest-varying program id) is the outer block, a causal forward's query blocks
   from the last; one backward kernel per key block adds dq atomically into a float32
-  array; a bias table over k − q (tables.py) is read by a gather, and its gradient added
-  per entry by atomics.
+  array; a bias table over k − q (tables.py) or of an MLP's pieces (piecewise.py) is read
+  by a gather, and its gradient added per entry by atomics.
 - `mosaic_tpu`: Mosaic (TPU). A block's last two dimensions are multiples of (8, 128) or
   the array's own: query and key blocks of multiples of 128 (the query side's 8 would do
   for the blocks, but the backward pass transposes [block_q, block_k] probabilities, and
@@ -71,7 +71,8 @@ class Layout:
   heaviest_first: bool = False  # a causal mask's query blocks from the last (the heaviest)
   # the dk/dv kernel adds dq atomically (one backward kernel; else a dq kernel besides)
   dq_atomic: bool = False
-  tables: bool = False  # the kernels gather a bias from a table in memory (tables.py)
+  # the kernels gather a bias from a table in memory (tables.py, piecewise.py)
+  tables: bool = False
 
   def blocks(self, block_q: int, block_k: int, tq: int, tk: int, backward: bool,
              head_dim: int = 64):

@@ -30,8 +30,6 @@ unit's rounding-sized hidden value, its parameters' gradient by that unit's shar
 import jax
 import jax.numpy as jnp
 
-from transformer.model.kernels.pallas import tables
-
 MLP = ("b1", "b2", "w1", "w2")  # the MLP's parameters; a BiasSpec's others are its input's
 
 
@@ -125,15 +123,16 @@ def read(mlp_input, packing, params, table_ref, qp, kp):
   return a * x + table_ref[k + 2 * k + 1 + piece], (x, piece, a)
 
 
-def add_gradient(mlp_input, packing, params, ref, read_out, qp, kp, dlogits, atomic: bool):
-  """Adds a block's share of a head's row gradient ref [width] (tables.add): dS·x at each
-  pair's A_p, dS at its C_p, and the input's parameters' block sums (the vjp of mlp_input
-  at dS·A_p) at the slots; read_out: read's (x, p, A_p) of the block."""
+def add_gradient(mlp_input, packing, params, ref, read_out, qp, kp, dlogits, add):
+  """Adds a block's share of a head's row gradient ref [width] by add(ref, at, values)
+  (tables.add): dS·x at each pair's A_p, dS at its C_p, and the input's parameters' block
+  sums (the vjp of mlp_input at dS·A_p) at the slots; read_out: read's (x, p, A_p) of the
+  block."""
   k = units(packing)
   p = 2 * k + 1
   x, piece, a = read_out
-  tables.add(ref, k + piece, dlogits * x, atomic)
-  tables.add(ref, k + p + piece, dlogits, atomic)
+  add(ref, k + piece, dlogits * x)
+  add(ref, k + p + piece, dlogits)
   names = [name for name, _, _ in inputs(packing)]
   if not names:
     return
@@ -143,4 +142,4 @@ def add_gradient(mlp_input, packing, params, ref, read_out, qp, kp, dlogits, ato
   for name, slot, size in inputs(packing):
     for u in range(size):
       at = jnp.full((1, 1), k + 2 * p + slot + u, jnp.int32)
-      tables.add(ref, at, jnp.reshape(grads[name][u], (1, 1)), atomic)
+      add(ref, at, jnp.reshape(grads[name][u], (1, 1)))

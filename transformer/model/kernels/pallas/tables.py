@@ -8,14 +8,19 @@ encoding's own formula (its dense form where it has one) at query position 0 and
 position Δ; a kernel reads entry clip(Δ, −M, M) + M. On integer positions the value read is
 the dense bias's, bit for bit (the same formula at the same Δ). Where the kernels read the
 table they also give its gradient, the logits' gradient summed per entry (add),
-and table_gradient turns it into the parameters' by the vjp of the table's construction."""
+and table_gradient turns it into the parameters' by the vjp of the table's construction.
+
+A BiasSpec declaring `mlp_input` (FIRE's) is read from a table of its MLP's linear pieces
+instead (piecewise.py); reads, read and add_gradient serve the kernels both tables."""
 
 import dataclasses
+import functools
 import importlib
 
 import jax
 import jax.numpy as jnp
 
+from transformer.model.kernels.pallas import piecewise
 from transformer.model.positions import BiasSpec, spec_bias
 
 
@@ -52,3 +57,29 @@ def add(ref, at, dlogits, atomic: bool):
     importlib.import_module("jax.experimental.pallas.triton").atomic_add(ref, (at,), dlogits)
   else:
     ref[...] += jnp.zeros(ref.shape, jnp.float32).at[at].add(dlogits)
+
+
+def reads(st) -> bool:
+  """A kernel of Static st reads the bias from a head's row of a table: over k − q, or an
+  MLP's pieces (piecewise.py)."""
+  return st.table is not None or st.mlp_input is not None
+
+
+def read(st, params, table_ref, qp, kp):
+  """A block's bias [bq, bk] from a head's row table_ref: the entry of each pair's k − q,
+  or the MLP's piece at each pair's input."""
+  if st.mlp_input is None:
+    return table_ref[entry(st.table, qp, kp)]
+  return piecewise.read(st.mlp_input, st.params, params, table_ref, qp, kp)[0]
+
+
+def add_gradient(st, params, table_ref, ref, qp, kp, dlogits):
+  """Adds a block's logits' gradient dlogits [bq, bk] to a head's row ref of the table's
+  gradient: per entry of k − q, or per piece of the MLP with its input's parameters' block
+  sums (piecewise.add_gradient)."""
+  if st.mlp_input is None:
+    add(ref, entry(st.table, qp, kp), dlogits, st.atomic_table)
+    return
+  pieces = piecewise.read(st.mlp_input, st.params, params, table_ref, qp, kp)[1]
+  piecewise.add_gradient(st.mlp_input, st.params, params, ref, pieces, qp, kp, dlogits,
+                         functools.partial(add, atomic=st.atomic_table))
