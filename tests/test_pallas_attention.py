@@ -608,7 +608,7 @@ def test_mlp_pieces_are_the_mlp_and_its_gradient():
   ds = jnp.asarray(rng.normal(size=x.shape), jnp.float32)
   _, packing, _ = layouts.pack(LAYOUTS["generic"], params)
   width = piecewise.row_width(packing)
-  table = piecewise.piece_table(params, packing, width)[0]
+  table = piecewise.piece_table(params, width)[0]
   given = lambda p, qp, kp: x  # noqa: E731
 
   def mlp(params):

@@ -122,7 +122,7 @@ def _bias_operands(cfg: _Config, st: Static, flat, params):
     spec = BiasSpec(cfg.fn, params, dense=cfg.dense, saturates_at=cfg.saturates_at)
     ops.append(Operand(tables.relative_table(spec, st.table_width), "table"))
   elif st.mlp_input is not None:
-    ops.append(Operand(piecewise.piece_table(params, st.params, st.table_width), "table"))
+    ops.append(Operand(piecewise.piece_table(params, st.table_width), "table"))
   return ops
 
 

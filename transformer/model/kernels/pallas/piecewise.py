@@ -88,7 +88,7 @@ def _pieces(mlp):
   return a, c, kinks
 
 
-def piece_table(params, packing, width: int):
+def piece_table(params, width: int):
   """The heads' rows [h, width] (width ≥ row_width): kinks, A, C, zeros for the slots."""
   a, c, kinks = _pieces({n: params[n].astype(jnp.float32) for n in MLP})
   row = jnp.concatenate([kinks, a, c], -1)
