@@ -35,12 +35,19 @@ def _rotary():
 
 
 
-def test_latent_attention_is_its_formula():
+def _rms(x, scale):
+  return x / jnp.sqrt(jnp.mean(x**2, -1, keepdims=True) + EPSILON) * scale
+
+
+@pytest.mark.parametrize("query_rank", [0, 5])
+def test_latent_attention_is_its_formula(query_rank):
   """softmax(q·kᵀ/√d)·v with c = RMSNorm(x W_D), [k_C | v] = c W_U per head, the shared
-  key k_R = RoPE(x W_R), q = [RoPE(q_R) | q_C] (DeepSeek-V2's MLA, r = 2 of 4 dims)."""
+  key k_R = RoPE(x W_R), q = [RoPE(q_R) | q_C] (DeepSeek-V2's MLA, r = 2 of 4 dims), q
+  projected from x or (query_rank) from RMSNorm(x W_DQ)."""
   encoding = _rotary()
-  layer = randomise(MultiHeadAttention(D_MODEL, H, LATENT, encoding=encoding, causal=True,
-                                        rngs=nnx.Rngs(0)))
+  settings = KVSettings(latent=LatentKV.Settings(RANK, query_rank=query_rank))
+  layer = randomise(MultiHeadAttention(D_MODEL, H, dataclasses.replace(LATENT, kv_settings=settings),
+                                        encoding=encoding, causal=True, rngs=nnx.Rngs(0)))
   x = jnp.asarray(np.random.default_rng(1).normal(size=(2, T, D_MODEL)), jnp.float32)
   pos = jnp.broadcast_to(jnp.arange(T), (2, T))
   mask = Mask(jnp.ones((2, T), jnp.int32), jnp.ones((2, T), jnp.int32), pos, pos, causal=True)
@@ -48,14 +55,15 @@ def test_latent_attention_is_its_formula():
 
   p = nnx.to_pure_dict(nnx.state(layer, nnx.Param))
   r, d = 2, HEAD_DIM
-  down = x @ p["latent"]["down"]["kernel"]
-  c = down / jnp.sqrt(jnp.mean(down**2, -1, keepdims=True) + EPSILON) * p["latent"]["norm"][
-      "scale"]
+  c = _rms(x @ p["latent"]["down"]["kernel"], p["latent"]["norm"]["scale"])
   up = (c @ p["latent"]["up"]["kernel"]).reshape(2, T, H, 2 * d - r)
   k_c, v = up[..., :d - r], up[..., d - r:]
   k_r = rope((x @ p["latent"]["rotary_key"]["kernel"])[:, :, None, :], pos, HALF)
   k = jnp.concatenate([jnp.broadcast_to(k_r, (2, T, H, r)), k_c], -1)
-  q = (x @ p["query"]["kernel"]).reshape(2, T, H, d)
+  q_in = _rms(x @ p["latent"]["query_down"]["kernel"], p["latent"]["query_norm"]["scale"]) if (
+      query_rank) else x
+  assert p["query"]["kernel"].shape == (query_rank or D_MODEL, D_MODEL)
+  q = (q_in @ p["query"]["kernel"]).reshape(2, T, H, d)
   q = jnp.concatenate([rope(q[..., :r], pos, HALF), q[..., r:]], -1)
   logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d)
   logits = jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -jnp.inf)
@@ -74,9 +82,13 @@ def _config(position, arch="decoder", **kw):
                      attention=LATENT, **kw)
 
 
-@pytest.mark.parametrize("position", ["rotary", "alibi"])
-def test_cached_generation_equals_the_full_pass_decoder_only(position):
-  model = randomise(make_model(_config(position), rngs=nnx.Rngs(0)))
+@pytest.mark.parametrize("position,query_rank", [("rotary", 0), ("alibi", 8)])
+def test_cached_generation_equals_the_full_pass_decoder_only(position, query_rank):
+  settings = KVSettings(latent=LatentKV.Settings(RANK, query_rank=query_rank))
+  config = _config(position)
+  config = dataclasses.replace(config, attention=dataclasses.replace(config.attention,
+                                                                     kv_settings=settings))
+  model = randomise(make_model(config, rngs=nnx.Rngs(0)))
   assert_generation_is_the_full_pass(model)
 
 
@@ -112,9 +124,12 @@ def test_latent_attention_trains_in_every_family(arch):
 def test_the_config_reaches_the_layers():
   config = parse(make_tiny_config(**{"model.attention.kv": "latent",
                                      "model.attention.kv_settings.latent.rank": 8,
+                                     "model.attention.kv_settings.latent.query_rank": 12,
                                      "model.position": "alibi"}))
   model = make_model(config.model, rngs=nnx.Rngs(0))
   layer = model.decoder.layers[0].self_attention
   assert layer.latent.rank == 8 and layer.latent.rotary == 0
-  with pytest.raises(ConfigError, match="rank"):
-    parse(make_tiny_config(**{"model.attention.kv_settings.latent.rank": -1}))
+  assert layer.latent.query_down.out_features == 12 == layer.query.in_features
+  for field in ("rank", "query_rank"):
+    with pytest.raises(ConfigError, match=field):
+      parse(make_tiny_config(**{f"model.attention.kv_settings.latent.{field}": -1}))

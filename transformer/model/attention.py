@@ -118,15 +118,16 @@ class MultiHeadAttention(nnx.Module):
     # Heads split over the mesh's tensor axis: Q kernel [d_model, heads·head_dim], K and V
     # kernels [d_model, kv_heads·head_dim] by their columns, the output kernel
     # [heads·head_dim, d_model] by its rows (sharding.check_kv_heads: whole kv heads).
-    dense = lambda width, axes: Dense(d_model, width, use_bias=False,  # noqa: E731
-                                      kernel_axes=axes, dtype=dtype, rngs=rngs)
+    dense = lambda width, axes, width_in=d_model: Dense(  # noqa: E731
+        width_in, width, use_bias=False, kernel_axes=axes, dtype=dtype, rngs=rngs)
     heads_in, heads_out = ("fsdp", "tensor"), ("tensor", "fsdp")
     kv_width = num_kv_heads * self.head_dim
-    self.query = dense(d_model, heads_in)
     # cross-attention keeps per-head K/V: its keys are the encoder's, projected once
     self.latent = None if cross else make_kv_form(
         cfg.kv, d_model, num_heads, self.head_dim, cfg.kv_settings, encoding=encoding,
         dtype=dtype, rngs=rngs)
+    # W_Q, from the input or from the latent's compressed query (latent_kv.py)
+    self.query = dense(d_model, heads_in, self.latent.query_features if self.latent else d_model)
     if self.latent is None:
       self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
     elif num_kv_heads < num_heads or cfg.qk_norm != "none":
@@ -183,7 +184,12 @@ class MultiHeadAttention(nnx.Module):
     `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
-    return self._attend(x_q, self.query(x_q), kv, mask, encoding, rngs)
+    return self._attend(x_q, self._queries(x_q), kv, mask, encoding, rngs)
+
+  def _queries(self, x):
+    """W_Q of x [b, t, d_model]: [b, t, d_model] (through the latent's compressed query where
+    it has one)."""
+    return self.query(x if self.latent is None else self.latent.compress_query(x))
 
   def _attend(self, x_q, q, kv, mask, encoding, rngs):
     """__call__ with the queries projected: q [b, tq, d_model]. The data bias may read the
@@ -206,7 +212,7 @@ class MultiHeadAttention(nnx.Module):
       q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
       state = self._keys_values(k, v, mask.q_positions, encoding)
     else:
-      q, state = self.query(x), self.latent.state(x, mask.q_positions, encoding)
+      q, state = self._queries(x), self.latent.state(x, mask.q_positions, encoding)
     encoding = self._data_biased(x, encoding)
     if self.cache is not None:
       state = self.cache.append(state)

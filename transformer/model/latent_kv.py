@@ -9,7 +9,9 @@ KV_FORMS: `model.attention.kv`.
     key part k_C and value are projected up (W_UK, W_UV, one matrix `up` here, as their
     kv_b_proj); the rotary part of the key, k_R = RoPE(x W_KR), is one vector shared by all
     heads (the "decoupled" rotary key, their k_pe from kv_a_proj_with_mqa), and each head's
-    query is [RoPE(q_R), q_C]. The cache holds c and the rotated k_R — rank + r floats per
+    query is [RoPE(q_R), q_C], projected by W_Q from x or, with `query_rank`, from a
+    compressed query RMSNorm(x W_DQ) (their q_a_proj, q_a_layernorm; W_Q their q_b_proj:
+    compress_query). The cache holds c and the rotated k_R — rank + r floats per
     token against 2·heads·head_dim — and the keys and values are projected up from it at
     each step (the non-absorbed form: the paper's inference folds W_UK into W_Q, which
     changes the cost, not the result).
@@ -18,9 +20,8 @@ A form maps a self-attention input to its cacheable state, `state(x, positions, 
 -> (a [b, t, ...], b [b, t, ...]), and a state to the kernel's keys and values,
 `keys_values(state)` -> (k, v) [b, t, kv_heads, head_dim]. `heads`' state is (k, v).
 
-Differences from DeepSeek-V2's code (docs/axes.md): the query is projected directly (their
-q_lora_rank compression of the query is not built; DeepSeek-V2-Lite has none either);
-queries, keys and values have one head dimension d_model / num_heads, whose first r
+Differences from DeepSeek-V2's code (docs/axes.md): the query is compressed only with
+`query_rank` set (their q_lora_rank 1536; 0 by default, as DeepSeek-V2-Lite's); queries, keys and values have one head dimension d_model / num_heads, whose first r
 dimensions are the rotary part (theirs: qk_nope_head_dim 128 + qk_rope_head_dim 64 for
 queries and keys, v_head_dim 128), so the softmax scale is 1/√head_dim; r is the rotary
 encoding's own rotated part (model.position_settings.rotary.rotated_fraction·head_dim, its
@@ -60,9 +61,12 @@ class LatentKV(nnx.Module):
     # the latent's width (their kv_lora_rank); 0: 4·head_dim, DeepSeek-V2's 512 for its
     # heads of 128
     rank: int = 0
+    # the query's compressed width (their q_lora_rank): W_Q reads RMSNorm(x W_DQ) of this
+    # many features; 0: W_Q reads x (DeepSeek-V2-Lite's; DeepSeek-V2's is 1536, 12·head_dim)
+    query_rank: int = 0
 
     def __post_init__(self):
-      check_ranges(self, rank=AT_LEAST_0)
+      check_ranges(self, rank=AT_LEAST_0, query_rank=AT_LEAST_0)
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int, settings: Settings, *,
                encoding: PositionalEncoding | None, dtype=jnp.float32, rngs: nnx.Rngs):
@@ -77,6 +81,19 @@ class LatentKV(nnx.Module):
                     kernel_axes=(None, "tensor"), dtype=dtype, rngs=rngs)
     self.rotary_key = Dense(d_model, self.rotary, use_bias=False, kernel_axes=("fsdp", None),
                             dtype=dtype, rngs=rngs) if self.rotary else None
+    self.query_features = settings.query_rank or d_model  # what W_Q reads
+    self.query_down = Dense(d_model, settings.query_rank, use_bias=False,
+                            kernel_axes=("fsdp", None), dtype=dtype,
+                            rngs=rngs) if settings.query_rank else None
+    self.query_norm = NORMS["rmsnorm"](settings.query_rank, epsilon=EPSILON, dtype=dtype,
+                                       rngs=rngs) if settings.query_rank else None
+
+  def compress_query(self, x: jax.Array) -> jax.Array:
+    """What W_Q reads of x [b, t, d_model]: RMSNorm(x W_DQ) [b, t, query_rank] (their q_a_proj,
+    q_a_layernorm), or x itself without query compression."""
+    if self.query_down is None:
+      return x
+    return self.query_norm(self.query_down(x))
 
   def state(self, x: jax.Array, positions: jax.Array, encoding: PositionalEncoding):
     """(the latent c [b, t, rank], the rotated shared key k_R [b, t, r]) of x [b, t, d_model]
