@@ -25,8 +25,15 @@ from transformer.model.positions.rotary import rope
 from transformer.run.config import parse
 
 D_MODEL, H, HEAD_DIM, T, RANK = 16, 4, 4, 9, 6
-LATENT = AttentionConfig(kv="latent", kv_settings=KVSettings(latent=LatentKV.Settings(RANK)))
 HALF = dataclasses.replace(POSITIONS["rotary"].Settings(), rotated_fraction=0.5)
+
+
+def _latent(**settings):
+  return AttentionConfig(kv="latent",
+                         kv_settings=KVSettings(latent=LatentKV.Settings(RANK, **settings)))
+
+
+LATENT = _latent()
 
 
 def _rotary():
@@ -39,14 +46,15 @@ def _rms(x, scale):
   return x / jnp.sqrt(jnp.mean(x**2, -1, keepdims=True) + EPSILON) * scale
 
 
-@pytest.mark.parametrize("query_rank", [0, 5])
-def test_latent_attention_is_its_formula(query_rank):
-  """softmax(q·kᵀ/√d)·v with c = RMSNorm(x W_D), [k_C | v] = c W_U per head, the shared
-  key k_R = RoPE(x W_R), q = [RoPE(q_R) | q_C] (DeepSeek-V2's MLA, r = 2 of 4 dims), q
-  projected from x or (query_rank) from RMSNorm(x W_DQ)."""
+@pytest.mark.parametrize("query_rank,place", [(0, "concat"), (5, "concat"), (0, "within")])
+def test_latent_attention_is_its_formula(query_rank, place):
+  """softmax(q·kᵀ/√d_qk)·v with c = RMSNorm(x W_D), [k_C | v] = c W_U per head, the shared
+  key k_R = RoPE(x W_R), k = [k_R | k_C], q = [RoPE(q_R) | q_C] (DeepSeek-V2's MLA; r = 2,
+  what the rotary encoding turns of a head of 4): k_C of 4 beside k_R (concat: d_qk = 6) or
+  of 2 within the head (d_qk = 4); q projected from x or (query_rank) RMSNorm(x W_DQ)."""
   encoding = _rotary()
-  settings = KVSettings(latent=LatentKV.Settings(RANK, query_rank=query_rank))
-  layer = randomise(MultiHeadAttention(D_MODEL, H, dataclasses.replace(LATENT, kv_settings=settings),
+  layer = randomise(MultiHeadAttention(D_MODEL, H, _latent(query_rank=query_rank,
+                                                           rotary_place=place),
                                         encoding=encoding, causal=True, rngs=nnx.Rngs(0)))
   x = jnp.asarray(np.random.default_rng(1).normal(size=(2, T, D_MODEL)), jnp.float32)
   pos = jnp.broadcast_to(jnp.arange(T), (2, T))
@@ -55,17 +63,18 @@ def test_latent_attention_is_its_formula(query_rank):
 
   p = nnx.to_pure_dict(nnx.state(layer, nnx.Param))
   r, d = 2, HEAD_DIM
+  content = d if place == "concat" else d - r
   c = _rms(x @ p["latent"]["down"]["kernel"], p["latent"]["norm"]["scale"])
-  up = (c @ p["latent"]["up"]["kernel"]).reshape(2, T, H, 2 * d - r)
-  k_c, v = up[..., :d - r], up[..., d - r:]
+  up = (c @ p["latent"]["up"]["kernel"]).reshape(2, T, H, content + d)
+  k_c, v = up[..., :content], up[..., content:]
   k_r = rope((x @ p["latent"]["rotary_key"]["kernel"])[:, :, None, :], pos, HALF)
   k = jnp.concatenate([jnp.broadcast_to(k_r, (2, T, H, r)), k_c], -1)
   q_in = _rms(x @ p["latent"]["query_down"]["kernel"], p["latent"]["query_norm"]["scale"]) if (
       query_rank) else x
-  assert p["query"]["kernel"].shape == (query_rank or D_MODEL, D_MODEL)
-  q = (q_in @ p["query"]["kernel"]).reshape(2, T, H, d)
+  assert p["query"]["kernel"].shape == (query_rank or D_MODEL, H * (content + r))
+  q = (q_in @ p["query"]["kernel"]).reshape(2, T, H, content + r)
   q = jnp.concatenate([rope(q[..., :r], pos, HALF), q[..., r:]], -1)
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d)
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(content + r)
   logits = jnp.where(jnp.tril(jnp.ones((T, T), bool)), logits, -jnp.inf)
   heads = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, -1), v).reshape(2, T, D_MODEL)
   np.testing.assert_allclose(got, heads @ p["out"]["kernel"], rtol=2e-5, atol=2e-5)
@@ -75,20 +84,21 @@ def test_latent_attention_is_its_formula(query_rank):
   assert not hasattr(layer, "key") and not hasattr(layer, "value")
 
 
-def _config(position, arch="decoder", **kw):
+def _config(position, arch="decoder", rotary=HALF, latent=(), **kw):
   tiny = {**TINY_MODEL, "d_model": D_MODEL, "num_heads": H, "num_decoder_layers": 2}
-  return ModelConfig(**tiny, position=position, position_settings=PositionSettings(rotary=HALF),
-                     arch=arch,
-                     attention=LATENT, **kw)
+  return ModelConfig(**tiny, position=position, position_settings=PositionSettings(rotary=rotary),
+                     arch=arch, attention=_latent(**dict(latent)), **kw)
 
 
-@pytest.mark.parametrize("position,query_rank", [("rotary", 0), ("alibi", 8)])
-def test_cached_generation_equals_the_full_pass_decoder_only(position, query_rank):
-  settings = KVSettings(latent=LatentKV.Settings(RANK, query_rank=query_rank))
-  config = _config(position)
-  config = dataclasses.replace(config, attention=dataclasses.replace(config.attention,
-                                                                     kv_settings=settings))
-  model = randomise(make_model(config, rngs=nnx.Rngs(0)))
+@pytest.mark.parametrize("position,fraction,latent", [
+    ("rotary", 0.5, {}), ("rotary", 1.0, {"query_rank": 8}),
+    ("rotary", 0.5, {"rotary_place": "within"}), ("alibi", 1.0, {})])
+def test_cached_generation_equals_the_full_pass_decoder_only(position, fraction, latent):
+  """The rotary part beside the head (r = 2, or the whole head's 4) or within it; none
+  under ALiBi."""
+  rotary = dataclasses.replace(HALF, rotated_fraction=fraction)
+  model = randomise(make_model(_config(position, rotary=rotary, latent=latent),
+                               rngs=nnx.Rngs(0)))
   assert_generation_is_the_full_pass(model)
 
 
@@ -105,8 +115,11 @@ def test_cached_decoding_equals_the_full_pass_encoder_decoder():
 @pytest.mark.parametrize(("change", "words"), [
     ({"num_kv_heads": 2}, "takes no model.num_kv_heads"),
     ({"attention": dataclasses.replace(LATENT, qk_norm="rmsnorm")}, "no model.attention.qk_norm"),
-    ({"position_settings": PositionSettings()}, "rotated_fraction below 1"),
-    ({"position": "xpos"}, "rotates all 4 dimensions"),
+    ({"attention": _latent(rotary_place="within"), "position_settings": PositionSettings()},
+     "rotates all 4 dimensions of each head, and .*rotary_place='within'"),
+    ({"attention": _latent(rotary_place="within"), "position": "xpos"}, "rotates all 4"),
+    ({"position_settings": PositionSettings(rotary=dataclasses.replace(HALF, partial="p_rope"))},
+     "does not rotate a leading block"),
 ])
 def test_latent_refuses_what_it_cannot_form(change, words):
   config = dataclasses.replace(_config("rotary"), **change)
@@ -130,6 +143,6 @@ def test_the_config_reaches_the_layers():
   layer = model.decoder.layers[0].self_attention
   assert layer.latent.rank == 8 and layer.latent.rotary == 0
   assert layer.latent.query_down.out_features == 12 == layer.query.in_features
-  for field in ("rank", "query_rank"):
+  for field, bad in [("rank", -1), ("query_rank", -1), ("rotary_place", "after")]:
     with pytest.raises(ConfigError, match=field):
-      parse(make_tiny_config(**{f"model.attention.kv_settings.latent.{field}": -1}))
+      parse(make_tiny_config(**{f"model.attention.kv_settings.latent.{field}": bad}))

@@ -126,8 +126,11 @@ class MultiHeadAttention(nnx.Module):
     self.latent = None if cross else make_kv_form(
         cfg.kv, d_model, num_heads, self.head_dim, cfg.kv_settings, encoding=encoding,
         dtype=dtype, rngs=rngs)
-    # W_Q, from the input or from the latent's compressed query (latent_kv.py)
-    self.query = dense(d_model, heads_in, self.latent.query_features if self.latent else d_model)
+    # W_Q, from the input or from the latent's compressed query, to heads of qk_dim (the
+    # latent's: head_dim + its rotary part; latent_kv.py)
+    self.qk_dim = self.latent.qk_dim if self.latent else self.head_dim
+    self.query = dense(num_heads * self.qk_dim, heads_in,
+                       self.latent.query_features if self.latent else d_model)
     if self.latent is None:
       self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
     elif num_kv_heads < num_heads or cfg.qk_norm != "none":
@@ -138,7 +141,7 @@ class MultiHeadAttention(nnx.Module):
     self.out = dense(d_model, heads_out)
     self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
-    self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
+    self.score = make_score(cfg.score, num_heads, self.qk_dim, cfg.score_settings, rngs=rngs)
     self.normalizer = make_normalizer(cfg.normalizer, num_heads, cfg.normalizer_settings,
                                       max_len=max_len, causal=causal and not cross, rngs=rngs)
     self.head_mix = make_heads(cfg.heads, num_heads, num_kv_heads, self.head_dim, depth=depth,
@@ -160,7 +163,7 @@ class MultiHeadAttention(nnx.Module):
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 
   def _heads(self, x: jax.Array, heads: int) -> jax.Array:
-    return x.reshape(*x.shape[:2], heads, self.head_dim)
+    return x.reshape(*x.shape[:2], heads, -1)
 
   def keys_values(self, x_kv: jax.Array, k_positions: jax.Array,
                   encoding: PositionalEncoding) -> tuple[jax.Array, jax.Array]:

@@ -36,12 +36,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import AT_LEAST_0, check_ranges
-from transformer.core.registry import lookup, settings_sections
+from transformer.core.fields import AT_LEAST_0, check, check_ranges
+from transformer.core.migration import changed
+from transformer.core.registry import lookup, one_of, settings_sections
 from transformer.model.layers import NORMS, Dense
 from transformer.model.positions import PositionalEncoding
 
 EPSILON = 1e-6  # the latent's RMSNorm (DeepSeek-V2's rms_norm_eps)
+ROTARY_PLACES = ("concat", "within")  # LatentKV.Settings.rotary_place
 
 
 class HeadKV:
@@ -64,20 +66,29 @@ class LatentKV(nnx.Module):
     # the query's compressed width (their q_lora_rank): W_Q reads RMSNorm(x W_DQ) of this
     # many features; 0: W_Q reads x (DeepSeek-V2-Lite's; DeepSeek-V2's is 1536, 12·head_dim)
     query_rank: int = 0
+    # a key of ROTARY_PLACES: where the decoupled rotary part (the r dimensions the rotary
+    # encoding turns of a head) sits: `concat`, beside each head's head_dim (DeepSeek-V2's:
+    # queries and keys of head_dim + r, values of head_dim) | `within`, the leading r of
+    # head_dim (queries, keys and values of head_dim; what runs saved without the field had)
+    rotary_place: str = changed("concat", old="within")
 
     def __post_init__(self):
       check_ranges(self, rank=AT_LEAST_0, query_rank=AT_LEAST_0)
+      check(self.rotary_place in ROTARY_PLACES, "rotary_place", self.rotary_place,
+            one_of(ROTARY_PLACES))
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int, settings: Settings, *,
                encoding: PositionalEncoding | None, dtype=jnp.float32, rngs: nnx.Rngs):
     self.num_heads, self.head_dim = num_heads, head_dim
     self.rank = settings.rank or 4 * head_dim
-    self.rotary = rotary_dims(encoding or PositionalEncoding(), head_dim)
+    beside = settings.rotary_place == "concat"
+    self.rotary = rotary_dims(encoding or PositionalEncoding(), head_dim, whole=beside)
+    self.content = head_dim if beside else head_dim - self.rotary  # k_C's, q_C's width
+    self.qk_dim = self.content + self.rotary  # of a head's query and key
     self.down = Dense(d_model, self.rank, use_bias=False, kernel_axes=("fsdp", None),
                       dtype=dtype, rngs=rngs)
     self.norm = NORMS["rmsnorm"](self.rank, epsilon=EPSILON, dtype=dtype, rngs=rngs)
-    content = head_dim - self.rotary
-    self.up = Dense(self.rank, num_heads * (content + head_dim), use_bias=False,
+    self.up = Dense(self.rank, num_heads * (self.content + head_dim), use_bias=False,
                     kernel_axes=(None, "tensor"), dtype=dtype, rngs=rngs)
     self.rotary_key = Dense(d_model, self.rotary, use_bias=False, kernel_axes=("fsdp", None),
                             dtype=dtype, rngs=rngs) if self.rotary else None
@@ -105,18 +116,19 @@ class LatentKV(nnx.Module):
     return latent, rotate_prefix(encoding.rotate_keys, key, positions, self.head_dim)[:, :, 0]
 
   def keys_values(self, state) -> tuple[jax.Array, jax.Array]:
-    """The kernel's keys and values [b, t, heads, head_dim] of a state (the cached one)."""
+    """The kernel's keys [b, t, heads, qk_dim] and values [b, t, heads, head_dim] of a state
+    (the cached one)."""
     latent, rotated = state
     b, t = latent.shape[:2]
     up = self.up(latent).reshape(b, t, self.num_heads, -1)
-    content, v = up[..., :self.head_dim - self.rotary], up[..., self.head_dim - self.rotary:]
+    content, v = up[..., :self.content], up[..., self.content:]
     shared = jnp.broadcast_to(rotated[:, :, None, :].astype(content.dtype),
                               (b, t, self.num_heads, self.rotary))
     return jnp.concatenate([shared, content], axis=-1), v
 
   def rotate_queries(self, q: jax.Array, positions: jax.Array,
                      encoding: PositionalEncoding) -> jax.Array:
-    """q [b, t, heads, head_dim] with its first r dimensions (q_R) rotated, the rest (q_C)
+    """q [b, t, heads, qk_dim] with its first r dimensions (q_R) rotated, the rest (q_C)
     as they are."""
     if not self.rotary:
       return q
@@ -128,22 +140,22 @@ class LatentKV(nnx.Module):
     return (batch, max_len, self.rank), (batch, max_len, self.rotary)
 
 
-def rotary_dims(encoding: PositionalEncoding, head_dim: int) -> int:
+def rotary_dims(encoding: PositionalEncoding, head_dim: int, *, whole: bool) -> int:
   """r: how many leading dimensions of a head `encoding` rotates, for the latent form; a
-  ConfigError where it rotates the whole head (no content part would remain) or not a
-  leading block."""
+  ConfigError where it rotates not a leading block, or the whole head unless `whole` (the
+  rotary part beside the head: within it, no content part would remain)."""
   r = encoding.rotated_dims(head_dim)
   if r is None:
     raise ConfigError(
         f"model.attention.kv='latent' decouples the rotary part of the keys, and "
         f"model.position={encoding.name!r} does not rotate a leading block of each head: "
         "use rotary with partial='neox', or an encoding that does not rotate")
-  if r >= head_dim:
+  if r >= head_dim and not whole:
     raise ConfigError(
         f"model.attention.kv='latent' decouples the rotary part of the keys, and "
-        f"model.position={encoding.name!r} rotates all {head_dim} dimensions of each head: "
-        "set model.position_settings.rotary.rotated_fraction below 1 (DeepSeek-V2 rotates "
-        "64 of 192: 1/3)")
+        f"model.position={encoding.name!r} rotates all {head_dim} dimensions of each head, "
+        "and model.attention.kv_settings.latent.rotary_place='within' puts them in the head: "
+        "set rotary_place=concat or model.position_settings.rotary.rotated_fraction below 1")
   return r
 
 
