@@ -84,6 +84,27 @@ def test_latent_attention_is_its_formula(query_rank, place):
   assert not hasattr(layer, "key") and not hasattr(layer, "value")
 
 
+def test_every_kernel_takes_its_heads_of_two_widths():
+  """Queries and keys of 6 (head_dim 4 + the rotary 2), values of 4: each kernel running
+  here gives the reference kernel's outputs and parameter gradients."""
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(2, T, D_MODEL)), jnp.float32)
+  pos = jnp.broadcast_to(jnp.arange(T), (2, T))
+  mask = Mask(jnp.ones((2, T), jnp.int32), jnp.ones((2, T), jnp.int32), pos, pos, causal=True)
+  encoding = _rotary()
+  loss = lambda layer: jnp.sum(jnp.sin(layer.self_attend(x, mask, encoding)))  # noqa: E731
+  got = {}
+  for kernel in ["reference", "xla", "blockwise", "pallas"]:
+    layer = randomise(MultiHeadAttention(D_MODEL, H, dataclasses.replace(
+        LATENT, kernel=kernel, block_size=4), encoding=encoding, causal=True, rngs=nnx.Rngs(0)))
+    assert layer.kernel_choice.name == kernel
+    got[kernel] = nnx.value_and_grad(loss)(layer)
+  for kernel, (value, grads) in got.items():
+    np.testing.assert_allclose(value, got["reference"][0], rtol=1e-5, err_msg=kernel)
+    for a, b in zip(jax.tree.leaves(nnx.state(grads)),
+                    jax.tree.leaves(nnx.state(got["reference"][1]))):
+      np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=kernel)
+
+
 def _config(position, arch="decoder", rotary=HALF, latent=(), **kw):
   tiny = {**TINY_MODEL, "d_model": D_MODEL, "num_heads": H, "num_decoder_layers": 2}
   return ModelConfig(**tiny, position=position, position_settings=PositionSettings(rotary=rotary),
