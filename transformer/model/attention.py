@@ -95,7 +95,8 @@ class AttentionConfig:
 
 class MultiHeadAttention(nnx.Module):
   """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads; K and V
-  with num_kv_heads heads (0: num_heads)."""
+  with num_kv_heads heads (0: num_heads). With kv=latent, K and V from the latent form
+  (latent_kv.py), d_k = its qk_dim."""
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,

@@ -18,15 +18,16 @@ KV_FORMS: `model.attention.kv`.
 
 A form maps a self-attention input to its cacheable state, `state(x, positions, encoding)`
 -> (a [b, t, ...], b [b, t, ...]), and a state to the kernel's keys and values,
-`keys_values(state)` -> (k, v) [b, t, kv_heads, head_dim]. `heads`' state is (k, v).
+`keys_values(state)` -> k [b, t, kv_heads, qk_dim], v [b, t, kv_heads, head_dim].
+`heads`' state is (k, v), qk_dim = head_dim.
 
-Differences from DeepSeek-V2's code (docs/axes.md): the query is compressed only with
-`query_rank` set (their q_lora_rank 1536; 0 by default, as DeepSeek-V2-Lite's); queries, keys and values have one head dimension d_model / num_heads, whose first r
-dimensions are the rotary part (theirs: qk_nope_head_dim 128 + qk_rope_head_dim 64 for
-queries and keys, v_head_dim 128), so the softmax scale is 1/√head_dim; r is the rotary
-encoding's own rotated part (model.position_settings.rotary.rotated_fraction·head_dim, its
-"neox" layout), which must be below the whole head; an encoding that rotates nothing
-(none, ALiBi, T5, ...) gives r = 0: no rotary key, and its bias applies as to any layer.
+The rotary part is r dimensions: what the rotary encoding turns of a head of head_dim
+(rotated_fraction·head_dim, its "neox" layout; their qk_rope_head_dim 64 of 128 is 0.5);
+`rotary_place` puts it beside the head's head_dim content dimensions (`concat`, theirs:
+qk_dim = head_dim + r, softmax scale 1/√qk_dim) or within them (`within`: qk_dim =
+head_dim, r below it). An encoding that rotates nothing (none, ALiBi, T5, ...) gives
+r = 0: no rotary key, and its bias applies as to any layer. Every difference from their
+code: docs/axes.md.
 """
 
 import dataclasses
