@@ -4,6 +4,7 @@ queries' leading dimensions rotated; the cache holds the latent; cached decoding
 full pass; refusals; it trains in every family."""
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.support import (DECODE_BATCH, TINY_MODEL, adam_losses,
+from tests.support import (DECODE_BATCH, TINY_MODEL, adam_losses, family_batch,
                            assert_generation_is_the_full_pass, cached_logits, full_logits,
                            make_tiny_config, randomise)
 from transformer.core.errors import ConfigError
@@ -22,6 +23,7 @@ from transformer.model.latent_kv import EPSILON, KVSettings, LatentKV
 from transformer.model.masks import Mask
 from transformer.model.positions import POSITIONS, PositionSettings, make_positional_encoding
 from transformer.model.positions.rotary import rope
+from transformer.model.scores import SCORES
 from transformer.run.config import parse
 
 D_MODEL, H, HEAD_DIM, T, RANK = 16, 4, 4, 9, 6
@@ -131,6 +133,19 @@ def test_cached_decoding_equals_the_full_pass_encoder_decoder():
   targets = jnp.asarray(np.random.default_rng(0).integers(3, 13, (2, 7)), jnp.int32)
   np.testing.assert_allclose(cached_logits(model, DECODE_BATCH, targets),
                              full_logits(model, DECODE_BATCH, targets), rtol=1e-4, atol=1e-4)
+
+
+def test_every_encoding_and_scorer_takes_the_latent():
+  """A decoder with kv=latent under every encoding (the rotary ones with their part beside
+  the head: queries and keys of head_dim + r) and every scorer: its logits' shapes."""
+  batch = family_batch("decoder")
+  for position, score in itertools.product(sorted(POSITIONS), sorted(SCORES)):
+    config = _config(position)
+    config = dataclasses.replace(config, attention=dataclasses.replace(config.attention,
+                                                                       score=score))
+    model = nnx.eval_shape(lambda c=config: make_model(c, rngs=nnx.Rngs(0)))
+    out = jax.eval_shape(lambda m, b: m(b), model, batch)
+    assert out.shape == (2, 8, TINY_MODEL["vocab_size"]), (position, score)
 
 
 @pytest.mark.parametrize(("change", "words"), [
