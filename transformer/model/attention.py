@@ -191,12 +191,12 @@ class MultiHeadAttention(nnx.Module):
     return self._attend(x_q, self._queries(x_q), kv, mask, encoding, rngs)
 
   def _queries(self, x):
-    """W_Q of x [b, t, d_model]: [b, t, d_model] (through the latent's compressed query where
-    it has one)."""
+    """W_Q of x [b, t, d_model]: [b, t, heads·qk_dim] (through the latent's compressed query
+    where it has one)."""
     return self.query(x if self.latent is None else self.latent.compress_query(x))
 
   def _attend(self, x_q, q, kv, mask, encoding, rngs):
-    """__call__ with the queries projected: q [b, tq, d_model]. The data bias may read the
+    """__call__ with the queries projected: q [b, tq, heads·qk_dim]. The data bias may read the
     logits first (logit_view: selective attention's); the kernel's output per head is
     combined (head_mix: plain or differential) and gated from x_q before W_O."""
     k, v = kv
