@@ -1,7 +1,7 @@
 """Multi-head latent attention (model.attention.kv=latent) against its formula: keys and
 values projected up from a normalised latent, a rotary key shared by the heads, the
 queries' leading dimensions rotated; the cache holds the latent; cached decoding = the
-full pass; refusals; it trains in every family."""
+full pass; every kernel, encoding and scorer takes it; refusals; it trains in every family."""
 
 import dataclasses
 import itertools
