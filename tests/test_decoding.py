@@ -13,7 +13,7 @@ from transformer.model.attention import AttentionConfig
 from transformer.model.config import ModelConfig
 from transformer.model.decoding import beam_search, greedy_decode, length_penalty
 from transformer.model.families import EncoderDecoder
-from transformer.model.positions import POSITIONS
+from transformer.model.positions import POSITIONS, PositionSettings
 from transformer.model.scores import SCORES
 
 # 13 tokens: EOS is 1 in 13, likely within DECODE_LEN steps of a random model, so that rows of
@@ -24,9 +24,10 @@ TINY = {**TINY_MODEL, "vocab_size": 13, "num_decoder_layers": 2, "max_len": 16}
 ENCODER_POSITIONS = sorted(name for name, cls in POSITIONS.items() if not cls.causal_only)
 
 
-def _model(position="sinusoidal", score="scaled_dot", window="full", seed=0):
-  cfg = ModelConfig(**TINY, position=position,
-                    attention=AttentionConfig(score=score, window=window, window_size=2))
+def _model(position="sinusoidal", score="scaled_dot", window="full", seed=0, kv="heads",
+           **model):
+  cfg = ModelConfig(**TINY, position=position, **model,
+                    attention=AttentionConfig(score=score, window=window, window_size=2, kv=kv))
   return EncoderDecoder(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -70,9 +71,13 @@ def test_beam_one_without_length_penalty_is_greedy():
     np.testing.assert_array_equal(beam, greedy)
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6])
-def test_beam_scores_are_length_normalised_log_probabilities(alpha):
-  model = _model(seed=1)
+@pytest.mark.parametrize("alpha,kv", [(0.0, "heads"), (0.6, "heads"), (0.6, "latent")])
+def test_beam_scores_are_length_normalised_log_probabilities(alpha, kv):
+  """Beam search reorders the cache between steps: with kv=latent the latent and the
+  decoupled rotary key (rotary over half of each head) are what it reorders."""
+  half = PositionSettings(rotary=POSITIONS["rotary"].Settings(rotated_fraction=0.5))
+  model = _model(seed=1) if kv == "heads" else _model("rotary", seed=1, kv=kv,
+                                                      position_settings=half)
   tokens, scores = nnx.jit(beam_search, static_argnums=(2, 3, 4))(model, DECODE_BATCH, DECODE_LEN, 4, alpha)
   logp = jax.nn.log_softmax(full_logits(model, DECODE_BATCH, tokens))
   for row in range(2):

@@ -387,21 +387,25 @@ def test_family_step_lowers(platform, family, kernel, position, window, step):
     assert CUSTOM_CALLS[platform] not in text
 
 
+@pytest.mark.parametrize("kernel", ["pallas", "xla"])
 @pytest.mark.parametrize("platform", PLATFORMS)
-def test_latent_attention_lowers(platform):
+def test_latent_attention_lowers(platform, kernel):
   """A decoder with multi-head latent attention (its rotary key decoupled): the train step
-  and the prefill step through pallas, compiled for the platform."""
+  and the prefill step through pallas (compiled Pallas calls) and xla (none), for the
+  platform."""
   rotary = dataclasses.replace(POSITIONS["rotary"].Settings(), rotated_fraction=0.5)
   cfg = ModelConfig(**{**TINY_MODEL, "d_model": 8 * HEADS, "num_heads": HEADS, "max_len": 64},
                     arch="decoder", position="rotary", dtype="bfloat16",
                     position_settings=PositionSettings(rotary=rotary),
-                    attention=AttentionConfig(kernel="pallas", block_size=16, kv="latent"))
+                    attention=AttentionConfig(kernel=kernel, block_size=16, kv="latent"))
   target = Target(jax.default_backend())
   model = nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0), target=target))
   for step in ("train", "prefill"):
     _, _, traced = _trace(model, step)
     text = traced.lower(lowering_platforms=(platform,)).as_text()
-    check_compiled(traced, text, platform, at_least=1)
+    check_compiled(traced, text, platform, at_least=kernel == "pallas")
+    if kernel != "pallas":
+      assert CUSTOM_CALLS[platform] not in text
 
 
 def test_the_grid_covers_every_train_step_and_each_kernel_every_encoding_in_the_others():

@@ -11,7 +11,8 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from tests.support import TINY_CONFIG_MODEL, restore_and_evaluate, sharded_matches_single, train_losses
+from tests.support import (TINY_CONFIG_MODEL, make_tiny_config, restore_and_evaluate,
+                           sharded_matches_single, train_losses)
 from transformer.core.errors import ConfigError
 from transformer.model.config import ModelConfig
 from transformer.model.families import make_model
@@ -137,6 +138,24 @@ def test_pallas_trains_on_8_devices_as_on_one(tmp_path):
                "model.position_settings.t5.num_buckets": 8,  # the kernel unrolls a loop each
                "model.attention.block_size": 8, "train.num_steps": 6, "train.log_every": 3,
                "train.checkpoint_every": 6, "eval.num_examples": 32}
+  sharded_matches_single(tmp_path, overrides, {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
+
+
+def test_latent_attention_trains_on_8_devices_as_on_one(tmp_path):
+  """model.attention.kv=latent on a 2x2x2 mesh: the latent's down projection and the shared
+  rotary key split over fsdp by their rows, the up projection over tensor by its columns
+  (head-major [k_C | v] per head: whole heads per device, as the queries'); the losses of
+  the 1-device run."""
+  overrides = {"model.dropout": 0.0, "model.attention.kv": "latent", "model.position": "rotary",
+               "model.position_settings.rotary.rotated_fraction": 0.5, "train.num_steps": 6,
+               "train.log_every": 3, "train.checkpoint_every": 6, "eval.num_examples": 32}
+  model = nnx.eval_shape(lambda: make_model(parse(make_tiny_config(**overrides)).model,
+                                            rngs=nnx.Rngs(0)))
+  prefix = "decoder/layers/0/self_attention/latent/"
+  latent = {path[len(prefix):]: spec for path, spec in _paths(sharding.param_specs(model)).items()
+            if path.startswith(prefix)}
+  assert latent == {"down/kernel": P("fsdp", None), "norm/scale": P(),
+                    "rotary_key/kernel": P("fsdp", None), "up/kernel": P(None, "tensor")}
   sharded_matches_single(tmp_path, overrides, {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
 
 

@@ -95,7 +95,8 @@ class AttentionConfig:
 
 class MultiHeadAttention(nnx.Module):
   """Multi-head attention with W_Q, W_K, W_V, W_O and d_k = d_v = d_model / num_heads; K and V
-  with num_kv_heads heads (0: num_heads)."""
+  with num_kv_heads heads (0: num_heads). With kv=latent, K and V from the latent form
+  (latent_kv.py), d_k = its qk_dim."""
 
   def __init__(self, d_model: int, num_heads: int, cfg: AttentionConfig, *, dtype=jnp.float32,
                num_kv_heads: int = 0, encoding: PositionalEncoding | None = None,
@@ -118,15 +119,19 @@ class MultiHeadAttention(nnx.Module):
     # Heads split over the mesh's tensor axis: Q kernel [d_model, heads·head_dim], K and V
     # kernels [d_model, kv_heads·head_dim] by their columns, the output kernel
     # [heads·head_dim, d_model] by its rows (sharding.check_kv_heads: whole kv heads).
-    dense = lambda width, axes: Dense(d_model, width, use_bias=False,  # noqa: E731
-                                      kernel_axes=axes, dtype=dtype, rngs=rngs)
+    dense = lambda width, axes, width_in=d_model: Dense(  # noqa: E731
+        width_in, width, use_bias=False, kernel_axes=axes, dtype=dtype, rngs=rngs)
     heads_in, heads_out = ("fsdp", "tensor"), ("tensor", "fsdp")
     kv_width = num_kv_heads * self.head_dim
-    self.query = dense(d_model, heads_in)
     # cross-attention keeps per-head K/V: its keys are the encoder's, projected once
     self.latent = None if cross else make_kv_form(
         cfg.kv, d_model, num_heads, self.head_dim, cfg.kv_settings, encoding=encoding,
         dtype=dtype, rngs=rngs)
+    # W_Q, from the input or from the latent's compressed query, to heads of qk_dim (the
+    # latent's: head_dim + its rotary part; latent_kv.py)
+    self.qk_dim = self.latent.qk_dim if self.latent else self.head_dim
+    self.query = dense(num_heads * self.qk_dim, heads_in,
+                       self.latent.query_features if self.latent else d_model)
     if self.latent is None:
       self.key, self.value = dense(kv_width, heads_in), dense(kv_width, heads_in)
     elif num_kv_heads < num_heads or cfg.qk_norm != "none":
@@ -137,7 +142,7 @@ class MultiHeadAttention(nnx.Module):
     self.out = dense(d_model, heads_out)
     self.q_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
     self.k_norm = make_qk_norm(cfg.qk_norm, self.head_dim, dtype=dtype, rngs=rngs)
-    self.score = make_score(cfg.score, num_heads, self.head_dim, cfg.score_settings, rngs=rngs)
+    self.score = make_score(cfg.score, num_heads, self.qk_dim, cfg.score_settings, rngs=rngs)
     self.normalizer = make_normalizer(cfg.normalizer, num_heads, cfg.normalizer_settings,
                                       max_len=max_len, causal=causal and not cross, rngs=rngs)
     self.head_mix = make_heads(cfg.heads, num_heads, num_kv_heads, self.head_dim, depth=depth,
@@ -159,7 +164,7 @@ class MultiHeadAttention(nnx.Module):
     self.cache: KVCache | None = nnx.data(None)  # set for incremental decoding by init_*_cache
 
   def _heads(self, x: jax.Array, heads: int) -> jax.Array:
-    return x.reshape(*x.shape[:2], heads, self.head_dim)
+    return x.reshape(*x.shape[:2], heads, -1)
 
   def keys_values(self, x_kv: jax.Array, k_positions: jax.Array,
                   encoding: PositionalEncoding) -> tuple[jax.Array, jax.Array]:
@@ -183,10 +188,15 @@ class MultiHeadAttention(nnx.Module):
     `encoding` rotates the queries and biases the logits (the identity for cross-attention).
     `rngs` with a `dropout` stream enables dropout; None means deterministic.
     """
-    return self._attend(x_q, self.query(x_q), kv, mask, encoding, rngs)
+    return self._attend(x_q, self._queries(x_q), kv, mask, encoding, rngs)
+
+  def _queries(self, x):
+    """W_Q of x [b, t, d_model]: [b, t, heads·qk_dim] (through the latent's compressed query
+    where it has one)."""
+    return self.query(x if self.latent is None else self.latent.compress_query(x))
 
   def _attend(self, x_q, q, kv, mask, encoding, rngs):
-    """__call__ with the queries projected: q [b, tq, d_model]. The data bias may read the
+    """__call__ with the queries projected: q [b, tq, heads·qk_dim]. The data bias may read the
     logits first (logit_view: selective attention's); the kernel's output per head is
     combined (head_mix: plain or differential) and gated from x_q before W_O."""
     k, v = kv
@@ -206,7 +216,7 @@ class MultiHeadAttention(nnx.Module):
       q, k, v = project(x, self.query, self.key, self.value, groups=self.num_kv_heads)
       state = self._keys_values(k, v, mask.q_positions, encoding)
     else:
-      q, state = self.query(x), self.latent.state(x, mask.q_positions, encoding)
+      q, state = self._queries(x), self.latent.state(x, mask.q_positions, encoding)
     encoding = self._data_biased(x, encoding)
     if self.cache is not None:
       state = self.cache.append(state)

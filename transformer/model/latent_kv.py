@@ -9,23 +9,25 @@ KV_FORMS: `model.attention.kv`.
     key part k_C and value are projected up (W_UK, W_UV, one matrix `up` here, as their
     kv_b_proj); the rotary part of the key, k_R = RoPE(x W_KR), is one vector shared by all
     heads (the "decoupled" rotary key, their k_pe from kv_a_proj_with_mqa), and each head's
-    query is [RoPE(q_R), q_C]. The cache holds c and the rotated k_R — rank + r floats per
+    query is [RoPE(q_R), q_C], projected by W_Q from x or, with `query_rank`, from a
+    compressed query RMSNorm(x W_DQ) (their q_a_proj, q_a_layernorm; W_Q their q_b_proj:
+    compress_query). The cache holds c and the rotated k_R — rank + r floats per
     token against 2·heads·head_dim — and the keys and values are projected up from it at
     each step (the non-absorbed form: the paper's inference folds W_UK into W_Q, which
     changes the cost, not the result).
 
 A form maps a self-attention input to its cacheable state, `state(x, positions, encoding)`
 -> (a [b, t, ...], b [b, t, ...]), and a state to the kernel's keys and values,
-`keys_values(state)` -> (k, v) [b, t, kv_heads, head_dim]. `heads`' state is (k, v).
+`keys_values(state)` -> k [b, t, kv_heads, qk_dim], v [b, t, kv_heads, head_dim].
+`heads`' state is (k, v), qk_dim = head_dim.
 
-Differences from DeepSeek-V2's code (docs/axes.md): the query is projected directly (their
-q_lora_rank compression of the query is not built; DeepSeek-V2-Lite has none either);
-queries, keys and values have one head dimension d_model / num_heads, whose first r
-dimensions are the rotary part (theirs: qk_nope_head_dim 128 + qk_rope_head_dim 64 for
-queries and keys, v_head_dim 128), so the softmax scale is 1/√head_dim; r is the rotary
-encoding's own rotated part (model.position_settings.rotary.rotated_fraction·head_dim, its
-"neox" layout), which must be below the whole head; an encoding that rotates nothing
-(none, ALiBi, T5, ...) gives r = 0: no rotary key, and its bias applies as to any layer.
+The rotary part is r dimensions: what the rotary encoding turns of a head of head_dim
+(rotated_fraction·head_dim, its "neox" layout; their qk_rope_head_dim 64 of 128 is 0.5);
+`rotary_place` puts it beside the head's head_dim content dimensions (`concat`, theirs:
+qk_dim = head_dim + r, softmax scale 1/√qk_dim) or within them (`within`: qk_dim =
+head_dim, r below it). An encoding that rotates nothing (none, ALiBi, T5, ...) gives
+r = 0: no rotary key, and its bias applies as to any layer. Every difference from their
+code: docs/axes.md.
 """
 
 import dataclasses
@@ -35,12 +37,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from transformer.core.errors import ConfigError
-from transformer.core.fields import AT_LEAST_0, check_ranges
-from transformer.core.registry import lookup, settings_sections
+from transformer.core.fields import AT_LEAST_0, check, check_ranges
+from transformer.core.migration import changed
+from transformer.core.registry import lookup, one_of, settings_sections
 from transformer.model.layers import NORMS, Dense
 from transformer.model.positions import PositionalEncoding
 
 EPSILON = 1e-6  # the latent's RMSNorm (DeepSeek-V2's rms_norm_eps)
+ROTARY_PLACES = ("concat", "within")  # LatentKV.Settings.rotary_place
 
 
 class HeadKV:
@@ -60,23 +64,48 @@ class LatentKV(nnx.Module):
     # the latent's width (their kv_lora_rank); 0: 4·head_dim, DeepSeek-V2's 512 for its
     # heads of 128
     rank: int = 0
+    # the query's compressed width (their q_lora_rank): W_Q reads RMSNorm(x W_DQ) of this
+    # many features; 0: W_Q reads x (DeepSeek-V2-Lite's; DeepSeek-V2's is 1536, 12·head_dim)
+    query_rank: int = 0
+    # a key of ROTARY_PLACES: where the decoupled rotary part (the r dimensions the rotary
+    # encoding turns of a head) sits: `concat`, beside each head's head_dim (DeepSeek-V2's:
+    # queries and keys of head_dim + r, values of head_dim) | `within`, the leading r of
+    # head_dim (queries, keys and values of head_dim; what runs saved without the field had)
+    rotary_place: str = changed("concat", old="within")
 
     def __post_init__(self):
-      check_ranges(self, rank=AT_LEAST_0)
+      check_ranges(self, rank=AT_LEAST_0, query_rank=AT_LEAST_0)
+      check(self.rotary_place in ROTARY_PLACES, "rotary_place", self.rotary_place,
+            one_of(ROTARY_PLACES))
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int, settings: Settings, *,
                encoding: PositionalEncoding | None, dtype=jnp.float32, rngs: nnx.Rngs):
     self.num_heads, self.head_dim = num_heads, head_dim
     self.rank = settings.rank or 4 * head_dim
-    self.rotary = rotary_dims(encoding or PositionalEncoding(), head_dim)
+    beside = settings.rotary_place == "concat"
+    self.rotary = rotary_dims(encoding or PositionalEncoding(), head_dim, whole=beside)
+    self.content = head_dim if beside else head_dim - self.rotary  # k_C's, q_C's width
+    self.qk_dim = self.content + self.rotary  # of a head's query and key
     self.down = Dense(d_model, self.rank, use_bias=False, kernel_axes=("fsdp", None),
                       dtype=dtype, rngs=rngs)
     self.norm = NORMS["rmsnorm"](self.rank, epsilon=EPSILON, dtype=dtype, rngs=rngs)
-    content = head_dim - self.rotary
-    self.up = Dense(self.rank, num_heads * (content + head_dim), use_bias=False,
+    self.up = Dense(self.rank, num_heads * (self.content + head_dim), use_bias=False,
                     kernel_axes=(None, "tensor"), dtype=dtype, rngs=rngs)
     self.rotary_key = Dense(d_model, self.rotary, use_bias=False, kernel_axes=("fsdp", None),
                             dtype=dtype, rngs=rngs) if self.rotary else None
+    self.query_features = settings.query_rank or d_model  # what W_Q reads
+    self.query_down = Dense(d_model, settings.query_rank, use_bias=False,
+                            kernel_axes=("fsdp", None), dtype=dtype,
+                            rngs=rngs) if settings.query_rank else None
+    self.query_norm = NORMS["rmsnorm"](settings.query_rank, epsilon=EPSILON, dtype=dtype,
+                                       rngs=rngs) if settings.query_rank else None
+
+  def compress_query(self, x: jax.Array) -> jax.Array:
+    """What W_Q reads of x [b, t, d_model]: RMSNorm(x W_DQ) [b, t, query_rank] (their q_a_proj,
+    q_a_layernorm), or x itself without query compression."""
+    if self.query_down is None:
+      return x
+    return self.query_norm(self.query_down(x))
 
   def state(self, x: jax.Array, positions: jax.Array, encoding: PositionalEncoding):
     """(the latent c [b, t, rank], the rotated shared key k_R [b, t, r]) of x [b, t, d_model]
@@ -88,18 +117,19 @@ class LatentKV(nnx.Module):
     return latent, rotate_prefix(encoding.rotate_keys, key, positions, self.head_dim)[:, :, 0]
 
   def keys_values(self, state) -> tuple[jax.Array, jax.Array]:
-    """The kernel's keys and values [b, t, heads, head_dim] of a state (the cached one)."""
+    """The kernel's keys [b, t, heads, qk_dim] and values [b, t, heads, head_dim] of a state
+    (the cached one)."""
     latent, rotated = state
     b, t = latent.shape[:2]
     up = self.up(latent).reshape(b, t, self.num_heads, -1)
-    content, v = up[..., :self.head_dim - self.rotary], up[..., self.head_dim - self.rotary:]
+    content, v = up[..., :self.content], up[..., self.content:]
     shared = jnp.broadcast_to(rotated[:, :, None, :].astype(content.dtype),
                               (b, t, self.num_heads, self.rotary))
     return jnp.concatenate([shared, content], axis=-1), v
 
   def rotate_queries(self, q: jax.Array, positions: jax.Array,
                      encoding: PositionalEncoding) -> jax.Array:
-    """q [b, t, heads, head_dim] with its first r dimensions (q_R) rotated, the rest (q_C)
+    """q [b, t, heads, qk_dim] with its first r dimensions (q_R) rotated, the rest (q_C)
     as they are."""
     if not self.rotary:
       return q
@@ -111,22 +141,22 @@ class LatentKV(nnx.Module):
     return (batch, max_len, self.rank), (batch, max_len, self.rotary)
 
 
-def rotary_dims(encoding: PositionalEncoding, head_dim: int) -> int:
+def rotary_dims(encoding: PositionalEncoding, head_dim: int, *, whole: bool) -> int:
   """r: how many leading dimensions of a head `encoding` rotates, for the latent form; a
-  ConfigError where it rotates the whole head (no content part would remain) or not a
-  leading block."""
+  ConfigError where it rotates not a leading block, or the whole head unless `whole` (the
+  rotary part beside the head: within it, no content part would remain)."""
   r = encoding.rotated_dims(head_dim)
   if r is None:
     raise ConfigError(
         f"model.attention.kv='latent' decouples the rotary part of the keys, and "
         f"model.position={encoding.name!r} does not rotate a leading block of each head: "
         "use rotary with partial='neox', or an encoding that does not rotate")
-  if r >= head_dim:
+  if r >= head_dim and not whole:
     raise ConfigError(
         f"model.attention.kv='latent' decouples the rotary part of the keys, and "
-        f"model.position={encoding.name!r} rotates all {head_dim} dimensions of each head: "
-        "set model.position_settings.rotary.rotated_fraction below 1 (DeepSeek-V2 rotates "
-        "64 of 192: 1/3)")
+        f"model.position={encoding.name!r} rotates all {head_dim} dimensions of each head, "
+        "and model.attention.kv_settings.latent.rotary_place='within' puts them in the head: "
+        "set rotary_place=concat or model.position_settings.rotary.rotated_fraction below 1")
   return r
 
 
