@@ -38,7 +38,6 @@ from flax import nnx
 
 from transformer.core.errors import ConfigError
 from transformer.core.fields import AT_LEAST_0, check, check_ranges
-from transformer.core.migration import changed
 from transformer.core.registry import lookup, one_of, settings_sections
 from transformer.model.layers import NORMS, Dense
 from transformer.model.positions import PositionalEncoding
@@ -70,8 +69,8 @@ class LatentKV(nnx.Module):
     # a key of ROTARY_PLACES: where the decoupled rotary part (the r dimensions the rotary
     # encoding turns of a head) sits: `concat`, beside each head's head_dim (DeepSeek-V2's:
     # queries and keys of head_dim + r, values of head_dim) | `within`, the leading r of
-    # head_dim (queries, keys and values of head_dim; what runs saved without the field had)
-    rotary_place: str = changed("concat", old="within")
+    # head_dim (queries, keys and values of head_dim)
+    rotary_place: str = "concat"
 
     def __post_init__(self):
       check_ranges(self, rank=AT_LEAST_0, query_rank=AT_LEAST_0)
