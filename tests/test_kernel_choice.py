@@ -157,13 +157,15 @@ CASES = list(itertools.product(["cpu", "gpu", "tpu"], sorted(SCORES),
 @pytest.mark.parametrize("backend,score,position,dropout,dtype", CASES)
 def test_auto_takes_the_first_kernel_that_fits(backend, score, position, dropout, dtype):
   """Every kernel tried before the choice is passed over with its reason, but pallas for a
-  layer without a positional bias: auto does not offer it there (and the log does not name
-  it)."""
+  layer without a positional bias that a kernel before it takes: auto does not offer it
+  there (and the log does not name it); where every kernel before it refused the layer,
+  pallas is tried too."""
   choice, function = choose(AUTO, _needs(score, position, dropout=dropout, dtype=dtype),
                             Target(backend))
   assert choice.name == _expected(backend, score, position, dropout, dtype, softcap=0)
   order = _order(backend, position, dtype)
-  offered = [n for n in order[:order.index(choice.name)] if n != "pallas" or position in BIASED]
+  offered = [n for n in order[:order.index(choice.name)] if n != "pallas" or position in BIASED
+             or choice.name == "reference"]
   assert [name for name, _ in choice.passed_over] == offered
   assert callable(function)
 
@@ -247,8 +249,8 @@ PALLAS_REFUSALS = {
 def test_auto_falls_back_from_pallas_with_its_reason(backend, need):
   """A bias layer that pallas cannot run (the same check as by hand) passes it over, its
   reason in the log line, for the next kernel of the order that can (xla declares no more
-  than pallas here: the reference). CoPE's content bias is no positional bias: pallas is
-  not offered, and xla refuses it."""
+  than pallas here: the reference). CoPE's content bias is no positional bias, but xla
+  refuses it, so pallas is tried too, and refuses it alike."""
   score, fields, words = PALLAS_REFUSALS[need]
   choice, _ = choose(AUTO, _needs(score, "alibi", **fields), Target(backend))
   assert choice.name == "reference" == _expected(
@@ -256,8 +258,8 @@ def test_auto_falls_back_from_pallas_with_its_reason(backend, need):
   assert words in dict(choice.passed_over)["pallas"]
   assert f"pallas: attention.kernel 'pallas' {words}" in choice.describe()
   cope, _ = choose(AUTO, _needs("scaled_dot", "cope"), Target(backend))
-  assert cope.name == "reference" and "pallas" not in dict(cope.passed_over)
-  assert "content-dependent" in dict(cope.passed_over)["xla"]
+  assert cope.name == "reference"
+  assert all("content-dependent" in dict(cope.passed_over)[name] for name in ("xla", "pallas"))
 
 
 @pytest.mark.parametrize("backend", ["gpu", "tpu"])
@@ -506,3 +508,20 @@ def test_an_encoding_declares_learned_bias_iff_its_bias_has_parameters(position)
   spec = encoding.bias_spec()  # what kernel=pallas reads declares the same
   assert (spec is not None) == encoding.biases
   assert (spec is not None and spec.learned) == encoding.learned_bias
+
+
+@pytest.mark.parametrize("normalizer,dtype,want", [("sink", "bfloat16", "pallas"),
+                                                   ("sink", "float32", "pallas"),
+                                                   ("stick_breaking", "bfloat16", "reference"),
+                                                   ("softmax", "float32", "xla")])
+def test_auto_offers_pallas_a_layer_only_it_fuses(normalizer, dtype, want):
+  """On a GPU, a layer without a positional bias whose normaliser cuDNN and XLA refuse goes to
+  pallas where pallas fuses it (a sink), to the formula where nothing does
+  (stick-breaking); a layer they take stays with them."""
+  needs = dataclasses.replace(
+      _needs(), dtype=dtype, normalizer=normalizer,
+      capabilities=_needs().capabilities | (set() if normalizer == "softmax" else
+                                            {"flash_normalizer"})
+      | ({"online_normalizer"} if normalizer == "stick_breaking" else set()))
+  choice, _ = choose(AUTO, needs, Target("gpu"))
+  assert choice.name == want

@@ -23,8 +23,8 @@ transformer/model/kernels/capabilities.py):
     backend's order (AUTO_ORDER); each kernel it passes over comes with its reason, the
     error choosing it by hand would give or its memory. A kernel declaring
     `auto_only_with_bias` (pallas) is offered only to a layer whose encoding adds a
-    positional bias, or once a kernel was passed over for its memory; to others it is not
-    a candidate (nor in the log);
+    positional bias, once a kernel was passed over for its memory, or once every native
+    kernel before it refused the layer; to others it is not a candidate (nor in the log);
   * evaluating (a run trained elsewhere), the kernel of its training is an execution choice
     that need not hold here: one that is refused or emulated here is replaced by its
     stand-in, which computes the same function, or else by `auto`'s choice.
@@ -170,21 +170,25 @@ def _auto(needs: Needs, target: Target, passed_over=()) -> KernelChoice:
   """The first kernel offered to the layer that runs it natively and whose L×L temporaries
   fit, of the kernels measured for such a layer (fastest first) and then the backend's
   AUTO_ORDER. A kernel declaring auto_only_with_bias is offered to a layer without a bias
-  too once a kernel was passed over for its memory."""
+  too once a kernel was passed over for its memory, or every native kernel before it
+  refused the layer (a normaliser or data bias only it fuses: the rest is the formula)."""
   passed_over = list(passed_over)
   training = not target.evaluating
   measured, basis = ranked(target.backend, needs.dtype, needs.position if needs.bias else "none",
                            target.length, training)
   order = AUTO_ORDER.get(target.backend, OTHER_BACKENDS)
-  memory_bound = False
+  memory_bound, all_refused = False, True
   for candidate in dict.fromkeys([*measured, *order]):
-    if candidate not in KERNELS or not (offered(candidate, needs) or memory_bound):
+    if candidate not in KERNELS or not (offered(candidate, needs) or memory_bound
+                                        or all_refused and passed_over):
       continue  # not registered (yet), or not offered
     why = _emulated(candidate, target)
     try:
       check(candidate, needs, target)
     except ConfigError as e:
       why = str(e)
+    else:
+      all_refused = all_refused and bool(why)
     if not why:
       why = too_big(candidate, needs.dtype, needs.bias, needs.heads, target.rows,
                     target.length, target.memory, training)

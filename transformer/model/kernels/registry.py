@@ -189,7 +189,8 @@ class Kernel:
   slow_on: tuple[str, ...] = ()  # backends where it runs emulated (Pallas' interpret mode)
   # runs on a mesh of several devices: XLA partitions it, or its function does (per_device)
   multi_device: bool = True
-  # `auto` offers it only to a layer whose encoding adds a positional bias (choice.py)
+  # `auto` offers it only to a layer whose encoding adds a positional bias, or that every
+  # kernel before it refused (choice.py)
   auto_only_with_bias: bool = False
 
   def __post_init__(self):
@@ -238,7 +239,8 @@ KERNELS: dict[str, Kernel] = {
     # Pallas flash attention, the encoding's BiasSpec and a data bias's vectors evaluated
     # in-kernel, and the normalisers of a flash form (kernels/pallas/attention.py);
     # interpret mode on the CPU; on a mesh, per device (shard_map). auto offers it where
-    # its in-kernel bias spares an [L, L] array; elsewhere xla and cudnn are better known.
+    # its in-kernel bias spares an [L, L] array, or where xla and cudnn refuse the layer
+    # (a fused normaliser or data bias); elsewhere they are better known.
     "pallas": Kernel(_pallas, offers={"flash_normalizer", "data_bias", *_MASKS_HEADS_BIASES}
                      - {"gathered_bias"}, stand_in="xla", slow_on=("cpu",),
                      auto_only_with_bias=True),
