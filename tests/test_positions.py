@@ -475,6 +475,27 @@ def test_fire_formula():
   np.testing.assert_allclose(enc.normalised_distance(q, k)[0, 1, 3], -psi(9) / psi(12), rtol=1e-5)
 
 
+def test_fire_input_takes_its_normaliser_per_row_and_column_bit_for_bit():
+  """fire_input's ψ(max(i, j, L)), taken on the rows where i ≥ j and on the columns
+  elsewhere, is the elementwise ψ(max(i, j, L)) bit for bit (gapped, equal and far
+  positions, either side of L)."""
+  from transformer.model.positions.relative import fire_input
+  rng = np.random.default_rng(0)
+  i = jnp.asarray(np.r_[0, 3, 4, 5, 9, 300, rng.integers(0, 5000, 10)])[:, None]
+  j = jnp.asarray(np.r_[0, 2, 4, 9, 12, 300, rng.integers(0, 5000, 10)])[None, :]
+
+  def elementwise(c, threshold, i, j):
+    psi = lambda x: jnp.log1p(c * x)  # noqa: E731
+    i, j = i.astype(jnp.float32), j.astype(jnp.float32)
+    sign = jnp.where(i > j, 1.0, jnp.where(i < j, -1.0, 0.0))
+    return sign * psi(jnp.abs(i - j)) / (psi(jnp.maximum(jnp.maximum(i, j), threshold))
+                                         + Fire.EPS)
+
+  args = (jnp.float32(0.37), jnp.float32(4.5), i, j)
+  np.testing.assert_array_equal(np.asarray(jax.jit(fire_input)(*args)),
+                                np.asarray(jax.jit(elementwise)(*args)))
+
+
 def test_fire_is_relative_below_its_threshold_and_interpolates_beyond():
   """Below L every position shares the normaliser ψ(L): the bias depends on i − j only.
   Beyond it the input is progressively normalised: |input| ≤ 1 at any length."""

@@ -264,8 +264,10 @@ def fire_input(c, threshold, q_positions, k_positions) -> jax.Array:
   psi = lambda x: jnp.log1p(c * x)  # noqa: E731
   # sign(i − j) by selects: Mosaic TPU lowers jnp.sign only with a TPU at hand
   sign = jnp.where(i > j, 1.0, jnp.where(i < j, -1.0, 0.0))
-  return sign * psi(jnp.abs(i - j)) / (
-      psi(jnp.maximum(jnp.maximum(i, j), threshold)) + Fire.EPS)
+  # ψ(max(i, j, L)) as ψ(max(i, L)) where i ≥ j, else ψ(max(j, L)): the same bits, with the
+  # logarithms taken on the rows and the columns (m + n per [m, n] block, not m·n)
+  norm = jnp.where(i >= j, psi(jnp.maximum(i, threshold)), psi(jnp.maximum(j, threshold)))
+  return sign * psi(jnp.abs(i - j)) / (norm + Fire.EPS)
 
 
 def fire_mlp_input(params, q_positions, k_positions):
