@@ -13,7 +13,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from transformer.model.kernels.pallas import sparsity
+from transformer.model.kernels.pallas import mosaic_bias, sparsity
 
 BLOCK = 64
 
@@ -43,10 +43,12 @@ def _copy(pairs, barriers, first):
 
 
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
-            interpret=False):
+            bias_spec=None, interpret=False):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
   positions int32 [b, tq] / [b, tk] (segment 0 is padding) -> out [b, tq, h, d], base-2
-  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16."""
+  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16.
+  bias_spec: a positional bias (BiasSpec, params [h, size] each) added to the logits,
+  evaluated per block inside the kernel (mosaic_bias.py); None: none."""
   (b, tq, h, d), tk = q.shape, k.shape[1]
   if d % 64 or tq % BLOCK or tk % BLOCK:
     raise ValueError(f"head dim {d} must be a multiple of 64 and lengths {tq}, {tk} of {BLOCK}")
@@ -57,10 +59,12 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
                            window=window, block_q=BLOCK, block_k=BLOCK, lq=tq, lk=tk)
   lists = sparsity.visit_lists(kind, width)
+  params, packing = (mosaic_bias.pack(bias_spec.params) if bias_spec is not None
+                     else (jnp.zeros((h, mosaic_bias.ROW), jnp.float32), ()))
 
-  def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, out_ref, lse_ref,
-             q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, list_smem,
-             bar, *copies):
+  def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, par_ref, out_ref,
+             lse_ref, q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem,
+             list_smem, par_smem, bar, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     q0 = qb * BLOCK
@@ -70,6 +74,9 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
           bar, 0)
     rows = plgpu.Layout.WGMMA.reduce(1)
     cols = plgpu.Layout.WGMMA.reduce(0)
+    if bias_spec is not None:  # this head's parameters, read as scalars
+      _copy([(par_ref.at[head], par_smem)], bar, 8)
+      theta = mosaic_bias.theta(par_smem, packing)
     qseg = _load(qs_smem, rows, interpret)
     qpos = _load(qp_smem, rows, interpret)
     m_i = _cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
@@ -92,6 +99,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
       kseg = _load(ks_smem, cols, interpret)
       kpos = _load(kp_smem, cols, interpret)
+      if bias_spec is not None:
+        x = x + mosaic_bias.tile(bias_spec, theta, qpos, kpos)
       shape = (BLOCK, BLOCK)
       qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
       ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
@@ -133,7 +142,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
   ids = plgpu.SMEM((BLOCK,), jnp.int32)
   scratch = [tile, tile, tile, ids, ids, ids, ids, plgpu.SMEM((BLOCK,), jnp.float32),
-             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=8)]
+             plgpu.SMEM((width,), jnp.int32), plgpu.SMEM(params.shape[1:], jnp.float32),
+             plgpu.Barrier(num_barriers=9)]
   scratch += [plgpu.SMEM((d, BLOCK), dtype), plgpu.SMEM((BLOCK, BLOCK), dtype)] if interpret else []
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
@@ -143,4 +153,4 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       interpret=_interpret_params() if interpret else None)
   i32 = lambda a: a.astype(jnp.int32)
   return tuple(call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
-                    i32(k_positions), lists))
+                    i32(k_positions), lists, params))
