@@ -56,30 +56,33 @@ def _dense(q, k, v, seg, pos, causal, window, spec=None):
   return jnp.einsum("bhqk,bkhd->bqhd", p, v), lse
 
 
-CASES = {  # name: (segments, causal, window, heads, kv heads, positional bias)
-    "causal": ([1] * L, True, None, 1, 1, None),
-    "padded-alibi": ([1] * 100 + [0] * 28, False, 40, 2, 1, "alibi"),
-    "packed-t5": ([1] * 50 + [2] * 60 + [0] * 18, True, 24, 2, 2, "t5"),
-    "packed-kerple": ([1] * 30 + [2] * 98, False, None, 2, 1, "kerple"),
-    "packed-fire": ([1] * 70 + [2] * 40 + [0] * 18, False, None, 2, 2, "fire"),
+# name: (segments, causal, window, heads, kv heads, positional bias, a gap in the positions
+# from token 64 on). T5's gap puts the off-diagonal blocks wholly beyond its saturation
+# (max_distance 12), on both sides: read as its constants
+CASES = {
+    "causal": ([1] * L, True, None, 1, 1, None, 0),
+    "padded-alibi": ([1] * 100 + [0] * 28, False, 40, 2, 1, "alibi", 0),
+    "packed-t5": ([1] * 30 + [2] * 98, False, None, 2, 1, "t5", 100),
+    "packed-kerple": ([1] * 50 + [2] * 60 + [0] * 18, True, 24, 2, 2, "kerple", 0),
+    "packed-fire": ([1] * 70 + [2] * 40 + [0] * 18, False, None, 2, 2, "fire", 0),
 }
 
 
-def _inputs(segments, heads, kv_heads):
+def _inputs(segments, heads, kv_heads, gap=0):
   rng = np.random.default_rng(0)
   q = jnp.asarray(rng.standard_normal((1, L, heads, D)), jnp.float16)
   k, v = (jnp.asarray(rng.standard_normal((1, L, kv_heads, D)), jnp.float16) for _ in "kv")
   seg = jnp.asarray([segments], jnp.int32)
   starts = np.r_[0, np.flatnonzero(np.diff(segments)) + 1]
-  pos = jnp.asarray([np.arange(L) - starts[np.searchsorted(starts, np.arange(L), "right") - 1]],
-                    jnp.int32)
+  pos = np.arange(L) - starts[np.searchsorted(starts, np.arange(L), "right") - 1]
+  pos = jnp.asarray([pos + gap * (np.arange(L) >= 64)], jnp.int32)
   return q, k, v, seg, pos
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_interpret_equals_the_dense_formula(name):
-  segments, causal, window, heads, kv_heads, position = CASES[name]
-  q, k, v, seg, pos = _inputs(segments, heads, kv_heads)
+  segments, causal, window, heads, kv_heads, position, gap = CASES[name]
+  q, k, v, seg, pos = _inputs(segments, heads, kv_heads, gap)
   spec = _spec(position, heads, causal)
   out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
                                 bias_spec=spec, interpret=True)
@@ -105,7 +108,7 @@ def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, position):
 def _gradient_kernel(spec, heads, interpret):
   """A one-block kernel per head: (q positions [64], k positions [64], dS [h, 64, 64]) ->
   mosaic_bias.block_gradient packed as the parameter rows [h, width]."""
-  rows, packing = mosaic_bias.pack(spec.params)
+  rows, packing = mosaic_bias.pack(spec)
   tiled = () if interpret else (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
 
   def kernel(qp_ref, kp_ref, par_ref, ds_ref, out_ref, qp_smem, kp_smem, par_smem, ds_smem,
@@ -121,9 +124,7 @@ def _gradient_kernel(spec, heads, interpret):
         spec, mosaic_bias.theta(par_smem, packing),
         load(qp_smem, plgpu.Layout.WGMMA.reduce(1)), load(kp_smem, plgpu.Layout.WGMMA.reduce(0)),
         load(ds_smem, plgpu.Layout.WGMMA))
-    for name, offset, size in packing:
-      for u in range(size):
-        out_smem[offset + u] = grads[name][u]
+    mosaic_bias.store(out_smem, packing, grads)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(out_smem, out_ref.at[head])
     plgpu.wait_smem_to_gmem(0)

@@ -23,13 +23,15 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.extend import core
 from jax.extend.core import primitives
 
 from transformer.model.kernels.pallas import piecewise
-from transformer.model.positions import BiasSpec
+from transformer.model.positions import BiasSpec, spec_bias
 
 ROW = 32  # float32 per 128 bytes: a Mosaic GPU copy moves a multiple of 128 bytes
+SATURATED = " saturated"  # pack's name of a saturating bias's two constants (no BiasSpec's)
 LOG2E = 1.4426950408889634
 
 
@@ -99,9 +101,14 @@ def lowerable(f):
   return run
 
 
-def pack(params: dict):
+def pack(spec: BiasSpec):
   """A BiasSpec's params {name: [h, size]} as rows float32 [h, width] (width a multiple of
-  ROW) and their packing ((name, offset, size), ...)."""
+  ROW) and their packing ((name, offset, size), ...); where it declares `saturates_at` M,
+  also its two constants (SATURATED: the bias at k − q ≤ −M and ≥ M, by its dense formula)."""
+  params = dict(spec.params)
+  if spec.saturates_at is not None:
+    far = jnp.asarray([[-spec.saturates_at, spec.saturates_at]], jnp.int32)
+    params[SATURATED] = spec_bias(spec, jnp.zeros((1, 1), jnp.int32), far)[0, :, 0]
   names = sorted(params)
   sizes = [params[name].shape[-1] for name in names]
   offsets = [sum(sizes[:n]) for n in range(len(names))]
@@ -120,6 +127,14 @@ def theta(ref, packing):
   return {name: tuple(ref[offset + u] for u in range(size)) for name, offset, size in packing}
 
 
+def store(ref, packing, grads):
+  """Writes gradients (name -> tuple of scalars: block_gradient's, or their sums) into a row
+  ref [width] in shared memory at their packing's offsets, as scalars."""
+  for name, offset, size in packing:
+    for u in range(size if name in grads else 0):
+      ref[offset + u] = grads[name][u]
+
+
 def _pairs(q_positions, k_positions):
   """The query block's positions [bq] (a row layout) and the key block's [bk] (a column
   layout) widened to the block: int32 [bq, bk] each."""
@@ -128,10 +143,26 @@ def _pairs(q_positions, k_positions):
           lax.broadcast_in_dim(k_positions, shape, [1]))
 
 
-def tile(spec: BiasSpec, params, q_positions, k_positions):
+def tile(spec: BiasSpec, params, q_positions, k_positions, *, interpret: bool = False):
   """log2(e)·bias of a block, float32 [bq, bk] in the logits' layout (the logits are in
-  base 2: q arrives multiplied by scale·log2 e): spec.fn of one head's params (theta)."""
-  return LOG2E * lowerable(spec.fn)(params, *_pairs(q_positions, k_positions))
+  base 2: q arrives multiplied by scale·log2 e): spec.fn of one head's params (theta) per
+  element, or, where spec saturates at M and every pair of the block has k − q ≥ M (or
+  every pair ≤ −M, from the blocks' position extremes), its constant there. interpret:
+  Mosaic GPU's interpret mode (no register layouts)."""
+  qp, kp = _pairs(q_positions, k_positions)
+
+  def exact():
+    return LOG2E * lowerable(spec.fn)(params, qp, kp)
+  if spec.saturates_at is None:
+    return exact()
+  m, (below, above) = spec.saturates_at, params[SATURATED]
+  low = jnp.min(k_positions) - jnp.max(q_positions)  # the block's least k − q
+  high = jnp.max(k_positions) - jnp.min(q_positions)
+
+  def constant():
+    value = jnp.full(qp.shape, LOG2E * jnp.where(low >= m, above, below), jnp.float32)
+    return value if interpret else plgpu.layout_cast(value, plgpu.Layout.WGMMA)
+  return lax.cond((low >= m) | (high <= -m), constant, exact)
 
 
 def _mlp_gradient(spec: BiasSpec, params, qp, kp, ds):
@@ -161,6 +192,7 @@ def block_gradient(spec: BiasSpec, params, q_positions, k_positions, ds):
   """A block's share of one head's parameters' gradient, name -> tuple of scalars, from
   the logits' gradient ds float32 [bq, bk] (of the bias in natural units: the caller
   multiplies a base-2 dS by log2 e) and the blocks' positions [bq], [bk]."""
+  params = {name: value for name, value in params.items() if name != SATURATED}
   if spec.grad is not None:
     grad = spec.grad
   elif spec.mlp_input is not None:

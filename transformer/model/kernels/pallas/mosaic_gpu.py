@@ -59,7 +59,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
                            window=window, block_q=BLOCK, block_k=BLOCK, lq=tq, lk=tk)
   lists = sparsity.visit_lists(kind, width)
-  params, packing = (mosaic_bias.pack(bias_spec.params) if bias_spec is not None
+  params, packing = (mosaic_bias.pack(bias_spec) if bias_spec is not None
                      else (jnp.zeros((h, mosaic_bias.ROW), jnp.float32), ()))
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, par_ref, out_ref,
@@ -100,7 +100,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       kseg = _load(ks_smem, cols, interpret)
       kpos = _load(kp_smem, cols, interpret)
       if bias_spec is not None:
-        x = x + mosaic_bias.tile(bias_spec, theta, qpos, kpos)
+        x = x + mosaic_bias.tile(bias_spec, theta, qpos, kpos, interpret=interpret)
       shape = (BLOCK, BLOCK)
       qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
       ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
