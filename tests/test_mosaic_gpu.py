@@ -119,7 +119,9 @@ def _gradient_kernel(spec, heads, interpret):
     for i, (src, dst) in enumerate(copies):
       plgpu.copy_gmem_to_smem(src, dst, bar.at[i])
       plgpu.barrier_wait(bar.at[i])
-    load = lambda ref, layout: ref[...] if interpret else plgpu.load(ref, (), layout=layout)  # noqa: E731
+
+    def load(ref, layout):
+      return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
     grads = mosaic_bias.block_gradient(
         spec, mosaic_bias.theta(par_smem, packing),
         load(qp_smem, plgpu.Layout.WGMMA.reduce(1)), load(kp_smem, plgpu.Layout.WGMMA.reduce(0)),

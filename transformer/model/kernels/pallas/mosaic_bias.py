@@ -104,7 +104,8 @@ def lowerable(f):
 def pack(spec: BiasSpec):
   """A BiasSpec's params {name: [h, size]} as rows float32 [h, width] (width a multiple of
   ROW) and their packing ((name, offset, size), ...); where it declares `saturates_at` M,
-  also its two constants (SATURATED: the bias at k − q ≤ −M and ≥ M, by its dense formula)."""
+  also its two constants (SATURATED: the bias at k − q ≤ −M and ≥ M, by its dense
+  formula)."""
   params = dict(spec.params)
   if spec.saturates_at is not None:
     far = jnp.asarray([[-spec.saturates_at, spec.saturates_at]], jnp.int32)

@@ -3,7 +3,8 @@ of 64 queries, batch row), QKᵀ and PV by wgmma from shared memory, online soft
 base 2. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode;
 it has not run on a GPU. It visits the key blocks of sparsity's visit lists (the row's list
 copied to shared memory, read as scalars), masking each from segments and positions, the
-full blocks too (no bias, no pipelining, no warp specialisation). Interpret mode
+full blocks too (no pipelining, no warp specialisation), and adding a BiasSpec's bias per
+block (mosaic_bias.py). Interpret mode
 takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
 there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
 
