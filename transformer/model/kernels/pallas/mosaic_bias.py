@@ -7,9 +7,11 @@ Mosaic GPU has no gather from registers, nor from shared memory at an index arra
 the tables over k − q (tables.py) and an MLP's linear pieces (piecewise.py), which the
 Triton kernels read by a gather, cannot be read here: the bias is the BiasSpec's fn per
 element (ALiBi: a multiply of |Δ|; KERPLE: one log1p; T5: its bucket, one log, and a
-select per bucket; FIRE: its input's two log1p and divide, and a multiply-add, max and
-multiply-add per hidden unit), the values of the dense formula bit for bit in real
-arithmetic, the transcendental functions being the device's.
+select per bucket; FIRE: its input's two log1p and divide, and a multiply-add, compare,
+select and multiply-add per hidden unit), equal to the dense formula in real arithmetic,
+the transcendental functions being the device's. A bias saturating at M (T5) takes its
+constant on a block whose pairs all lie beyond ±M. Primitives Mosaic GPU does not lower
+(log1p, a sum over two axes) are replaced inside fn and its vjp (lowerable).
 
 The gradient per block: the BiasSpec's `grad` in closed form where it declares one
 (KERPLE: two sums); for an MLP of one scalar per pair (`mlp_input`, FIRE) two sums per
@@ -28,11 +30,11 @@ from jax.extend import core
 from jax.extend.core import primitives
 
 from transformer.model.kernels.pallas import piecewise
+from transformer.model.kernels.pallas.bodies import LOG2E
 from transformer.model.positions import BiasSpec, spec_bias
 
 ROW = 32  # float32 per 128 bytes: a Mosaic GPU copy moves a multiple of 128 bytes
 SATURATED = " saturated"  # pack's name of a saturating bias's two constants (no BiasSpec's)
-LOG2E = 1.4426950408889634
 
 
 def _log1p(x):
