@@ -8,6 +8,9 @@ block (mosaic_bias.py). Interpret mode
 takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
 there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -15,6 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels.pallas import mosaic_bias, sparsity
+from transformer.model.kernels.pallas.bodies import LN2, LOG2E
 
 BLOCK = 64
 
@@ -41,6 +45,22 @@ def _copy(pairs, barriers, first):
     plgpu.copy_gmem_to_smem(src, dst, barriers.at[first + i])
   for i in range(len(pairs)):
     plgpu.barrier_wait(barriers.at[first + i])
+
+
+def _visible(q_seg, q_pos, k_seg, k_pos, *, causal, window, query_axis):
+  """Which (query, key) pairs of a tile are visible, bool [64, 64]: the rows of 64 queries'
+  and keys' segment ids and positions laid along their axes (the queries along query_axis):
+  the same non-padding segment, the key not after the query (causal), and within window
+  positions of it on each side."""
+  shape, key_axis = (BLOCK, BLOCK), 1 - query_axis
+  qs, qp = (lax.broadcast_in_dim(a, shape, [query_axis]) for a in (q_seg, q_pos))
+  ks, kp = (lax.broadcast_in_dim(a, shape, [key_axis]) for a in (k_seg, k_pos))
+  keep = (qs == ks) & (ks != 0)
+  if causal:
+    keep &= kp <= qp
+  if window is not None:
+    keep &= (qp - kp <= window) & (kp - qp <= window)
+  return keep
 
 
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
@@ -103,13 +123,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       if bias_spec is not None:
         x = x + mosaic_bias.tile(bias_spec, theta, qpos, kpos, interpret=interpret)
       shape = (BLOCK, BLOCK)
-      qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
-      ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
-      keep = (qs2 == ks2) & (ks2 != 0)
-      if causal:
-        keep &= kp2 <= qp2
-      if window is not None:  # keys within window positions of the query, each side
-        keep &= (qp2 - kp2 <= window) & (kp2 - qp2 <= window)
+      keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
       x = jnp.where(keep, x, -jnp.inf)
       m_new = jnp.maximum(m_i, x.max(axis=1))
       safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
@@ -155,3 +169,230 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   i32 = lambda a: a.astype(jnp.int32)
   return tuple(call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
                     i32(k_positions), lists, params))
+
+
+def _product(shape, a, b, copies, *, registers=False, transpose=False):
+  """a·b (transpose: a·bᵀ) by wgmma into a fresh float32 accumulator of `shape`: a a
+  shared-memory ref, or (registers) an array in the wgmma layout; b a shared-memory ref.
+  copies: None where lowered; in interpret mode, whose wgmma takes untransposed refs only,
+  two shared-memory tiles ([64, 64], [d, 64]) through which the array and bᵀ go."""
+
+  def body(acc):
+    lhs, rhs = a, b
+    if copies is not None:
+      if registers:
+        copies[0][...] = a
+        lhs = copies[0]
+      if transpose:
+        copies[1][...] = b[...].T
+        rhs = copies[1]
+    elif transpose:
+      rhs = plgpu.transpose_ref(b, (1, 0))
+    plgpu.wgmma(acc, lhs, rhs)
+    return acc[...]
+  return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _scratch(d, dtype, interpret, barriers):
+  """Shared memory of a backward kernel: four wgmma tiles [64, d] (tiled and swizzled), six
+  rows of 64 (ids, lse, delta), its visit list, the barriers, and the interpreter's copies."""
+  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
+  ids, stats = plgpu.SMEM((BLOCK,), jnp.int32), plgpu.SMEM((BLOCK,), jnp.float32)
+  return ([tile] * 4 + [ids] * 4 + [stats] * 2, [plgpu.Barrier(num_barriers=barriers)],
+          [plgpu.SMEM((BLOCK, BLOCK), dtype), plgpu.SMEM((d, BLOCK), dtype)] if interpret
+          else [])
+
+
+def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, delta, do, *,
+             causal, window, scale, interpret=False):
+  """The gradients of forward's inputs: q (as scaled there), k, v, the ids and lse as
+  forward's; delta = rowsum(dO·O) float32 [b, h, tq]; do [b, tq, h, d] -> dq [b, tq, h, d]
+  of the UNSCALED q (the logits being scale·q·kᵀ), dk, dv [b, tk, h_kv, d].
+
+  Two kernels, each one warpgroup and none atomic: one per (head, block of 64 keys, row)
+  for dk and dv, walking its key block's transposed visit list (the query blocks that see
+  it) with 4 wgmma per visited block (Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dK += dSᵀ·Q), per
+  query head (summed over a K/V head's group in XLA); one per (head, block of 64 queries,
+  row) for dq over the forward's visit lists (S, dP, dQ += dS·K). dq by a kernel of its own
+  rather than atomics: deterministic, dq in its dtype with no float32 array beside it, and
+  testable here (the interpreter has no TMA reduction: "reduction_op not supported"); it
+  recomputes S and dP (2 wgmma per block more than atomics). Masks as forward's, on every
+  visited block."""
+  (b, tq, h, d), tk = q.shape, k.shape[1]
+  groups, dtype, nq, nk = h // k.shape[2], q.dtype, tq // BLOCK, tk // BLOCK
+  ids = tuple(x.astype(jnp.int32) for x in (q_segments, k_segments, q_positions, k_positions))
+  kind = sparsity.classify(*ids, causal=causal, window=window, block_q=BLOCK,
+                           block_k=BLOCK, lq=tq, lk=tk)
+  by_query = sparsity.visit_lists(kind, -(-(nk + 2) // BLOCK) * BLOCK)
+  by_key = sparsity.visit_lists(jnp.swapaxes(kind, 1, 2), -(-(nq + 2) // BLOCK) * BLOCK)
+  lse = jnp.where(jnp.isinf(lse), 0.0, lse)  # a query seeing no key: masked wherever read
+  rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+  shape = (BLOCK, BLOCK)
+  visible = functools.partial(_visible, causal=causal, window=window)
+
+  def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
+                 kp_ref, list_ref, dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, qs_smem,
+                 qp_smem, ks_smem, kp_smem, lse_smem, delta_smem, list_smem, bar, *copies):
+    head, kb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
+    kv_head = lax.div(head, jnp.array(groups, head.dtype))
+    keys = (row, pl.ds(kb * BLOCK, BLOCK))
+    _copy([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
+           (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem),
+           (list_ref.at[row, kb], list_smem)], bar, 0)
+    kseg, kpos = _load(ks_smem, rows, interpret), _load(kp_smem, rows, interpret)
+    copies = copies or None
+
+    def step(j, carry):
+      dk, dv = carry
+      q0 = list_smem[2 + j] * BLOCK
+      queries = (row, pl.ds(q0, BLOCK))
+      stats = (row, head, pl.ds(q0, BLOCK))
+      _copy([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
+             (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
+             (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem)], bar, 5)
+      st = _product(shape, k_smem, q_smem, copies, transpose=True)  # keys × queries
+      keep = visible(_load(qs_smem, cols, interpret), _load(qp_smem, cols, interpret), kseg,
+                     kpos, query_axis=1)
+      column = lambda ref: lax.broadcast_in_dim(_load(ref, cols, interpret), shape, [1])  # noqa: E731
+      pt = jnp.where(keep, jnp.exp2(st - column(lse_smem)), 0.0)
+      dv = dv + _product((BLOCK, d), pt.astype(dtype), do_smem, copies, registers=True)
+      dpt = _product(shape, v_smem, do_smem, copies, transpose=True)
+      dst = pt * (dpt - column(delta_smem))
+      dk = dk + _product((BLOCK, d), dst.astype(dtype), q_smem, copies, registers=True)
+      return dk, dv
+
+    zeros = _cast(interpret, jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA)
+    dk, dv = lax.fori_loop(0, list_smem[1], step, (zeros, zeros))
+    k_smem[...] = (dk * LN2).astype(dtype)  # q was scaled by scale·log2e: ln2·dSᵀ·Q
+    v_smem[...] = dv.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[keys + (head,)])
+    plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[keys + (head,)])
+    plgpu.wait_smem_to_gmem(0)
+
+  def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
+                kp_ref, list_ref, dq_ref, q_smem, do_smem, k_smem, v_smem, qs_smem, qp_smem,
+                ks_smem, kp_smem, lse_smem, delta_smem, list_smem, bar, *copies):
+    head, qb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
+    kv_head = lax.div(head, jnp.array(groups, head.dtype))
+    queries, stats = (row, pl.ds(qb * BLOCK, BLOCK)), (row, head, pl.ds(qb * BLOCK, BLOCK))
+    _copy([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
+           (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
+           (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem),
+           (list_ref.at[row, qb], list_smem)], bar, 0)
+    qseg, qpos = _load(qs_smem, rows, interpret), _load(qp_smem, rows, interpret)
+    lse_rows, delta_rows = (lax.broadcast_in_dim(_load(ref, rows, interpret), shape, [0])
+                            for ref in (lse_smem, delta_smem))
+    copies = copies or None
+
+    def step(j, dq):
+      keys = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
+      _copy([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
+             (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem)], bar, 7)
+      s = _product(shape, q_smem, k_smem, copies, transpose=True)
+      keep = visible(qseg, qpos, _load(ks_smem, cols, interpret),
+                     _load(kp_smem, cols, interpret), query_axis=0)
+      p = jnp.where(keep, jnp.exp2(s - lse_rows), 0.0)
+      ds = p * (_product(shape, do_smem, v_smem, copies, transpose=True) - delta_rows)
+      return dq + _product((BLOCK, d), ds.astype(dtype), k_smem, copies, registers=True)
+
+    zeros = _cast(interpret, jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA)
+    dq = lax.fori_loop(0, list_smem[1], step, zeros)
+    q_smem[...] = (dq * scale).astype(dtype)  # dS·K in the unscaled q's units
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[queries + (head,)])
+    plgpu.wait_smem_to_gmem(0)
+
+  def call(kernel, blocks, outputs, width):
+    tiles, barrier, copies = _scratch(d, dtype, interpret, 11)
+    return plgpu.kernel(
+        kernel, out_type=outputs, scratch_types=tiles + [plgpu.SMEM((width,), jnp.int32)]
+        + barrier + copies, grid=(h, blocks, b), grid_names=("heads", "blocks", "batch"),
+        interpret=_interpret_params() if interpret else None)
+
+  inputs = (q, k, v, do, lse, delta, *ids)
+  per_query_head = jax.ShapeDtypeStruct((b, tk, h, d), dtype)
+  dk, dv = call(dkv_kernel, nk, [per_query_head] * 2, by_key.shape[-1])(*inputs, by_key)
+  dq = call(dq_kernel, nq, jax.ShapeDtypeStruct(q.shape, dtype), by_query.shape[-1])(
+      *inputs, by_query)
+  if groups > 1:  # each query head's share, summed into its key/value head
+    dk, dv = (x.reshape(b, tk, h // groups, groups, d).astype(jnp.float32).sum(3)
+              .astype(dtype) for x in (dk, dv))
+  return dq, dk, dv
+
+
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  """What attention's kernels are specialised on."""
+
+  causal: bool
+  window: int | None
+  scale: float
+  interpret: bool  # Mosaic GPU's interpret mode, else compiled
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend(st: _Static, q, k, v, ids):
+  return _attend_forward(st, q, k, v, ids)[0]
+
+
+def _attend_forward(st: _Static, q, k, v, ids):
+  scaled = q * jnp.asarray(st.scale * LOG2E, q.dtype)  # the kernels' logits are in base 2
+  out, lse = forward(scaled, k, v, *ids, causal=st.causal, window=st.window,
+                     interpret=st.interpret)
+  return out, (scaled, k, v, ids, out, lse)
+
+
+def _attend_backward(st: _Static, residuals, do):
+  scaled, k, v, ids, out, lse = residuals
+  delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
+  dq, dk, dv = backward(scaled, k, v, *ids, lse, delta, do, causal=st.causal,
+                        window=st.window, scale=st.scale, interpret=st.interpret)
+  return dq, dk, dv, (None,) * len(ids)
+
+
+_attend.defvjp(_attend_forward, _attend_backward)
+
+
+def _pad(x, length: int, width: int | None = None):
+  """x [b, t, ...] zero-padded to `length` along t (and to `width` along its last axis)."""
+  pads = [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
+  if width is not None:
+    pads[-1] = (0, width - x.shape[-1])
+  return jnp.pad(x, pads)
+
+
+def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
+              causal: bool = False, window: int | None = None, scale: float = 1.0,
+              interpret: bool | None = None):
+  """softmax(scale·q·kᵀ)·V over the visible keys by the Mosaic GPU kernels (forward and
+  backward: differentiable in q, k, v), bfloat16 or float16.
+
+  Args:
+    q: [b, tq, h, d]; k: [b, tk, kv_heads, d]; v: [b, tk, kv_heads, d_v] (kv_heads divides
+      h). Any lengths and head dims: padded inside to multiples of 64 (the padded keys and
+      queries are padding, segment 0; the padded head-dim columns zero).
+    q_segments, k_segments, q_positions, k_positions: int [b, tq], [b, tk], as
+      flash_attention's (segment 0 is padding; the masks read positions, never indices).
+    causal: keys at positions ≤ the query's only; window: within ±window positions.
+    interpret: run Mosaic GPU's interpret mode (on any platform), else compile the kernels
+      (for cuda: Hopper or later); None: interpret unless this process's default backend
+      is a GPU. Chosen when traced, not per lowering platform: jax.lax.platform_dependent
+      cannot hold the interpreter, whose ordered callbacks the compiled branch lacks (JAX
+      0.10.2 lowering for cuda: "Lowering rule for `cond` returns incorrect set of output
+      tokens. Expected: (<OrderedIOEffect>,) vs. Actual: ()").
+  Returns:
+    [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key.
+  """
+  (_, tq, _, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
+  lq, lk = -(-tq // BLOCK) * BLOCK, -(-tk // BLOCK) * BLOCK
+  width = -(-max(d, dv) // BLOCK) * BLOCK
+  ids = (_pad(q_segments, lq), _pad(k_segments, lk), _pad(q_positions, lq),
+         _pad(k_positions, lk))
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  st = _Static(causal=causal, window=window, scale=float(scale), interpret=interpret)
+  out = _attend(st, _pad(q, lq, width), _pad(k, lk, width), _pad(v, lk, width),
+                tuple(x.astype(jnp.int32) for x in ids))
+  return out[:, :tq, :, :dv]
