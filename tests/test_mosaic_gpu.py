@@ -17,7 +17,7 @@ from flax import nnx
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from transformer.model.kernels.pallas import mosaic_bias, mosaic_gpu_forward
+from transformer.model.kernels.pallas import mosaic_bias, mosaic_gpu_attention, mosaic_gpu_forward
 from transformer.model.positions import POSITIONS, spec_bias
 from transformer.model.positions.relative import Fire, T5Bias
 
@@ -39,13 +39,14 @@ def _spec(position, heads, causal, settings=SETTINGS):
   return enc.bias_spec()
 
 
-def _dense(q, k, v, seg, pos, causal, window, spec=None):
+def _dense(q, k, v, seg, pos, causal, window, spec=None, per_head=False):
   """Softmax in base 2 over the unmasked keys: out [b, t, h, d], lse [b, h, t] (−inf, out 0
-  where a query sees no key)."""
+  where a query sees no key). per_head: the bias by spec.fn mapped over the heads (each
+  head's row of parameters its own, as the kernels read them), else by its dense form."""
   k, v = (jnp.repeat(x, q.shape[2] // x.shape[2], axis=2).astype(jnp.float32) for x in (k, v))
   s = jnp.einsum("bqhd,bkhd->bhqk", q.astype(jnp.float32), k)
   if spec is not None:
-    s = s + spec_bias(spec, pos, pos) / math.log(2)
+    s = s + spec_bias(spec, pos, pos, blockwise=per_head) / math.log(2)
   qs, ks = seg[:, None, :, None], seg[:, None, None, :]
   qp, kp = pos[:, None, :, None], pos[:, None, None, :]
   keep = (qs == ks) & (ks != 0)
@@ -175,4 +176,61 @@ def test_block_gradient_lowers_for_cuda(position):
   text = jax.jit(_gradient_kernel(spec, 4, interpret=False)).trace(*args).lower(
       lowering_platforms=("cuda",)).as_text()
   assert "stablehlo.custom_call @mosaic_gpu" in text
+  assert "triton" not in text
+
+
+def _loss(attend, spec, q, k, v, w):
+  """Σ out·w and its gradient in q, k, v and the bias parameters, attend(q, k, v, spec)."""
+  def loss(q, k, v, params):
+    out = attend(q, k, v, dataclasses.replace(spec, params=params))
+    return jnp.sum(out.astype(jnp.float32) * w)
+  return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, spec.params)
+
+
+def test_attention_gradients_with_a_bias_equal_the_dense_formula():
+  """mosaic_gpu_attention (interpret mode: forward, dk/dv and dq kernels with the bias and
+  its parameters' block gradients) against the dense formula in float32, values and
+  gradients in q, k, v and every bias parameter; T5 with its constants on the off-diagonal
+  blocks (keys × queries in the dk/dv kernel). FIRE's and KERPLE's block gradients are
+  test_block_gradient_is_the_vjp_of_the_dense_bias's."""
+  segments, causal, window, heads, kv_heads, position, gap = CASES["packed-t5"]
+  q, k, v, seg, pos = _inputs(segments, heads, kv_heads, gap)
+  spec = _spec(position, heads, causal)
+  w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+  ids = dict(q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos)
+  got = _loss(lambda q, k, v, spec: mosaic_gpu_attention(
+      q, k, v, **ids, causal=causal, window=window, scale=0.5, bias_spec=spec,
+      interpret=True), spec, q, k, v, w)
+  want = _loss(lambda q, k, v, spec: _dense(
+      q * 0.5 / math.log(2), k, v, seg, pos, causal, window, spec, per_head=True)[0],
+               spec, *(x.astype(jnp.float32) for x in (q, k, v)), w)
+  np.testing.assert_allclose(got[0], want[0], rtol=2e-3)
+  for g, x in zip(got[1][:3], want[1][:3]):
+    np.testing.assert_allclose(np.asarray(g, np.float32), x, atol=1e-2 * np.abs(x).max())
+  # the parameters' within 1% of the largest: FIRE's b2 is Σ dS, 0 in exact arithmetic,
+  # and float16 rounding of out (in delta = Σ dO·out) leaves 1e-2 of it
+  scale = max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(want[1][3]))
+  for name in spec.params:
+    np.testing.assert_allclose(got[1][3][name], want[1][3][name], atol=1e-2 * scale,
+                               err_msg=name)
+
+
+@pytest.mark.parametrize("position", ["t5", "fire"])
+def test_attention_gradients_with_a_bias_lower_for_cuda(position):
+  """The gradient of mosaic_gpu_attention in q, k, v and the parameters (FIRE's default 32
+  units) lowers to three mosaic_gpu calls (forward, dk/dv, dq) and no Triton."""
+  spec = _spec(position, 4, causal=True, settings={})
+  shape = jax.ShapeDtypeStruct
+  ids = [shape((2, 256), jnp.int32)] * 4
+
+  def loss(q, k, v, params, *ids):
+    out = mosaic_gpu_attention(
+        q, k, v, **dict(zip(("q_segments", "k_segments", "q_positions", "k_positions"), ids)),
+        causal=True, bias_spec=dataclasses.replace(spec, params=params), interpret=False)
+    return jnp.sum(out.astype(jnp.float32))
+  args = ([shape((2, 256, 4, 64), jnp.bfloat16)] * 3
+          + [jax.tree.map(lambda x: shape(x.shape, x.dtype), spec.params)] + ids)
+  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert text.count("stablehlo.custom_call @mosaic_gpu") == 3
   assert "triton" not in text

@@ -120,6 +120,14 @@ def pack(spec: BiasSpec):
   return jnp.pad(rows, [(0, 0), (0, width - sum(sizes))]), tuple(zip(names, offsets, sizes))
 
 
+def operand(spec: BiasSpec | None, heads: int):
+  """A kernel's parameter rows and packing: pack(spec), or without a spec one row of
+  zeros per head (copied nowhere, read never) and no packing."""
+  if spec is None:
+    return jnp.zeros((heads, ROW), jnp.float32), ()
+  return pack(spec)
+
+
 def unpack(packing, rows):
   """pack's inverse for rows [..., width] -> {name: [..., size]}."""
   return {name: rows[..., offset:offset + size] for name, offset, size in packing}
@@ -130,6 +138,19 @@ def theta(ref, packing):
   return {name: tuple(ref[offset + u] for u in range(size)) for name, offset, size in packing}
 
 
+def zero_gradient(packing):
+  """block_gradient's structure of zeros, to sum blocks into: name -> tuple of scalars."""
+  return {name: (jnp.zeros((), jnp.float32),) * size for name, _, size in packing
+          if name != SATURATED}
+
+
+def params_gradient(packing, rows, params):
+  """The BiasSpec's params' gradient {name: [h, size]} (params' dtypes) from rows of
+  gradients [h, width] (store's, summed over programs)."""
+  return {name: value.astype(params[name].dtype) for name, value in unpack(packing, rows).items()
+          if name != SATURATED}
+
+
 def store(ref, packing, grads):
   """Writes gradients (name -> tuple of scalars: block_gradient's, or their sums) into a row
   ref [width] in shared memory at their packing's offsets, as scalars."""
@@ -138,21 +159,25 @@ def store(ref, packing, grads):
       ref[offset + u] = grads[name][u]
 
 
-def _pairs(q_positions, k_positions):
-  """The query block's positions [bq] (a row layout) and the key block's [bk] (a column
-  layout) widened to the block: int32 [bq, bk] each."""
-  shape = (q_positions.shape[0], k_positions.shape[0])
-  return (lax.broadcast_in_dim(q_positions, shape, [0]),
-          lax.broadcast_in_dim(k_positions, shape, [1]))
+def _pairs(q_positions, k_positions, query_axis=0):
+  """The query block's positions [bq] and the key block's [bk] widened to the block, the
+  queries along query_axis (0: [bq, bk], the queries in a row layout and the keys in a
+  column layout; 1: [bk, bq], the transpose): int32 each."""
+  n = (q_positions.shape[0], k_positions.shape[0])
+  shape = n if query_axis == 0 else n[::-1]
+  return (lax.broadcast_in_dim(q_positions, shape, [query_axis]),
+          lax.broadcast_in_dim(k_positions, shape, [1 - query_axis]))
 
 
-def tile(spec: BiasSpec, params, q_positions, k_positions, *, interpret: bool = False):
+def tile(spec: BiasSpec, params, q_positions, k_positions, *, interpret: bool = False,
+         query_axis: int = 0):
   """log2(e)·bias of a block, float32 [bq, bk] in the logits' layout (the logits are in
-  base 2: q arrives multiplied by scale·log2 e): spec.fn of one head's params (theta) per
-  element, or, where spec saturates at M and every pair of the block has k − q ≥ M (or
-  every pair ≤ −M, from the blocks' position extremes), its constant there. interpret:
-  Mosaic GPU's interpret mode (no register layouts)."""
-  qp, kp = _pairs(q_positions, k_positions)
+  base 2: q arrives multiplied by scale·log2 e; query_axis 1: its transpose [bk, bq], the
+  query positions in a column layout and the keys' in a row layout): spec.fn of one head's
+  params (theta) per element, or, where spec saturates at M and every pair of the block has
+  k − q ≥ M (or every pair ≤ −M, from the blocks' position extremes), its constant there.
+  interpret: Mosaic GPU's interpret mode (no register layouts)."""
+  qp, kp = _pairs(q_positions, k_positions, query_axis)
 
   def exact():
     return LOG2E * lowerable(spec.fn)(params, qp, kp)

@@ -80,8 +80,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
   kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
                            window=window, block_q=BLOCK, block_k=BLOCK, lq=tq, lk=tk)
   lists = sparsity.visit_lists(kind, width)
-  params, packing = (mosaic_bias.pack(bias_spec) if bias_spec is not None
-                     else (jnp.zeros((h, mosaic_bias.ROW), jnp.float32), ()))
+  params, packing = mosaic_bias.operand(bias_spec, h)
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, par_ref, out_ref,
              lse_ref, q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem,
@@ -205,10 +204,11 @@ def _scratch(d, dtype, interpret, barriers):
 
 
 def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, delta, do, *,
-             causal, window, scale, interpret=False):
-  """The gradients of forward's inputs: q (as scaled there), k, v, the ids and lse as
-  forward's; delta = rowsum(dO·O) float32 [b, h, tq]; do [b, tq, h, d] -> dq [b, tq, h, d]
-  of the UNSCALED q (the logits being scale·q·kᵀ), dk, dv [b, tk, h_kv, d].
+             causal, window, scale, bias_spec=None, interpret=False):
+  """The gradients of forward's inputs: q (as scaled there), k, v, the ids, lse and
+  bias_spec as forward's; delta = rowsum(dO·O) float32 [b, h, tq]; do [b, tq, h, d] -> dq
+  [b, tq, h, d] of the UNSCALED q (the logits being scale·q·kᵀ + bias), dk, dv [b, tk, h_kv,
+  d], and the bias parameters' gradient {name: [h, size]} (None: no bias, or not learned).
 
   Two kernels, each one warpgroup and none atomic: one per (head, block of 64 keys, row)
   for dk and dv, walking its key block's transposed visit list (the query blocks that see
@@ -218,7 +218,9 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
   rather than atomics: deterministic, dq in its dtype with no float32 array beside it, and
   testable here (the interpreter has no TMA reduction: "reduction_op not supported"); it
   recomputes S and dP (2 wgmma per block more than atomics). Masks as forward's, on every
-  visited block."""
+  visited block; the bias added to S in both (mosaic_bias.tile), its parameters' gradient
+  summed over the dq kernel's blocks (mosaic_bias.block_gradient) into a row per program
+  and over the programs in XLA."""
   (b, tq, h, d), tk = q.shape, k.shape[1]
   groups, dtype, nq, nk = h // k.shape[2], q.dtype, tq // BLOCK, tk // BLOCK
   ids = tuple(x.astype(jnp.int32) for x in (q_segments, k_segments, q_positions, k_positions))
@@ -230,10 +232,19 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
   rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
   shape = (BLOCK, BLOCK)
   visible = functools.partial(_visible, causal=causal, window=window)
+  params, packing = mosaic_bias.operand(bias_spec, h)
+  learned = bias_spec is not None and bias_spec.learned
+
+  def theta(par_ref, par_smem, bar, head):  # this head's bias parameters, as scalars
+    if bias_spec is None:
+      return None
+    _copy([(par_ref.at[head], par_smem)], bar, 11)
+    return mosaic_bias.theta(par_smem, packing)
 
   def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
-                 kp_ref, list_ref, dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem, qs_smem,
-                 qp_smem, ks_smem, kp_smem, lse_smem, delta_smem, list_smem, bar, *copies):
+                 kp_ref, list_ref, par_ref, dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem,
+                 qs_smem, qp_smem, ks_smem, kp_smem, lse_smem, delta_smem, list_smem,
+                 par_smem, _, bar, *copies):
     head, kb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     keys = (row, pl.ds(kb * BLOCK, BLOCK))
@@ -241,6 +252,7 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
            (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem),
            (list_ref.at[row, kb], list_smem)], bar, 0)
     kseg, kpos = _load(ks_smem, rows, interpret), _load(kp_smem, rows, interpret)
+    bias = theta(par_ref, par_smem, bar, head)
     copies = copies or None
 
     def step(j, carry):
@@ -252,8 +264,11 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
              (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
              (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem)], bar, 5)
       st = _product(shape, k_smem, q_smem, copies, transpose=True)  # keys × queries
-      keep = visible(_load(qs_smem, cols, interpret), _load(qp_smem, cols, interpret), kseg,
-                     kpos, query_axis=1)
+      qpos = _load(qp_smem, cols, interpret)
+      if bias_spec is not None:
+        st = st + mosaic_bias.tile(bias_spec, bias, qpos, kpos, interpret=interpret,
+                                   query_axis=1)
+      keep = visible(_load(qs_smem, cols, interpret), qpos, kseg, kpos, query_axis=1)
       column = lambda ref: lax.broadcast_in_dim(_load(ref, cols, interpret), shape, [1])  # noqa: E731
       pt = jnp.where(keep, jnp.exp2(st - column(lse_smem)), 0.0)
       dv = dv + _product((BLOCK, d), pt.astype(dtype), do_smem, copies, registers=True)
@@ -272,8 +287,9 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
     plgpu.wait_smem_to_gmem(0)
 
   def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
-                kp_ref, list_ref, dq_ref, q_smem, do_smem, k_smem, v_smem, qs_smem, qp_smem,
-                ks_smem, kp_smem, lse_smem, delta_smem, list_smem, bar, *copies):
+                kp_ref, list_ref, par_ref, dq_ref, dpar_ref, q_smem, do_smem, k_smem, v_smem,
+                qs_smem, qp_smem, ks_smem, kp_smem, lse_smem, delta_smem, list_smem, par_smem,
+                dpar_smem, bar, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     queries, stats = (row, pl.ds(qb * BLOCK, BLOCK)), (row, head, pl.ds(qb * BLOCK, BLOCK))
@@ -284,42 +300,61 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
     qseg, qpos = _load(qs_smem, rows, interpret), _load(qp_smem, rows, interpret)
     lse_rows, delta_rows = (lax.broadcast_in_dim(_load(ref, rows, interpret), shape, [0])
                             for ref in (lse_smem, delta_smem))
+    bias = theta(par_ref, par_smem, bar, head)
     copies = copies or None
 
-    def step(j, dq):
+    def step(j, carry):
+      dq, dbias = carry
       keys = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
       _copy([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
              (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem)], bar, 7)
       s = _product(shape, q_smem, k_smem, copies, transpose=True)
-      keep = visible(qseg, qpos, _load(ks_smem, cols, interpret),
-                     _load(kp_smem, cols, interpret), query_axis=0)
+      kpos = _load(kp_smem, cols, interpret)
+      if bias_spec is not None:
+        s = s + mosaic_bias.tile(bias_spec, bias, qpos, kpos, interpret=interpret)
+      keep = visible(qseg, qpos, _load(ks_smem, cols, interpret), kpos, query_axis=0)
       p = jnp.where(keep, jnp.exp2(s - lse_rows), 0.0)
       ds = p * (_product(shape, do_smem, v_smem, copies, transpose=True) - delta_rows)
-      return dq + _product((BLOCK, d), ds.astype(dtype), k_smem, copies, registers=True)
+      if learned:  # dS is the natural logits' (and the bias's) gradient
+        dbias = jax.tree.map(jnp.add, dbias,
+                             mosaic_bias.block_gradient(bias_spec, bias, qpos, kpos, ds))
+      return dq + _product((BLOCK, d), ds.astype(dtype), k_smem, copies, registers=True), dbias
 
     zeros = _cast(interpret, jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA)
-    dq = lax.fori_loop(0, list_smem[1], step, zeros)
+    dq, dbias = lax.fori_loop(0, list_smem[1], step, (zeros, mosaic_bias.zero_gradient(
+        packing if learned else ())))
     q_smem[...] = (dq * scale).astype(dtype)  # dS·K in the unscaled q's units
+    if learned:
+      mosaic_bias.store(dpar_smem, packing, dbias)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[queries + (head,)])
+    if learned:
+      plgpu.copy_smem_to_gmem(dpar_smem, dpar_ref.at[row, head, qb])
     plgpu.wait_smem_to_gmem(0)
 
   def call(kernel, blocks, outputs, width):
-    tiles, barrier, copies = _scratch(d, dtype, interpret, 11)
+    tiles, barrier, copies = _scratch(d, dtype, interpret, 12)
+    row_smem = plgpu.SMEM(params.shape[1:], jnp.float32)  # the parameters, their gradient
     return plgpu.kernel(
         kernel, out_type=outputs, scratch_types=tiles + [plgpu.SMEM((width,), jnp.int32)]
-        + barrier + copies, grid=(h, blocks, b), grid_names=("heads", "blocks", "batch"),
+        + [row_smem] * 2 + barrier + copies, grid=(h, blocks, b),
+        grid_names=("heads", "blocks", "batch"),
         interpret=_interpret_params() if interpret else None)
 
   inputs = (q, k, v, do, lse, delta, *ids)
   per_query_head = jax.ShapeDtypeStruct((b, tk, h, d), dtype)
-  dk, dv = call(dkv_kernel, nk, [per_query_head] * 2, by_key.shape[-1])(*inputs, by_key)
-  dq = call(dq_kernel, nq, jax.ShapeDtypeStruct(q.shape, dtype), by_query.shape[-1])(
-      *inputs, by_query)
+  dk, dv = call(dkv_kernel, nk, [per_query_head] * 2, by_key.shape[-1])(
+      *inputs, by_key, params)
+  rows_out = jax.ShapeDtypeStruct((b, h, nq, params.shape[1]) if learned else (1, 1, 1, 1),
+                                  jnp.float32)  # a program's row of the gradient
+  dq, drows = call(dq_kernel, nq, [jax.ShapeDtypeStruct(q.shape, dtype), rows_out],
+                   by_query.shape[-1])(*inputs, by_query, params)
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv = (x.reshape(b, tk, h // groups, groups, d).astype(jnp.float32).sum(3)
               .astype(dtype) for x in (dk, dv))
-  return dq, dk, dv
+  dparams = (mosaic_bias.params_gradient(packing, drows.sum((0, 2)), bias_spec.params)
+             if learned else None)
+  return dq, dk, dv, dparams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,26 +365,34 @@ class _Static:
   window: int | None
   scale: float
   interpret: bool  # Mosaic GPU's interpret mode, else compiled
+  bias: object = None  # the BiasSpec without its params (passed beside), or None
+
+
+def _spec(st: _Static, params):
+  return None if st.bias is None else dataclasses.replace(st.bias, params=params)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(st: _Static, q, k, v, ids):
-  return _attend_forward(st, q, k, v, ids)[0]
+def _attend(st: _Static, q, k, v, ids, params):
+  return _attend_forward(st, q, k, v, ids, params)[0]
 
 
-def _attend_forward(st: _Static, q, k, v, ids):
+def _attend_forward(st: _Static, q, k, v, ids, params):
   scaled = q * jnp.asarray(st.scale * LOG2E, q.dtype)  # the kernels' logits are in base 2
   out, lse = forward(scaled, k, v, *ids, causal=st.causal, window=st.window,
-                     interpret=st.interpret)
-  return out, (scaled, k, v, ids, out, lse)
+                     bias_spec=_spec(st, params), interpret=st.interpret)
+  return out, (scaled, k, v, ids, params, out, lse)
 
 
 def _attend_backward(st: _Static, residuals, do):
-  scaled, k, v, ids, out, lse = residuals
+  scaled, k, v, ids, params, out, lse = residuals
   delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
-  dq, dk, dv = backward(scaled, k, v, *ids, lse, delta, do, causal=st.causal,
-                        window=st.window, scale=st.scale, interpret=st.interpret)
-  return dq, dk, dv, (None,) * len(ids)
+  dq, dk, dv, dparams = backward(scaled, k, v, *ids, lse, delta, do, causal=st.causal,
+                                 window=st.window, scale=st.scale,
+                                 bias_spec=_spec(st, params), interpret=st.interpret)
+  if dparams is None:
+    dparams = jax.tree.map(jnp.zeros_like, params)
+  return dq, dk, dv, (None,) * len(ids), dparams
 
 
 _attend.defvjp(_attend_forward, _attend_backward)
@@ -365,9 +408,9 @@ def _pad(x, length: int, width: int | None = None):
 
 def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
               causal: bool = False, window: int | None = None, scale: float = 1.0,
-              interpret: bool | None = None):
-  """softmax(scale·q·kᵀ)·V over the visible keys by the Mosaic GPU kernels (forward and
-  backward: differentiable in q, k, v), bfloat16 or float16.
+              bias_spec=None, interpret: bool | None = None):
+  """softmax(scale·q·kᵀ + bias)·V over the visible keys by the Mosaic GPU kernels (forward
+  and backward: differentiable in q, k, v and the bias's parameters), bfloat16 or float16.
 
   Args:
     q: [b, tq, h, d]; k: [b, tk, kv_heads, d]; v: [b, tk, kv_heads, d_v] (kv_heads divides
@@ -376,6 +419,8 @@ def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
     q_segments, k_segments, q_positions, k_positions: int [b, tq], [b, tk], as
       flash_attention's (segment 0 is padding; the masks read positions, never indices).
     causal: keys at positions ≤ the query's only; window: within ±window positions.
+    bias_spec: a positional bias (BiasSpec, evaluated per block in the kernels:
+      mosaic_bias.py), its params' gradient given where it is learned; None: none.
     interpret: run Mosaic GPU's interpret mode (on any platform), else compile the kernels
       (for cuda: Hopper or later); None: interpret unless this process's default backend
       is a GPU. Chosen when traced, not per lowering platform: jax.lax.platform_dependent
@@ -392,7 +437,9 @@ def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
          _pad(k_positions, lk))
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
-  st = _Static(causal=causal, window=window, scale=float(scale), interpret=interpret)
+  st = _Static(causal=causal, window=window, scale=float(scale), interpret=interpret,
+               bias=None if bias_spec is None else dataclasses.replace(bias_spec, params=None))
   out = _attend(st, _pad(q, lq, width), _pad(k, lk, width), _pad(v, lk, width),
-                tuple(x.astype(jnp.int32) for x in ids))
+                tuple(x.astype(jnp.int32) for x in ids),
+                {} if bias_spec is None else dict(bias_spec.params))
   return out[:, :tq, :, :dv]
