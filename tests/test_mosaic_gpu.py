@@ -26,6 +26,8 @@ L, D = 128, 64
 # a tie at the diagonal's input 0)
 SETTINGS = {"t5": T5Bias.Settings(num_buckets=8, max_distance=12),
             "fire": Fire.Settings(width=2, init_threshold=6.0)}
+# XLA's backend at optimisation level 0 compiles the interpreted kernels faster
+FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
 def _spec(position, heads, causal, settings=SETTINGS):
@@ -193,22 +195,26 @@ def test_attention_gradients_with_a_bias_equal_the_dense_formula():
   gradients in q, k, v and every bias parameter; T5 with its constants on the off-diagonal
   blocks (keys × queries in the dk/dv kernel). FIRE's and KERPLE's block gradients are
   test_block_gradient_is_the_vjp_of_the_dense_bias's."""
-  segments, causal, window, heads, kv_heads, position, gap = CASES["packed-t5"]
-  q, k, v, seg, pos = _inputs(segments, heads, kv_heads, gap)
+  segments, causal, window, _, _, position, gap = CASES["packed-t5"]
+  heads = 1  # the interpreter runs each program in turn: one head halves the time
+  q, k, v, seg, pos = _inputs(segments, heads, heads, gap)
   spec = _spec(position, heads, causal)
   w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
   ids = dict(q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos)
-  got = _loss(lambda q, k, v, spec: mosaic_gpu_attention(
-      q, k, v, **ids, causal=causal, window=window, scale=0.5, bias_spec=spec,
-      interpret=True), spec, q, k, v, w)
-  want = _loss(lambda q, k, v, spec: _dense(
-      q * 0.5 / math.log(2), k, v, seg, pos, causal, window, spec, per_head=True)[0],
-               spec, *(x.astype(jnp.float32) for x in (q, k, v)), w)
+
+  def both(q, k, v):
+    return (_loss(lambda q, k, v, spec: mosaic_gpu_attention(
+                q, k, v, **ids, causal=causal, window=window, scale=0.5, bias_spec=spec,
+                interpret=True), spec, q, k, v, w),
+            _loss(lambda q, k, v, spec: _dense(
+                q * 0.5 / math.log(2), k, v, seg, pos, causal, window, spec, per_head=True)[0],
+                  spec, *(x.astype(jnp.float32) for x in (q, k, v)), w))
+  got, want = jax.jit(both, compiler_options=FAST_COMPILE)(q, k, v)
   np.testing.assert_allclose(got[0], want[0], rtol=2e-3)
   for g, x in zip(got[1][:3], want[1][:3]):
     np.testing.assert_allclose(np.asarray(g, np.float32), x, atol=1e-2 * np.abs(x).max())
-  # the parameters' within 1% of the largest: FIRE's b2 is Σ dS, 0 in exact arithmetic,
-  # and float16 rounding of out (in delta = Σ dO·out) leaves 1e-2 of it
+  # the parameters' within 1% of the largest: each is a sum of dS, whose rounding (out in
+  # float16, in delta = Σ dO·out) is absolute, not relative to each sum
   scale = max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(want[1][3]))
   for name in spec.params:
     np.testing.assert_allclose(got[1][3][name], want[1][3][name], atol=1e-2 * scale,
