@@ -1,7 +1,10 @@
-"""The Mosaic GPU (Hopper) forward (transformer/model/kernels/pallas/mosaic_gpu.py): it lowers
-for cuda to a `mosaic_gpu` custom call from abstract shapes, and in Mosaic GPU interpret mode
-on this CPU its output and base-2 logsumexp equal the dense formula for causal, padded and
-packed segments, with a local window and grouped K/V heads."""
+"""The Mosaic GPU (Hopper) kernels (transformer/model/kernels/pallas/mosaic_gpu.py): in Mosaic
+GPU interpret mode on this CPU the forward's output and base-2 logsumexp, and the gradients
+of q, k, v through the backward kernels, equal the dense formula's for causal, padded and
+packed segments, with a local window and grouped K/V heads; the gradient lowers for cuda to
+`mosaic_gpu` custom calls only, from abstract shapes; kernel `mosaic_gpu` is never `auto`'s.
+(Its refusals: tests/test_kernel_choice.py, tests/test_bad_input.py; its values and
+gradients through the registry: tests/test_kernel_conformance.py.)"""
 
 import math
 
@@ -10,9 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model.kernels.pallas import mosaic_gpu_forward
+from transformer.model.kernels import Needs, Target, choose
+from transformer.model.kernels.pallas import mosaic_gpu_attention, mosaic_gpu_forward
 
 L, D = 128, 64
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # the interpreter's program compiles faster
 
 
 def _dense(q, k, v, seg, pos, causal, window):
@@ -59,13 +64,63 @@ def test_interpret_equals_the_dense_formula(name):
   np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
 
 
+SCALE = 0.3
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_equal_the_dense_formulas(name):
+  """jax.grad through attention (q unscaled, scale given; head dim 48 and length 120 padded
+  to 64 and 128 inside) against jax.grad of the dense formula, on the queries that see a
+  key, in float32 from the same float16 inputs."""
+  segments, causal, window, heads, kv_heads = CASES[name]
+  q, k, v, seg, pos = _inputs(segments, heads, kv_heads)
+  q, k, v = (x[:, :120, :, :48] for x in (q, k, v))
+  seg, pos = seg[:, :120], pos[:, :120]
+  weights = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+  weights = weights * (seg > 0)[..., None, None]
+
+  def kernel(q, k, v):
+    out = mosaic_gpu_attention(q, k, v, q_segments=seg, k_segments=seg, q_positions=pos,
+                               k_positions=pos, causal=causal, window=window, scale=SCALE,
+                               interpret=True)
+    return jnp.sum(out.astype(jnp.float32) * weights)
+
+  def dense(q, k, v):
+    out = _dense(q * SCALE / math.log(2), k, v, seg, pos, causal, window)[0]
+    return jnp.sum(out * weights)
+
+  got = jax.jit(jax.grad(kernel, argnums=(0, 1, 2)), compiler_options=FAST_COMPILE)(q, k, v)
+  want = jax.grad(dense, argnums=(0, 1, 2))(*(x.astype(jnp.float32) for x in (q, k, v)))
+  for g, w in zip(got, want, strict=True):
+    assert g.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=4e-3 * np.abs(w).max())
+
+
 @pytest.mark.parametrize("causal,window,dtype", [(True, None, jnp.bfloat16),
                                                  (False, 32, jnp.float16)])
-def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype):
+def test_the_gradient_lowers_for_cuda_to_mosaic_gpu_calls_only(causal, window, dtype):
+  """jax.grad of attention (grouped K/V heads, lengths and head dim 80 padded inside):
+  forward, dk/dv and dq kernels, three Mosaic GPU custom calls and nothing of Triton."""
   shape = jax.ShapeDtypeStruct
-  args = ([shape((2, 256, 4, 128), dtype)] + [shape((2, 256, 2, 128), dtype)] * 2
-          + [shape((2, 256), jnp.int32)] * 4)
-  f = jax.jit(lambda *a: mosaic_gpu_forward(*a, causal=causal, window=window))
+  args = ([shape((2, 200, 4, 80), dtype)] + [shape((2, 200, 2, 80), dtype)] * 2
+          + [shape((2, 200), jnp.int32)] * 4)
+
+  def loss(q, k, v, *ids):
+    out = mosaic_gpu_attention(q, k, v, q_segments=ids[0], k_segments=ids[1],
+                               q_positions=ids[2], k_positions=ids[3], causal=causal,
+                               window=window, scale=0.1, interpret=False)
+    return jnp.sum(out.astype(jnp.float32))
+
+  f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
   text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  assert "stablehlo.custom_call @mosaic_gpu" in text
+  assert text.count("stablehlo.custom_call @mosaic_gpu") == 3
+  assert text.count("stablehlo.custom_call @") == 3
   assert "triton" not in text
+
+
+def test_auto_never_takes_it():
+  """Unmeasured, so in no AUTO_ORDER: on a GPU, auto takes another kernel for a bf16 layer
+  it could run, and does not consider it."""
+  choice, _ = choose("auto", Needs({"grouped_query"}, dtype="bfloat16"), Target("gpu"))
+  assert choice.name != "mosaic_gpu"
+  assert "mosaic_gpu" not in dict(choice.passed_over)
