@@ -5,7 +5,12 @@ it has not run on a GPU. It visits the key blocks of sparsity's visit lists (the
 copied to shared memory, read as scalars), masking each from segments and positions, the
 full blocks too (no bias, no pipelining, no warp specialisation). Interpret mode
 takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
-there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
+there Kᵀ and P are copied to shared memory and the id rows are read plainly.
+
+Its backward (`backward`: a dk/dv kernel per key block over the transposed visit lists, a
+dq kernel per query block) and the differentiable `attention` (kernel `mosaic_gpu` of the
+registry: q unscaled, any lengths and head dims, padded to multiples of 64 inside) follow
+the forward; the three kernels share the mask (`_visible`)."""
 
 import dataclasses
 import functools
