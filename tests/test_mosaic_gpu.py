@@ -1,13 +1,15 @@
-"""The Mosaic GPU (Hopper) forward (transformer/model/kernels/pallas/mosaic_gpu.py): it lowers
-for cuda to a `mosaic_gpu` custom call from abstract shapes, and in Mosaic GPU interpret mode
-on this CPU its output and base-2 logsumexp equal the dense formula for causal, padded and
-packed segments, with a local window, grouped K/V heads and each positional bias. The bias's
-block gradient (mosaic_bias.py) in a one-block kernel equals the vjp of the dense bias and
-lowers for cuda."""
-
-import math
+"""The Mosaic GPU (Hopper) kernels (transformer/model/kernels/pallas/mosaic_gpu.py): in Mosaic
+GPU interpret mode on this CPU the forward's output and base-2 logsumexp, and the gradients
+of q, k, v (and of a learned bias's parameters) through the backward kernels, equal the
+dense formula's for causal, padded and packed segments, with a local window, grouped K/V
+heads and each positional bias; the gradient lowers for cuda to `mosaic_gpu` custom calls
+only, from abstract shapes; kernel `mosaic_gpu` is never `auto`'s. The bias's block gradient
+(mosaic_bias.py) in a one-block kernel equals the vjp of the dense bias and lowers for cuda.
+(Its refusals: tests/test_kernel_choice.py, tests/test_bad_input.py; its values and
+gradients through the registry: tests/test_kernel_conformance.py.)"""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ from flax import nnx
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from transformer.model.kernels import Needs, Target, choose
 from transformer.model.kernels.pallas import mosaic_bias, mosaic_gpu_attention, mosaic_gpu_forward
 from transformer.model.positions import POSITIONS, spec_bias
 from transformer.model.positions.relative import Fire, T5Bias
@@ -26,8 +29,7 @@ L, D = 128, 64
 # a tie at the diagonal's input 0)
 SETTINGS = {"t5": T5Bias.Settings(num_buckets=8, max_distance=12),
             "fire": Fire.Settings(width=2, init_threshold=6.0)}
-# XLA's backend at optimisation level 0 compiles the interpreted kernels faster
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+FAST_COMPILE = {"xla_backend_optimization_level": 0}  # the interpreter's program compiles faster
 
 
 def _spec(position, heads, causal, settings=SETTINGS):
@@ -94,17 +96,80 @@ def test_interpret_equals_the_dense_formula(name):
   np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
 
 
+SCALE = 0.3
+
+
+@pytest.mark.parametrize("name", ["causal", "packed-kerple", "packed-t5", "padded-alibi"])
+def test_gradients_equal_the_dense_formulas(name):
+  """jax.grad through attention (q unscaled, scale given; head dim 48 and length 120 padded
+  to 64 and 128 inside) against jax.grad of the dense formula, on the queries that see a
+  key, in float32 from the same float16 inputs: q, k, v and a learned bias's parameters
+  (KERPLE's closed form; T5's per-bucket sums, its constants on the off-diagonal blocks,
+  keys × queries in the dk/dv kernel). FIRE's block gradients:
+  test_block_gradient_is_the_vjp_of_the_dense_bias."""
+  segments, causal, window, heads, kv_heads, position, gap = CASES[name]
+  q, k, v, seg, pos = _inputs(segments, heads, kv_heads, gap)
+  q, k, v = (x[:, :120, :, :48] for x in (q, k, v))
+  seg, pos = seg[:, :120], pos[:, :120]
+  spec = _spec(position, heads, causal)
+  params = {} if spec is None else spec.params
+  weights = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
+  weights = weights * (seg > 0)[..., None, None]
+
+  def with_params(params):
+    return None if spec is None else dataclasses.replace(spec, params=params)
+
+  def kernel(q, k, v, params):
+    out = mosaic_gpu_attention(q, k, v, q_segments=seg, k_segments=seg, q_positions=pos,
+                               k_positions=pos, causal=causal, window=window, scale=SCALE,
+                               bias_spec=with_params(params), interpret=True)
+    return jnp.sum(out.astype(jnp.float32) * weights)
+
+  def dense(q, k, v, params):  # each head's row of parameters its own, as the kernels read
+    out = _dense(q * SCALE / math.log(2), k, v, seg, pos, causal, window,
+                 with_params(params), per_head=True)[0]
+    return jnp.sum(out * weights)
+
+  argnums = (0, 1, 2, 3)
+  got = jax.jit(jax.grad(kernel, argnums), compiler_options=FAST_COMPILE)(q, k, v, params)
+  want = jax.grad(dense, argnums)(*(x.astype(jnp.float32) for x in (q, k, v)), params)
+  for g, w in zip(got[:3], want[:3], strict=True):
+    assert g.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(g, np.float32), w, atol=4e-3 * np.abs(w).max())
+  if spec is not None and spec.learned:  # within 1% of the largest: each is a sum of dS,
+    # whose rounding (out in float16, in delta = Σ dO·out) is absolute, not per sum
+    scale = max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(want[3]))
+    for name in spec.params:
+      np.testing.assert_allclose(got[3][name], want[3][name], atol=1e-2 * scale,
+                                 err_msg=name)
+
+
 @pytest.mark.parametrize("causal,window,dtype,position", [
     (True, None, jnp.bfloat16, None), (False, 32, jnp.float16, "t5"),
     (True, None, jnp.bfloat16, "fire")])
-def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, position):
+def test_the_gradient_lowers_for_cuda_to_mosaic_gpu_calls_only(causal, window, dtype,
+                                                                 position):
+  """jax.grad of attention (grouped K/V heads, lengths and head dim 80 padded inside), in
+  q, k, v and a bias's parameters (FIRE's default 32 units): forward, dk/dv and dq
+  kernels, three Mosaic GPU custom calls and nothing of Triton."""
   shape = jax.ShapeDtypeStruct
-  args = ([shape((2, 256, 4, 128), dtype)] + [shape((2, 256, 2, 128), dtype)] * 2
-          + [shape((2, 256), jnp.int32)] * 4)
-  spec = _spec(position, 4, causal, settings={})  # default settings: FIRE's 32 units
-  f = jax.jit(lambda *a: mosaic_gpu_forward(*a, causal=causal, window=window, bias_spec=spec))
+  spec = _spec(position, 4, causal, settings={})
+  params = {} if spec is None else jax.tree.map(lambda x: shape(x.shape, x.dtype),
+                                                spec.params)
+  args = ([shape((2, 200, 4, 80), dtype)] + [shape((2, 200, 2, 80), dtype)] * 2
+          + [params] + [shape((2, 200), jnp.int32)] * 4)
+
+  def loss(q, k, v, params, *ids):
+    out = mosaic_gpu_attention(
+        q, k, v, q_segments=ids[0], k_segments=ids[1], q_positions=ids[2],
+        k_positions=ids[3], causal=causal, window=window, scale=0.1, interpret=False,
+        bias_spec=None if spec is None else dataclasses.replace(spec, params=params))
+    return jnp.sum(out.astype(jnp.float32))
+
+  f = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))
   text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  assert "stablehlo.custom_call @mosaic_gpu" in text
+  assert text.count("stablehlo.custom_call @mosaic_gpu") == 3
+  assert text.count("stablehlo.custom_call @") == 3
   assert "triton" not in text
 
 
@@ -181,62 +246,9 @@ def test_block_gradient_lowers_for_cuda(position):
   assert "triton" not in text
 
 
-def _loss(attend, spec, q, k, v, w):
-  """Σ out·w and its gradient in q, k, v and the bias parameters, attend(q, k, v, spec)."""
-  def loss(q, k, v, params):
-    out = attend(q, k, v, dataclasses.replace(spec, params=params))
-    return jnp.sum(out.astype(jnp.float32) * w)
-  return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(q, k, v, spec.params)
-
-
-def test_attention_gradients_with_a_bias_equal_the_dense_formula():
-  """mosaic_gpu_attention (interpret mode: forward, dk/dv and dq kernels with the bias and
-  its parameters' block gradients) against the dense formula in float32, values and
-  gradients in q, k, v and every bias parameter; T5 with its constants on the off-diagonal
-  blocks (keys × queries in the dk/dv kernel). FIRE's and KERPLE's block gradients are
-  test_block_gradient_is_the_vjp_of_the_dense_bias's."""
-  segments, causal, window, _, _, position, gap = CASES["packed-t5"]
-  heads = 1  # the interpreter runs each program in turn: one head halves the time
-  q, k, v, seg, pos = _inputs(segments, heads, heads, gap)
-  spec = _spec(position, heads, causal)
-  w = jnp.asarray(np.random.default_rng(1).standard_normal(q.shape), jnp.float32)
-  ids = dict(q_segments=seg, k_segments=seg, q_positions=pos, k_positions=pos)
-
-  def both(q, k, v):
-    return (_loss(lambda q, k, v, spec: mosaic_gpu_attention(
-                q, k, v, **ids, causal=causal, window=window, scale=0.5, bias_spec=spec,
-                interpret=True), spec, q, k, v, w),
-            _loss(lambda q, k, v, spec: _dense(
-                q * 0.5 / math.log(2), k, v, seg, pos, causal, window, spec, per_head=True)[0],
-                  spec, *(x.astype(jnp.float32) for x in (q, k, v)), w))
-  got, want = jax.jit(both, compiler_options=FAST_COMPILE)(q, k, v)
-  np.testing.assert_allclose(got[0], want[0], rtol=2e-3)
-  for g, x in zip(got[1][:3], want[1][:3]):
-    np.testing.assert_allclose(np.asarray(g, np.float32), x, atol=1e-2 * np.abs(x).max())
-  # the parameters' within 1% of the largest: each is a sum of dS, whose rounding (out in
-  # float16, in delta = Σ dO·out) is absolute, not relative to each sum
-  scale = max(np.abs(np.asarray(x)).max() for x in jax.tree.leaves(want[1][3]))
-  for name in spec.params:
-    np.testing.assert_allclose(got[1][3][name], want[1][3][name], atol=1e-2 * scale,
-                               err_msg=name)
-
-
-@pytest.mark.parametrize("position", ["t5", "fire"])
-def test_attention_gradients_with_a_bias_lower_for_cuda(position):
-  """The gradient of mosaic_gpu_attention in q, k, v and the parameters (FIRE's default 32
-  units) lowers to three mosaic_gpu calls (forward, dk/dv, dq) and no Triton."""
-  spec = _spec(position, 4, causal=True, settings={})
-  shape = jax.ShapeDtypeStruct
-  ids = [shape((2, 256), jnp.int32)] * 4
-
-  def loss(q, k, v, params, *ids):
-    out = mosaic_gpu_attention(
-        q, k, v, **dict(zip(("q_segments", "k_segments", "q_positions", "k_positions"), ids)),
-        causal=True, bias_spec=dataclasses.replace(spec, params=params), interpret=False)
-    return jnp.sum(out.astype(jnp.float32))
-  args = ([shape((2, 256, 4, 64), jnp.bfloat16)] * 3
-          + [jax.tree.map(lambda x: shape(x.shape, x.dtype), spec.params)] + ids)
-  text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(*args).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert text.count("stablehlo.custom_call @mosaic_gpu") == 3
-  assert "triton" not in text
+def test_auto_never_takes_it():
+  """Unmeasured, so in no AUTO_ORDER: on a GPU, auto takes another kernel for a bf16 layer
+  it could run, and does not consider it."""
+  choice, _ = choose("auto", Needs({"grouped_query"}, dtype="bfloat16"), Target("gpu"))
+  assert choice.name != "mosaic_gpu"
+  assert "mosaic_gpu" not in dict(choice.passed_over)

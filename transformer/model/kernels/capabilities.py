@@ -78,7 +78,7 @@ CAPABILITIES: dict[str, Capability] = {
     "positional_bias": Capability(
         lambda layer: layer.encoding.biases,
         "adds no positional logit bias, and position '{position}' adds one; use kernel "
-        "{able} or a position that adds none (none, sinusoidal, learned, rotary, xpos)"),
+        "{able} or a position that adds none (such as rotary)"),
     "content_bias": Capability(
         lambda layer: layer.encoding.content_biases,
         "cannot add the content-dependent logit bias of position '{position}' (it needs each "

@@ -6,7 +6,13 @@ copied to shared memory, read as scalars), masking each from segments and positi
 full blocks too (no pipelining, no warp specialisation), and adding a BiasSpec's bias per
 block (mosaic_bias.py). Interpret mode
 takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
-there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
+there Kᵀ and P are copied to shared memory and the id rows are read plainly.
+
+Its backward (`backward`: a dk/dv kernel per key block over the transposed visit lists, a
+dq kernel per query block) and the differentiable `attention` (kernel `mosaic_gpu` of the
+registry: q unscaled, any lengths and head dims, padded to multiples of 64 inside) follow
+the forward; the three kernels share the mask (`_visible`) and add the bias
+(mosaic_bias.tile), the dq kernel giving its parameters' gradient."""
 
 import dataclasses
 import functools
