@@ -206,7 +206,7 @@ def _gradient_kernel(spec, heads, interpret):
                      plgpu.Barrier(num_barriers=4)],
       grid=(heads,), grid_names=("heads",),
       interpret=_interpret_params() if interpret else None)
-  return lambda qp, kp, ds: mosaic_bias.unpack(packing, call(qp, kp, rows, ds))
+  return lambda qp, kp, ds: mosaic_bias.params_gradient(spec, packing, call(qp, kp, rows, ds))
 
 
 def _interpret_params():

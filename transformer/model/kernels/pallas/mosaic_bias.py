@@ -20,6 +20,7 @@ three parameters' gradients follow as scalars, and the vjp of the input at dS·A
 the MLP's slope at x (its input's parameters); else the vjp of fn (T5: one sum per bucket).
 Each sum is a reduction of the tile to a scalar."""
 
+import dataclasses
 import functools
 
 import jax
@@ -140,15 +141,20 @@ def theta(ref, packing):
 
 def zero_gradient(packing):
   """block_gradient's structure of zeros, to sum blocks into: name -> tuple of scalars."""
-  return {name: (jnp.zeros((), jnp.float32),) * size for name, _, size in packing
-          if name != SATURATED}
+  return {name: (jnp.zeros((), jnp.float32),) * size for name, _, size in packing}
 
 
-def params_gradient(packing, rows, params):
+def params_gradient(spec: BiasSpec, packing, rows):
   """The BiasSpec's params' gradient {name: [h, size]} (params' dtypes) from rows of
-  gradients [h, width] (store's, summed over programs)."""
-  return {name: value.astype(params[name].dtype) for name, value in unpack(packing, rows).items()
-          if name != SATURATED}
+  gradients [h, width] (store's, summed over programs): the SATURATED entries (Σ dS over
+  the blocks beyond ±M) through the vjp of pack's constants."""
+  grads = unpack(packing, rows)
+  if spec.saturates_at is not None:
+    _, vjp = jax.vjp(lambda p: unpack(packing, pack(dataclasses.replace(spec, params=p))[0])
+                     [SATURATED], spec.params)
+    grads = jax.tree.map(jnp.add, {name: grads[name] for name in spec.params},
+                         vjp(grads[SATURATED])[0])
+  return {name: grads[name].astype(value.dtype) for name, value in spec.params.items()}
 
 
 def store(ref, packing, grads):
@@ -183,14 +189,22 @@ def tile(spec: BiasSpec, params, q_positions, k_positions, *, interpret: bool = 
     return LOG2E * lowerable(spec.fn)(params, qp, kp)
   if spec.saturates_at is None:
     return exact()
-  m, (below, above) = spec.saturates_at, params[SATURATED]
-  low = jnp.min(k_positions) - jnp.max(q_positions)  # the block's least k − q
-  high = jnp.max(k_positions) - jnp.min(q_positions)
+  far, above = _beyond(spec.saturates_at, q_positions, k_positions)
 
   def constant():
-    value = jnp.full(qp.shape, LOG2E * jnp.where(low >= m, above, below), jnp.float32)
+    below_above = params[SATURATED]
+    value = jnp.full(qp.shape, LOG2E * jnp.where(above, below_above[1], below_above[0]),
+                     jnp.float32)
     return value if interpret else plgpu.layout_cast(value, plgpu.Layout.WGMMA)
-  return lax.cond((low >= m) | (high <= -m), constant, exact)
+  return lax.cond(far, constant, exact)
+
+
+def _beyond(m: int, q_positions, k_positions):
+  """(every pair of the block has k − q ≥ m or every pair ≤ −m, the former), from the
+  blocks' position extremes: bool scalars."""
+  low = jnp.min(k_positions) - jnp.max(q_positions)  # the block's least k − q
+  high = jnp.max(k_positions) - jnp.min(q_positions)
+  return (low >= m) | (high <= -m), low >= m
 
 
 def _mlp_gradient(spec: BiasSpec, params, qp, kp, ds):
@@ -219,8 +233,10 @@ def _mlp_gradient(spec: BiasSpec, params, qp, kp, ds):
 def block_gradient(spec: BiasSpec, params, q_positions, k_positions, ds):
   """A block's share of one head's parameters' gradient, name -> tuple of scalars, from
   the logits' gradient ds float32 [bq, bk] (of the bias in natural units: the caller
-  multiplies a base-2 dS by log2 e) and the blocks' positions [bq], [bk]."""
-  params = {name: value for name, value in params.items() if name != SATURATED}
+  multiplies a base-2 dS by log2 e) and the blocks' positions [bq], [bk]. Where spec
+  saturates (T5), a block beyond ±M gives Σ dS at its constant's SATURATED entry (one sum,
+  not one per parameter: params_gradient maps it) and the others' gradient 0."""
+  own = {name: value for name, value in params.items() if name != SATURATED}
   if spec.grad is not None:
     grad = spec.grad
   elif spec.mlp_input is not None:
@@ -228,4 +244,16 @@ def block_gradient(spec: BiasSpec, params, q_positions, k_positions, ds):
   else:
     def grad(params, qp, kp, ds):
       return jax.vjp(lambda p: spec.fn(p, qp, kp), params)[1](ds)[0]
-  return lowerable(grad)(params, *_pairs(q_positions, k_positions), ds)
+
+  def exact():
+    return lowerable(grad)(own, *_pairs(q_positions, k_positions), ds)
+  if spec.saturates_at is None:
+    return exact()
+  far, above = _beyond(spec.saturates_at, q_positions, k_positions)
+  zero = jnp.zeros((), jnp.float32)
+
+  def constant():
+    total = jnp.sum(jnp.sum(ds, axis=1), axis=0)
+    grads = {name: (zero,) * len(value) for name, value in own.items()}
+    return {**grads, SATURATED: (jnp.where(above, zero, total), jnp.where(above, total, zero))}
+  return lax.cond(far, constant, lambda: {**exact(), SATURATED: (zero, zero)})

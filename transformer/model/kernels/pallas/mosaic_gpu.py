@@ -358,8 +358,8 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
   if groups > 1:  # each query head's share, summed into its key/value head
     dk, dv = (x.reshape(b, tk, h // groups, groups, d).astype(jnp.float32).sum(3)
               .astype(dtype) for x in (dk, dv))
-  dparams = (mosaic_bias.params_gradient(packing, drows.sum((0, 2)), bias_spec.params)
-             if learned else None)
+  dparams = (mosaic_bias.params_gradient(bias_spec, packing, drows.sum((0, 2))) if learned
+             else None)
   return dq, dk, dv, dparams
 
 
@@ -439,8 +439,12 @@ def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
   (_, tq, _, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
   lq, lk = -(-tq // BLOCK) * BLOCK, -(-tk // BLOCK) * BLOCK
   width = -(-max(d, dv) // BLOCK) * BLOCK
-  ids = (_pad(q_segments, lq), _pad(k_segments, lk), _pad(q_positions, lq),
-         _pad(k_positions, lk))
+  # padded positions repeat the last (padding is masked by its segment 0 whatever its
+  # positions; so the padded blocks' position ranges, which decide a saturating bias's
+  # constant blocks, stay those of their real tokens)
+  edge = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1])], mode="edge")  # noqa: E731
+  ids = (_pad(q_segments, lq), _pad(k_segments, lk), edge(q_positions, lq),
+         edge(k_positions, lk))
   if interpret is None:
     interpret = jax.default_backend() != "gpu"
   st = _Static(causal=causal, window=window, scale=float(scale), interpret=interpret,
