@@ -100,9 +100,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
           bar, 0)
     rows = plgpu.Layout.WGMMA.reduce(1)
     cols = plgpu.Layout.WGMMA.reduce(0)
-    if bias_spec is not None:  # this head's parameters, read as scalars
+    if bias_spec is not None:  # this head's parameters, read as scalars per block
       _copy([(par_ref.at[head], par_smem)], bar, 8)
-      theta = mosaic_bias.theta(par_smem, packing)
     qseg = _load(qs_smem, rows, interpret)
     qpos = _load(qp_smem, rows, interpret)
     m_i = _cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
@@ -126,7 +125,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       kseg = _load(ks_smem, cols, interpret)
       kpos = _load(kp_smem, cols, interpret)
       if bias_spec is not None:
-        x = x + mosaic_bias.tile(bias_spec, theta, qpos, kpos, interpret=interpret)
+        x = x + mosaic_bias.tile(bias_spec, mosaic_bias.theta(par_smem, packing), qpos, kpos,
+                                 interpret=interpret)
       shape = (BLOCK, BLOCK)
       keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
       x = jnp.where(keep, x, -jnp.inf)
@@ -241,11 +241,9 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
   params, packing = mosaic_bias.operand(bias_spec, h)
   learned = bias_spec is not None and bias_spec.learned
 
-  def theta(par_ref, par_smem, bar, head):  # this head's bias parameters, as scalars
-    if bias_spec is None:
-      return None
-    _copy([(par_ref.at[head], par_smem)], bar, 11)
-    return mosaic_bias.theta(par_smem, packing)
+  def copy_params(par_ref, par_smem, bar, head):  # this head's row, read per block
+    if bias_spec is not None:
+      _copy([(par_ref.at[head], par_smem)], bar, 11)
 
   def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
                  kp_ref, list_ref, par_ref, dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem,
@@ -258,7 +256,7 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
            (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem),
            (list_ref.at[row, kb], list_smem)], bar, 0)
     kseg, kpos = _load(ks_smem, rows, interpret), _load(kp_smem, rows, interpret)
-    bias = theta(par_ref, par_smem, bar, head)
+    copy_params(par_ref, par_smem, bar, head)
     copies = copies or None
 
     def step(j, carry):
@@ -272,8 +270,8 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
       st = _product(shape, k_smem, q_smem, copies, transpose=True)  # keys × queries
       qpos = _load(qp_smem, cols, interpret)
       if bias_spec is not None:
-        st = st + mosaic_bias.tile(bias_spec, bias, qpos, kpos, interpret=interpret,
-                                   query_axis=1)
+        st = st + mosaic_bias.tile(bias_spec, mosaic_bias.theta(par_smem, packing), qpos, kpos,
+                                   interpret=interpret, query_axis=1)
       keep = visible(_load(qs_smem, cols, interpret), qpos, kseg, kpos, query_axis=1)
       column = lambda ref: lax.broadcast_in_dim(_load(ref, cols, interpret), shape, [1])  # noqa: E731
       pt = jnp.where(keep, jnp.exp2(st - column(lse_smem)), 0.0)
@@ -306,7 +304,7 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
     qseg, qpos = _load(qs_smem, rows, interpret), _load(qp_smem, rows, interpret)
     lse_rows, delta_rows = (lax.broadcast_in_dim(_load(ref, rows, interpret), shape, [0])
                             for ref in (lse_smem, delta_smem))
-    bias = theta(par_ref, par_smem, bar, head)
+    copy_params(par_ref, par_smem, bar, head)
     copies = copies or None
 
     def step(j, carry):
@@ -316,7 +314,8 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
              (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem)], bar, 7)
       s = _product(shape, q_smem, k_smem, copies, transpose=True)
       kpos = _load(kp_smem, cols, interpret)
-      if bias_spec is not None:
+      if bias_spec is not None:  # the head's parameters read per block, not held
+        bias = mosaic_bias.theta(par_smem, packing)
         s = s + mosaic_bias.tile(bias_spec, bias, qpos, kpos, interpret=interpret)
       keep = visible(qseg, qpos, _load(ks_smem, cols, interpret), kpos, query_axis=0)
       p = jnp.where(keep, jnp.exp2(s - lse_rows), 0.0)
