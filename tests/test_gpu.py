@@ -1,7 +1,7 @@
 """Checks only an NVIDIA GPU can run (skipped elsewhere): cuDNN fused attention (and a Pallas
 kernel, when one is registered) against the reference formula, values and gradients, under
-packing, padding and causal masks, with every bias encoding and the Gaussian scorer; and
-`auto`'s choice on a GPU."""
+packing, padding and causal masks, with every bias encoding and the Gaussian scorer; the
+Mosaic GPU kernel without a bias (Hopper or later); and `auto`'s choice on a GPU."""
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +144,16 @@ def test_the_gaussian_through_the_fused_gpu_kernels_in_bfloat16(kernel_name):
                                        param_grads=True)
   assert errors["out"] < 1e-2, errors
   assert "param0" in errors and all(err < 3e-2 for err in errors.values()), errors
+
+
+def test_mosaic_gpu_in_bfloat16_without_a_bias_and_with_the_gaussian():
+  """Kernel mosaic_gpu compiled by Mosaic GPU (Hopper or later): values and q, k, v
+  gradients without a bias, and the Gaussian's augmented product (head dim 66, padded to
+  128) with σ's gradient, bf16 against the f32 reference formula."""
+  for score, param_grads in ((ScaledDot(4, 64), False), (Gaussian(4, 64), True)):
+    errors = _bf16_against_f32_reference("mosaic_gpu", score, PositionalEncoding(),
+                                         param_grads=param_grads)
+    assert errors["out"] < 1e-2 and all(err < 3e-2 for err in errors.values()), errors
 
 
 def test_auto_on_the_gpu_avoids_cudnn_for_a_learned_bias_and_refuses_it_by_hand():

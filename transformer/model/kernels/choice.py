@@ -244,7 +244,7 @@ def choose(asked: str, needs: Needs, target: Target | None = None
       choice = KernelChoice(asked, asked)
   kernel = KERNELS[choice.name]
   return choice, kernel.make(block_size=needs.block_size, softcap=needs.softcap,
-                             mesh=target.mesh)
+                             mesh=target.mesh, backend=target.backend)
 
 
 # --------------------------------------------------------------------------- the log

@@ -10,7 +10,8 @@ evaluates it block by block from `encoding.bias_spec()`, inside its kernels); a 
 offering `content_bias` also adds `encoding.content_bias(q, logits)`, a function of each
 query's whole row of logits. The functions: the formula computed whole
 (kernels/reference.py) or in blocks (kernels/blockwise.py), and here XLA's or cuDNN's
-fused attention and Pallas' flash attention (kernels/pallas/attention.py), wrapped.
+fused attention, Pallas' flash attention (kernels/pallas/attention.py) and Pallas' Mosaic GPU
+kernels (kernels/pallas/mosaic_gpu.py), wrapped.
 
 KERNELS maps a name to a Kernel: how to make the function, and the capabilities it offers
 (transformer/model/kernels/capabilities.py), which transformer/model/kernels/choice.py
@@ -38,7 +39,7 @@ from transformer.model.kernels.blockwise import blockwise_kernel
 from transformer.model.kernels.capabilities import CAPABILITIES
 from transformer.model.kernels.cudnn_mask import bias_positions, cudnn_mask, dense_mask
 from transformer.model.kernels.fallbacks import log_once
-from transformer.model.kernels.pallas import flash_attention
+from transformer.model.kernels.pallas import flash_attention, mosaic_gpu_attention
 from transformer.model.kernels.reference import reference_kernel, repeat_heads
 from transformer.model.normalizers import SOFTMAX
 
@@ -123,6 +124,33 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
   return kernel
 
 
+def mosaic_gpu_kernel(interpret: bool = False):
+  """mosaic_gpu_attention (transformer/model/kernels/pallas/mosaic_gpu.py: Pallas' Mosaic
+  GPU lowering, Hopper and later) for a scorer declaring a dot product (its transforms
+  applied before, its scale passed in): softmax over the masks' visible keys, no logit bias,
+  bf16/fp16; compiled, or in Mosaic GPU's interpret mode (`interpret`: made for a backend
+  other than a GPU). Head dims and lengths are padded to multiples of 64 inside; fewer
+  key/value heads than query heads are read by their query heads in-kernel, unless the key
+  transform is per query head. One device only (Kernel.multi_device False): its emulation
+  cannot be checked on a mesh here (Mosaic GPU's interpreter, on 8 CPU devices: inside a
+  shard_map "AssertionError: Barrier remains allocated at key HostAllocationKey(...,
+  device_id=7, ...)"; partitioned by XLA, a deadlock in the all-reduce of 8)."""
+
+  def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
+    del encoding, dropout, rngs, normalizer  # no bias, dropout, other normaliser (check)
+    product = score.dot_product
+    if product.keys_per_head:  # each query head's own key transform: one key head each
+      k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
+
+    return mosaic_gpu_attention(
+        product.queries(q).astype(v.dtype), product.keys(k).astype(v.dtype), v,
+        q_segments=mask.q_segments, k_segments=mask.k_segments,
+        q_positions=mask.q_positions, k_positions=mask.k_positions, causal=mask.causal,
+        window=mask.window, scale=product.scale, interpret=interpret)
+
+  return kernel
+
+
 def per_device(attend: Callable, mesh: jax.sharding.AbstractMesh | None) -> Callable:
   """attend(q, k, v, ids, params, sink, vectors) run by jax.shard_map on each device's
   shard of a mesh of several devices (itself on one): the rows over the mesh's batch axes,
@@ -176,9 +204,10 @@ class Kernel:
   needs. Every kernel adds an encoding's positional bias (its `bias` seam) and takes
   padding, packing and causal masks."""
 
-  # make(block_size=, softcap=, mesh=) -> the kernel function: blocks of block_size queries
-  # and keys, logits capped at softcap (offering `softcap`; others get 0), for the mesh the
-  # model runs on (jax.sharding.AbstractMesh; None: one device)
+  # make(block_size=, softcap=, mesh=, backend=) -> the kernel function: blocks of
+  # block_size queries and keys, logits capped at softcap (offering `softcap`; others get
+  # 0), for the mesh the model runs on (jax.sharding.AbstractMesh; None: one device) and
+  # its JAX backend (cpu, gpu, tpu; None: this process's)
   make: Callable[..., Callable]
   offers: frozenset[str]
   dtypes: tuple[str, ...] | None = None  # the compute dtypes it takes; None: every one
@@ -199,30 +228,36 @@ class Kernel:
       lookup(CAPABILITIES, name, "kernel capability")
 
 
-def _reference(block_size, softcap=0.0, mesh=None):
-  del block_size, mesh
+def _reference(block_size, softcap=0.0, mesh=None, backend=None):
+  del block_size, mesh, backend
   return functools.partial(reference_kernel, softcap=softcap)
 
 
-def _blockwise(block_size, softcap=0.0, mesh=None):
-  del mesh
+def _blockwise(block_size, softcap=0.0, mesh=None, backend=None):
+  del mesh, backend
   return functools.partial(blockwise_kernel, block=block_size, softcap=softcap)
 
 
 def _fused(implementation: str):
-  def make(block_size, softcap=0.0, mesh=None):
-    del block_size, softcap, mesh
+  def make(block_size, softcap=0.0, mesh=None, backend=None):
+    del block_size, softcap, mesh, backend
     return fused_kernel(implementation)
   return make
 
 
-def _pallas(block_size, softcap=0.0, mesh=None):
-  del softcap
+def _pallas(block_size, softcap=0.0, mesh=None, backend=None):
+  del softcap, backend  # pallas decides per platform lowered for (platform_dependent)
   return pallas_kernel(block_size, mesh)
 
 
+def _mosaic_gpu(block_size, softcap=0.0, mesh=None, backend=None):
+  del block_size, softcap, mesh  # blocks of 64; one device (multi_device=False)
+  return mosaic_gpu_kernel(interpret=(backend or jax.default_backend()) != "gpu")
+
+
 # What most kernels offer: every layer's masks and heads, and any positional bias.
-_MASKS_HEADS_BIASES = {"local_window", "grouped_query", "learned_bias", "gathered_bias"}
+_MASKS_HEADS_BIASES = {"local_window", "grouped_query", "positional_bias", "learned_bias",
+                       "gathered_bias"}
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(_reference, offers=set(CAPABILITIES)),  # the formula: everything
@@ -244,6 +279,13 @@ KERNELS: dict[str, Kernel] = {
     "pallas": Kernel(_pallas, offers={"flash_normalizer", "data_bias", *_MASKS_HEADS_BIASES}
                      - {"gathered_bias"}, stand_in="xla", slow_on=("cpu",),
                      auto_only_with_bias=True),
+    # Pallas' Mosaic GPU lowering, Hopper and later (kernels/pallas/mosaic_gpu.py): softmax
+    # over the masks, no bias of any kind; compiled when made for a GPU (an older GPU than
+    # Hopper fails in Mosaic GPU's compiler), Mosaic GPU's interpret mode on the CPU; one
+    # device. Unmeasured: not in AUTO_ORDER, so `auto` never takes it.
+    "mosaic_gpu": Kernel(_mosaic_gpu, offers={"local_window", "grouped_query"},
+                         dtypes=("bfloat16", "float16"), backends=("gpu", "cpu"),
+                         stand_in="xla", slow_on=("cpu",), multi_device=False),
 }
 
 

@@ -1,9 +1,11 @@
 """Flash attention as Pallas kernels, the positional bias computed inside them: the
 custom-VJP function (attention.py), the blocks each kernel visits (sparsity.py), a bias as a
 table over k − q (tables.py), the kernel bodies (bodies.py) and each lowering's layout of
-arrays and blocks (layouts.py), and an opt-in Mosaic GPU (Hopper) forward (mosaic_gpu.py)."""
+arrays and blocks (layouts.py), and Mosaic GPU (Hopper) kernels, forward and backward
+(mosaic_gpu.py: kernel `mosaic_gpu`) with the positional bias inside them (mosaic_bias.py)."""
 
 from transformer.model.kernels.pallas.attention import flash_attention
+from transformer.model.kernels.pallas.mosaic_gpu import attention as mosaic_gpu_attention
 from transformer.model.kernels.pallas.mosaic_gpu import forward as mosaic_gpu_forward
 
-__all__ = ["flash_attention", "mosaic_gpu_forward"]
+__all__ = ["flash_attention", "mosaic_gpu_attention", "mosaic_gpu_forward"]
