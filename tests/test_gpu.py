@@ -1,7 +1,7 @@
 """Checks only an NVIDIA GPU can run (skipped elsewhere): cuDNN fused attention (and a Pallas
 kernel, when one is registered) against the reference formula, values and gradients, under
 packing, padding and causal masks, with every bias encoding and the Gaussian scorer; the
-Mosaic GPU kernel without a bias (Hopper or later); and `auto`'s choice on a GPU."""
+Mosaic GPU kernel (Hopper or later); and `auto`'s choice on a GPU."""
 
 import jax
 import jax.numpy as jnp
@@ -118,12 +118,12 @@ def _bf16_against_f32_reference(kernel_name, score, encoding, *, param_grads):
   return errors
 
 
-@pytest.mark.parametrize("kernel_name", GPU_KERNELS)
+@pytest.mark.parametrize("kernel_name", [*GPU_KERNELS, "mosaic_gpu"])
 @pytest.mark.parametrize("position", BIASED)
 def test_every_bias_encoding_through_the_fused_gpu_kernels_in_bfloat16(kernel_name, position):
   """Values and gradients (q, k, v, and a learned bias's parameters where the kernel
-  offers them) of each bias encoding through cuDNN (and a Pallas kernel, when one is
-  registered), bf16, against the f32 reference. A learned bias through a kernel not
+  offers them) of each bias encoding through cuDNN, Pallas' Triton kernel and the Mosaic
+  GPU one (Hopper or later), bf16, against the f32 reference. A learned bias through a kernel not
   offering learned_bias is what `auto` avoids and check_kernel refuses by hand:
   there the values and the q, k, v gradients are checked, not the bias's."""
   encoding = make_positional_encoding(position, 256, 4, 64, causal=True, rngs=nnx.Rngs(2))
@@ -146,14 +146,13 @@ def test_the_gaussian_through_the_fused_gpu_kernels_in_bfloat16(kernel_name):
   assert "param0" in errors and all(err < 3e-2 for err in errors.values()), errors
 
 
-def test_mosaic_gpu_in_bfloat16_without_a_bias_and_with_the_gaussian():
-  """Kernel mosaic_gpu compiled by Mosaic GPU (Hopper or later): values and q, k, v
-  gradients without a bias, and the Gaussian's augmented product (head dim 66, padded to
-  128) with σ's gradient, bf16 against the f32 reference formula."""
-  for score, param_grads in ((ScaledDot(4, 64), False), (Gaussian(4, 64), True)):
-    errors = _bf16_against_f32_reference("mosaic_gpu", score, PositionalEncoding(),
-                                         param_grads=param_grads)
-    assert errors["out"] < 1e-2 and all(err < 3e-2 for err in errors.values()), errors
+def test_mosaic_gpu_with_the_gaussian_in_bfloat16():
+  """Kernel mosaic_gpu compiled by Mosaic GPU (Hopper or later): the Gaussian's augmented
+  product (head dim 66, padded to 128) with σ's gradient, bf16 against the f32 reference
+  formula."""
+  errors = _bf16_against_f32_reference("mosaic_gpu", Gaussian(4, 64), PositionalEncoding(),
+                                       param_grads=True)
+  assert errors["out"] < 1e-2 and all(err < 3e-2 for err in errors.values()), errors
 
 
 def test_auto_on_the_gpu_avoids_cudnn_for_a_learned_bias_and_refuses_it_by_hand():

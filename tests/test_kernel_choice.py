@@ -62,8 +62,7 @@ def test_a_layer_states_its_needs_from_its_parts():
                         block_size=8, kernel="reference")
   layer = lambda **kw: MultiHeadAttention(16, 4, cfg, num_kv_heads=2, rngs=nnx.Rngs(0), **kw)  # noqa: E731
   assert layer(encoding=fire, dtype=jnp.bfloat16).needs == Needs(
-      {"any_score", "dropout", "softcap", "positional_bias", "learned_bias", "local_window",
-       "grouped_query"},
+      {"any_score", "dropout", "softcap", "learned_bias", "local_window", "grouped_query"},
       score="additive", dropout=0.1, softcap=5.0, position="fire", bias=True,
       dtype="bfloat16", block_size=8, heads=4)
   assert layer(cross=True).needs == Needs({"any_score", "dropout", "softcap", "grouped_query"},
@@ -87,8 +86,6 @@ REFUSALS = {
     "content_bias": (dict(position="cope"),
                      "cannot add the content-dependent logit bias of position 'cope' "
                      r"\(it needs each query's whole row of logits\)"),
-    "positional_bias": (dict(position="alibi"),
-                        "adds no positional logit bias, and position 'alibi' adds one"),
     "gathered_bias": (dict(position="alibi"),
                       "evaluates positional biases in-kernel from positions, and position "
                       "'alibi' with model.random_positions_draw=per_batch reads its bias at "

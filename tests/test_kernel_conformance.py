@@ -22,7 +22,12 @@ tests/kernel_cases.py's. Pallas runs in interpret mode on the CPU: the dimension
 Tolerances: float32 outputs within 1e-5; float32 gradients within rtol 1e-4 and atol 1e-4 ×
 the largest |entry| of that gradient (at least 2e-5: blocks sum in another order, and some
 gradients are 0 in exact arithmetic); bfloat16 inputs: outputs within 2e-2 and gradients
-within 5e-2 × their largest |entry| of the float32 reference on the same bf16-rounded inputs.
+within 5e-2 × their largest |entry| of the float32 reference on the same bf16-rounded inputs;
+a bf16 gradient that is 0 in exact arithmetic (FIRE's output bias: a constant added to a
+whole row of logits, which softmax ignores) within 5e-2 × the largest |entry| of its
+parameter tree's gradients: it is a sum of the logits' gradients like its siblings, whose
+rounding (the row sums dO·O of a bf16 output, as FlashAttention-2 takes them) it carries
+in full, about 2e-2 here in both the Pallas and the Mosaic GPU kernels.
 """
 
 import subprocess
@@ -84,11 +89,15 @@ def test_kernel_equals_the_reference(name, case):
   assert out.dtype == jnp.dtype(case.dtype)
   out, want = np.asarray(out, np.float32)[seen], np.asarray(want)[seen]
   np.testing.assert_allclose(out, want, rtol=0 if bf16 else 1e-5, atol=2e-2 if bf16 else 1e-5)
-  for got, ref in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
-    got, ref = np.asarray(got, np.float32), np.asarray(ref, np.float32)
-    scale = np.abs(ref).max()
-    np.testing.assert_allclose(got, ref, rtol=0 if bf16 else 1e-4,
-                               atol=5e-2 * scale if bf16 else max(1e-4 * scale, 2e-5))
+  for tree, want_tree in zip(grads, want_grads, strict=True):
+    leaves = [np.asarray(x, np.float32) for x in jax.tree.leaves(want_tree)]
+    largest = max((np.abs(x).max() for x in leaves if x.size), default=0.0)
+    for got, ref in zip(jax.tree.leaves(tree), leaves, strict=True):
+      got, scale = np.asarray(got, np.float32), np.abs(ref).max()
+      if bf16 and scale < 1e-4 * largest:  # 0 in exact arithmetic (see the docstring)
+        scale = largest
+      np.testing.assert_allclose(got, ref, rtol=0 if bf16 else 1e-4,
+                                 atol=5e-2 * scale if bf16 else max(1e-4 * scale, 2e-5))
 
 
 def test_every_kernel_declaring_multi_device_computes_the_same_on_a_mesh():

@@ -281,14 +281,21 @@ def _accepts(family, kernel, position, window) -> bool:
 OTHER_STEPS = [(family, step) for family in FAMILIES for step in _steps(family) if step != "train"]
 
 
+def _windows(kernel) -> list[str]:
+  """The windows whose dtype the kernel takes (mosaic_gpu: bfloat16's, local, only)."""
+  dtypes = KERNELS[kernel].dtypes
+  return [w for w, (dtype, _) in WINDOWS.items() if dtypes is None or dtype in dtypes]
+
+
 def _rotation(kernel, family, step):
   """The (bias encoding, window) a step other than train is lowered with for `kernel`: the
   encoding turns with the kernel and the step, the window with the step, so that each
-  kernel meets every bias encoding and both windows in those steps, and each (encoding,
-  window) meets some kernel in each."""
+  kernel meets every bias encoding and the windows it takes in those steps, and each
+  (encoding, window) meets some kernel in each."""
   j = OTHER_STEPS.index((family, step))
   i = list(KERNELS).index(kernel) + j
-  return BIAS_ENCODINGS[i % len(BIAS_ENCODINGS)], list(WINDOWS)[j % len(WINDOWS)]
+  windows = _windows(kernel)
+  return BIAS_ENCODINGS[i % len(BIAS_ENCODINGS)], windows[j % len(windows)]
 
 
 def _model_cases(platform):
@@ -410,9 +417,7 @@ def test_latent_attention_lowers(platform, kernel):
 
 def test_the_grid_covers_every_train_step_and_each_kernel_every_encoding_in_the_others():
   """The train step: every family × kernel × encoding × window the model takes (and the
-  variant); the other steps: each kernel meets every bias encoding and both windows (a
-  kernel taking no bias, mosaic_gpu, only the variant: its windows are
-  tests/test_mosaic_gpu.py's)."""
+  variant); the other steps: each kernel meets every bias encoding and both windows."""
   for platform in PLATFORMS:
     cases = [case[1:] for case in MODEL_CASES if case[0] == platform]
     kernels = kernels_declaring(platform)
@@ -422,24 +427,23 @@ def test_the_grid_covers_every_train_step_and_each_kernel_every_encoding_in_the_
             (f, k, "variant", "full") for f, k in itertools.product(FAMILIES, kernels)}
     for kernel in kernels:
       others = {(p, w) for f, k, p, w, s in cases if k == kernel and s != "train"}
-      if "positional_bias" not in KERNELS[kernel].offers:
-        assert others == {("variant", "full")}, kernel
-        continue
       assert {p for p, _ in others} >= set(BIAS_ENCODINGS)
-      assert {w for _, w in others} == set(WINDOWS)
+      assert {w for p, w in others if p != "variant"} == set(_windows(kernel))
     assert {s for _, k, p, _, s in cases if p == "cope"} == set(STEPS)  # decoder, reference
 
 
 def test_the_grid_leaves_out_only_what_the_model_refuses():
   """A (family, kernel, encoding, window) the grid leaves out is refused when its model is
   built (a causal-only encoding with an encoder stack; a kernel without CoPE's content
-  bias; one taking no bias, every encoding): the grid's rule (_accepts) is the model's."""
+  bias; a window's dtype the kernel does not compute in): the grid's rule (_accepts) is the
+  model's."""
   left_out = [case for case in itertools.product(FAMILIES, kernels_declaring("cuda"), ENCODINGS,
                                                  WINDOWS) if not _accepts(*case)]
-  assert {p for _, k, p, _ in left_out if "positional_bias" in KERNELS[k].offers} == {"cope"}
+  assert {p for _, k, p, w in left_out if w in _windows(k)} == {"cope"}
   for family, kernel, position, window in left_out:
     cfg = _config(family, kernel, position, window)
-    with pytest.raises(ConfigError, match=f"position '{position}'"):
+    why = "cope" if position == "cope" else "computes in bfloat16 or float16 only"
+    with pytest.raises(ConfigError, match=why):
       nnx.eval_shape(lambda: make_model(cfg, rngs=nnx.Rngs(0), target=Target("cpu")))  # noqa: B023
 
 

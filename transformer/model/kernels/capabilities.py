@@ -75,10 +75,6 @@ CAPABILITIES: dict[str, Capability] = {
         lambda layer: layer.softcap > 0,
         "cannot soft-cap the attention logits; set model.attention.logit_softcap=0 (got "
         "{softcap}) or use kernel {able}"),
-    "positional_bias": Capability(
-        lambda layer: layer.encoding.biases,
-        "adds no positional logit bias, and position '{position}' adds one; use kernel "
-        "{able} or a position that adds none (such as rotary)"),
     "content_bias": Capability(
         lambda layer: layer.encoding.content_biases,
         "cannot add the content-dependent logit bias of position '{position}' (it needs each "

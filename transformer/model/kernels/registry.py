@@ -127,8 +127,9 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
 def mosaic_gpu_kernel(interpret: bool = False):
   """mosaic_gpu_attention (transformer/model/kernels/pallas/mosaic_gpu.py: Pallas' Mosaic
   GPU lowering, Hopper and later) for a scorer declaring a dot product (its transforms
-  applied before, its scale passed in): softmax over the masks' visible keys, no logit bias,
-  bf16/fp16; compiled, or in Mosaic GPU's interpret mode (`interpret`: made for a backend
+  applied before, its scale passed in): softmax over the masks' visible keys plus the
+  encoding's BiasSpec evaluated per block in-kernel (kernels/pallas/mosaic_bias.py), its
+  parameters' gradient given, bf16/fp16; compiled, or in Mosaic GPU's interpret mode (`interpret`: made for a backend
   other than a GPU). Head dims and lengths are padded to multiples of 64 inside; fewer
   key/value heads than query heads are read by their query heads in-kernel, unless the key
   transform is per query head. One device only (Kernel.multi_device False): its emulation
@@ -137,7 +138,12 @@ def mosaic_gpu_kernel(interpret: bool = False):
   device_id=7, ...)"; partitioned by XLA, a deadlock in the all-reduce of 8)."""
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
-    del encoding, dropout, rngs, normalizer  # no bias, dropout, other normaliser (check)
+    del dropout, rngs, normalizer  # no dropout, no other normaliser (check)
+    spec = encoding.bias_spec()
+    if spec is None and encoding.biases:
+      raise ConfigError(f"attention.kernel 'mosaic_gpu' needs a BiasSpec of the positional "
+                        f"encoding {type(encoding).__name__}, which declares none; use kernel "
+                        "'reference' or 'blockwise'")
     product = score.dot_product
     if product.keys_per_head:  # each query head's own key transform: one key head each
       k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])
@@ -146,7 +152,7 @@ def mosaic_gpu_kernel(interpret: bool = False):
         product.queries(q).astype(v.dtype), product.keys(k).astype(v.dtype), v,
         q_segments=mask.q_segments, k_segments=mask.k_segments,
         q_positions=mask.q_positions, k_positions=mask.k_positions, causal=mask.causal,
-        window=mask.window, scale=product.scale, interpret=interpret)
+        window=mask.window, scale=product.scale, bias_spec=spec, interpret=interpret)
 
   return kernel
 
@@ -256,8 +262,7 @@ def _mosaic_gpu(block_size, softcap=0.0, mesh=None, backend=None):
 
 
 # What most kernels offer: every layer's masks and heads, and any positional bias.
-_MASKS_HEADS_BIASES = {"local_window", "grouped_query", "positional_bias", "learned_bias",
-                       "gathered_bias"}
+_MASKS_HEADS_BIASES = {"local_window", "grouped_query", "learned_bias", "gathered_bias"}
 
 KERNELS: dict[str, Kernel] = {
     "reference": Kernel(_reference, offers=set(CAPABILITIES)),  # the formula: everything
@@ -280,10 +285,11 @@ KERNELS: dict[str, Kernel] = {
                      - {"gathered_bias"}, stand_in="xla", slow_on=("cpu",),
                      auto_only_with_bias=True),
     # Pallas' Mosaic GPU lowering, Hopper and later (kernels/pallas/mosaic_gpu.py): softmax
-    # over the masks, no bias of any kind; compiled when made for a GPU (an older GPU than
+    # over the masks and a positional bias from its BiasSpec; compiled when made for a GPU (an older GPU than
     # Hopper fails in Mosaic GPU's compiler), Mosaic GPU's interpret mode on the CPU; one
     # device. Unmeasured: not in AUTO_ORDER, so `auto` never takes it.
-    "mosaic_gpu": Kernel(_mosaic_gpu, offers={"local_window", "grouped_query"},
+    "mosaic_gpu": Kernel(_mosaic_gpu, offers={"learned_bias", "local_window",
+                                              "grouped_query"},
                          dtypes=("bfloat16", "float16"), backends=("gpu", "cpu"),
                          stand_in="xla", slow_on=("cpu",), multi_device=False),
 }
