@@ -165,7 +165,7 @@ def test_remat_gives_the_same_loss_and_gradients_with_dropout():
 
 @pytest.mark.parametrize("position,window,layers", [
     ("t5", "full", (2, 3)),  # a bias table every layer reads, inside the scan
-    ("t5+rotary", "full+local", (4, 5))])  # a layer-wise pattern: two layers a scan step
+    ("t5+rotary", "full+local", (3, 4))])  # a layer-wise pattern: two layers a scan step
 def test_scanned_layers_equal_the_layer_loop(position, window, layers):
   """scan_layers: the same parameter layout (checkpoints interchangeable), logits, gradients
   and cached greedy decoding as the per-layer loop, with the layer traced once per stack

@@ -130,22 +130,12 @@ def test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one(tmp_pat
   np.testing.assert_allclose(results["valid"]["loss"], expected["valid"]["loss"], rtol=1e-5)
 
 
-def test_pallas_trains_on_8_devices_as_on_one(tmp_path):
-  """kernel=pallas (Pallas' interpret mode here) runs on each device's shard inside
-  shard_map on a 2x2x2 mesh (rows over data x fsdp, heads over tensor, T5's bias table
-  with its heads, its gradient summed over the rows): the losses of the 1-device run."""
-  overrides = {"model.dropout": 0.0, "model.attention.kernel": "pallas", "model.position": "t5",
-               "model.position_settings.t5.num_buckets": 8,  # the kernel unrolls a loop each
-               "model.attention.block_size": 8, "train.num_steps": 6, "train.log_every": 3,
-               "train.checkpoint_every": 6, "eval.num_examples": 32}
-  sharded_matches_single(tmp_path, overrides, {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
-
-
 def test_latent_attention_parameters_split_over_the_mesh_axes():
   """model.attention.kv=latent: the latent's down projection and the shared rotary key
   split over fsdp by their rows, the up projection over tensor by its columns (head-major
   [k_C | v] per head: whole heads per device, as the queries'). Training on the mesh is
-  test_pallas_trains_on_8_devices_as_on_one's machinery with these specs."""
+  test_sharded_run_on_8_devices_matches_one_device_and_restores_on_one's machinery with
+  these specs."""
   overrides = {"model.attention.kv": "latent", "model.position": "rotary",
                "model.position_settings.rotary.rotated_fraction": 0.5}
   model = nnx.eval_shape(lambda: make_model(parse(make_tiny_config(**overrides)).model,
