@@ -28,6 +28,7 @@ reported as not run. In order (the most wanted first):
 | wheels | the wheels of --wheels into OUT/site | 20 |
 | tests | tests/test_gpu.py and tests/test_cudnn_mask.py | 100 |
 | attention | one self-attention layer, bf16, causal, batch 4, 16 heads × 64: cudnn, xla, pallas × none, ALiBi, T5, KERPLE, FIRE × L 2048, 8192; fwd and fwd+bwd ms, temporaries; cudnn alone against dot_product_attention's own is_causal | 110 |
+| attention-hopper | the same layer through `mosaic_gpu` (Mosaic GPU, Hopper and later) beside cudnn: none, ALiBi, T5, FIRE × L 2048, 8192 | 60 |
 | train-base | benchmarks/train_step.py, base dims, bf16, `auto`, 128 × (128 + 128) tokens, vocab 32000 | 60 |
 | flax-base | benchmarks/flax_wmt_step.py, the same | 50 |
 | train-big | train_step.py, big dims (d 1024, 16 heads, ff 4096, 6 + 6), 64 × (512 + 512) tokens | 70 |
@@ -96,6 +97,9 @@ def steps(out: str, flax_wmt: str | None) -> list[Step]:
                      "tests/test_gpu.py", "tests/test_cudnn_mask.py"), 100),
       Step("attention", (*attention, "--raw"), 110,
            ("--kernels=cudnn,xla,pallas", "--positions=none,alibi,t5,kerple,fire",
+            "--lengths=2048,8192", "--d_model=1024", "--heads=16", "--batch=4")),
+      Step("attention-hopper", attention, 60,
+           ("--kernels=cudnn,mosaic_gpu", "--positions=none,alibi,t5,fire",
             "--lengths=2048,8192", "--d_model=1024", "--heads=16", "--batch=4")),
       Step("train-base", train, 60, base),
       Step("flax-base", flax_step, 50, base, needs_flax=True),

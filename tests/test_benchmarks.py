@@ -157,7 +157,7 @@ def test_the_gpu_script_runs_every_step_in_its_smoke_mode(cli, wmt_models, tmp_p
   assert all(re.match(r"ok|smoke: the command of step", status)
              for status in statuses.values()), statuses
   assert {"tests", "attention", "train-base", "flax-base", "train-big", "flax-big",
-          "attention-16k", "attention-128"} <= statuses.keys()
+          "attention-16k", "attention-128", "attention-hopper"} <= statuses.keys()
   models = {r["model"] for r in report["rows"] if r["benchmark"] == "train_step"}
   assert models == {"this project", "flax examples/wmt"}
   assert any(r["benchmark"] == "attention" and "fwd ms" in r for r in report["rows"])
