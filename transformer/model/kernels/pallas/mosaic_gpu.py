@@ -7,6 +7,8 @@ full blocks too (no bias, no pipelining, no warp specialisation). Interpret mode
 takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
 there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -16,6 +18,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from transformer.model.kernels.pallas import sparsity
 
 BLOCK = 64
+# K/V shared-memory slots: visit j + 1's copies are issued before visit j's wgmmas, so
+# they overlap one block's compute; a third slot would copy two blocks ahead at 2·64·d·2
+# more bytes of shared memory per block of queries, which no measurement has yet asked for.
+SLOTS = 2
 
 
 def _interpret_params():
@@ -42,6 +48,19 @@ def _copy(pairs, barriers, first):
     plgpu.barrier_wait(barriers.at[first + i])
 
 
+def _softmax_step(x, m_i, l_i, acc, masked):
+  """One block of the online softmax in base 2: logits x [64, 64] (−inf where masked) ->
+  weights p, and m_i, l_i [64], acc [64, d] rescaled to the new running max. A block with
+  no mask has a finite max in every row, so only a masked one needs the guard for rows
+  that have seen no key yet."""
+  m_new = jnp.maximum(m_i, x.max(axis=1))
+  safe = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+  alpha = jnp.exp2(m_i - safe)
+  p = jnp.exp2(x - lax.broadcast_in_dim(safe, x.shape, [0]))
+  l_i = l_i * alpha + p.sum(axis=1)
+  return p, m_new, l_i, acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
             interpret=False):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
@@ -60,7 +79,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, out_ref, lse_ref,
              q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, list_smem,
-             bar, *copies):
+             bar, k_bar, v_bar, ks_bar, kp_bar, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     q0 = qb * BLOCK
@@ -68,6 +87,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
            (qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem),
            (qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem), (list_ref.at[row, qb], list_smem)],
           bar, 0)
+    n_partial, n_visited = list_smem[0], list_smem[1]
     rows = plgpu.Layout.WGMMA.reduce(1)
     cols = plgpu.Layout.WGMMA.reduce(0)
     qseg = _load(qs_smem, rows, interpret)
@@ -76,49 +96,68 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
     l_i = _cast(interpret, jnp.full((BLOCK,), 0, jnp.float32), rows)
     acc = _cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
 
-    def step(j, carry):
+    def fetch(i):
+      """Issues the copies of visit i into slot i mod SLOTS: K and V, and the key block's
+      segment and position rows if it is partial (the partial visits come first)."""
+      slot = lax.rem(i, SLOTS)
+      s = (row, pl.ds(list_smem[2 + i] * BLOCK, BLOCK))
+      plgpu.copy_gmem_to_smem(k_ref.at[s + (kv_head,)], k_smem.at[slot], k_bar.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[s + (kv_head,)], v_smem.at[slot], v_bar.at[slot])
+
+      @pl.when(i < n_partial)
+      def _():
+        plgpu.copy_gmem_to_smem(ks_ref.at[s], ks_smem.at[slot], ks_bar.at[slot])
+        plgpu.copy_gmem_to_smem(kp_ref.at[s], kp_smem.at[slot], kp_bar.at[slot])
+
+    for i in range(SLOTS - 1):
+      pl.when(i < n_visited)(lambda i=i: fetch(i))
+
+    def step(j, carry, masked):
+      """Visit j from slot j mod SLOTS, the copies of visit j + SLOTS − 1 issued first into
+      the slot visit j − 1 read (its wgmmas awaited when their results were read)."""
       acc, m_i, l_i = carry
-      s = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
-      _copy([(k_ref.at[s + (kv_head,)], k_smem), (v_ref.at[s + (kv_head,)], v_smem),
-             (ks_ref.at[s], ks_smem), (kp_ref.at[s], kp_smem)], bar, 4)
+      slot = lax.rem(j, SLOTS)
+      pl.when(j + SLOTS - 1 < n_visited)(lambda: fetch(j + SLOTS - 1))
+      plgpu.barrier_wait(k_bar.at[slot])
 
       def qk(acc_ref):
         if interpret:  # the interpreter's wgmma takes refs only, untransposed
-          copies[0][...] = k_smem[...].T
+          copies[0][...] = k_smem[slot].T
           plgpu.wgmma(acc_ref, q_smem, copies[0])
         else:
-          plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
+          plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
         return acc_ref[...]
       x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
-      kseg = _load(ks_smem, cols, interpret)
-      kpos = _load(kp_smem, cols, interpret)
-      shape = (BLOCK, BLOCK)
-      qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
-      ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
-      keep = (qs2 == ks2) & (ks2 != 0)
-      if causal:
-        keep &= kp2 <= qp2
-      if window is not None:  # keys within window positions of the query, each side
-        keep &= (qp2 - kp2 <= window) & (kp2 - qp2 <= window)
-      x = jnp.where(keep, x, -jnp.inf)
-      m_new = jnp.maximum(m_i, x.max(axis=1))
-      safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-      alpha = jnp.exp2(m_i - safe)
-      p = jnp.exp2(x - lax.broadcast_in_dim(safe, shape, [0]))
-      l_i = l_i * alpha + p.sum(axis=1)
-      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      if masked:
+        plgpu.barrier_wait(ks_bar.at[slot])
+        plgpu.barrier_wait(kp_bar.at[slot])
+        kseg = _load(ks_smem.at[slot], cols, interpret)
+        kpos = _load(kp_smem.at[slot], cols, interpret)
+        shape = (BLOCK, BLOCK)
+        qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
+        ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
+        keep = (qs2 == ks2) & (ks2 != 0)
+        if causal:
+          keep &= kp2 <= qp2
+        if window is not None:  # keys within window positions of the query, each side
+          keep &= (qp2 - kp2 <= window) & (kp2 - qp2 <= window)
+        x = jnp.where(keep, x, -jnp.inf)
+      p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
+      plgpu.barrier_wait(v_bar.at[slot])
 
       def pv(acc_ref):
         if interpret:
           copies[1][...] = p.astype(dtype)
-          plgpu.wgmma(acc_ref, copies[1], v_smem)
+          plgpu.wgmma(acc_ref, copies[1], v_smem.at[slot])
         else:
-          plgpu.wgmma(acc_ref, p.astype(dtype), v_smem)
+          plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
         return acc_ref[...]
       acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
-      return acc, m_new, l_i
+      return acc, m_i, l_i
 
-    acc, m_i, l_i = lax.fori_loop(0, list_smem[1], step, (acc, m_i, l_i))
+    carry = lax.fori_loop(0, n_partial, functools.partial(step, masked=True), (acc, m_i, l_i))
+    acc, m_i, l_i = lax.fori_loop(n_partial, n_visited, functools.partial(step, masked=False),
+                                  carry)
     empty = l_i == 0
     inv = 1.0 / jnp.where(empty, 1.0, l_i)
     acc = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
@@ -131,9 +170,12 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
 
   transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
+  tiles = plgpu.SMEM((SLOTS, BLOCK, d), dtype, transforms=transforms)
   ids = plgpu.SMEM((BLOCK,), jnp.int32)
-  scratch = [tile, tile, tile, ids, ids, ids, ids, plgpu.SMEM((BLOCK,), jnp.float32),
-             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=8)]
+  id_slots = plgpu.SMEM((SLOTS, BLOCK), jnp.int32)
+  scratch = [tile, tiles, tiles, ids, id_slots, ids, id_slots,
+             plgpu.SMEM((BLOCK,), jnp.float32), plgpu.SMEM((width,), jnp.int32),
+             plgpu.Barrier(num_barriers=4)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
   scratch += [plgpu.SMEM((d, BLOCK), dtype), plgpu.SMEM((BLOCK, BLOCK), dtype)] if interpret else []
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
