@@ -1,7 +1,8 @@
 """The Mosaic GPU (Hopper) forward (transformer/model/kernels/pallas/mosaic_gpu.py): it lowers
 for cuda to a `mosaic_gpu` custom call from abstract shapes, and in Mosaic GPU interpret mode
 on this CPU its output and base-2 logsumexp equal the dense formula for causal, padded and
-packed segments, with a local window and grouped K/V heads."""
+packed segments, with a local window and grouped K/V heads, with more visited key blocks than
+K/V slots, and a block declared full is added unmasked."""
 
 import math
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.model.kernels.pallas import mosaic_gpu_forward
+from transformer.model.kernels.pallas import mosaic_gpu_forward, sparsity
 
 L, D = 128, 64
 
@@ -34,16 +35,18 @@ CASES = {  # name: (segments, causal, window, heads, kv heads)
     "causal": ([1] * L, True, None, 1, 1),
     "padded": ([1] * 100 + [0] * 28, False, 40, 2, 1),
     "packed": ([1] * 50 + [2] * 60 + [0] * 18, True, 24, 2, 2),
+    # 4 key blocks: the last query block visits 2 partial then 2 full ones through 2 slots
+    "packed_long": ([1] * 40 + [2] * 216, True, None, 1, 1),
 }
 
 
 def _inputs(segments, heads, kv_heads):
-  rng = np.random.default_rng(0)
-  q = jnp.asarray(rng.standard_normal((1, L, heads, D)), jnp.float16)
-  k, v = (jnp.asarray(rng.standard_normal((1, L, kv_heads, D)), jnp.float16) for _ in "kv")
+  rng, t = np.random.default_rng(0), len(segments)
+  q = jnp.asarray(rng.standard_normal((1, t, heads, D)), jnp.float16)
+  k, v = (jnp.asarray(rng.standard_normal((1, t, kv_heads, D)), jnp.float16) for _ in "kv")
   seg = jnp.asarray([segments], jnp.int32)
   starts = np.r_[0, np.flatnonzero(np.diff(segments)) + 1]
-  pos = jnp.asarray([np.arange(L) - starts[np.searchsorted(starts, np.arange(L), "right") - 1]],
+  pos = jnp.asarray([np.arange(t) - starts[np.searchsorted(starts, np.arange(t), "right") - 1]],
                     jnp.int32)
   return q, k, v, seg, pos
 
@@ -55,6 +58,20 @@ def test_interpret_equals_the_dense_formula(name):
   out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
                                 interpret=True)
   want, want_lse = _dense(q, k, v, seg, pos, causal, window)
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=4e-3)
+  np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
+
+
+def test_blocks_declared_full_are_added_unmasked(monkeypatch):
+  """With every block declared full, the packed, causal, windowed call attends to every key:
+  the full blocks' loop applies no mask (and waits for no segment or position rows)."""
+  segments, causal, window, heads, kv_heads = CASES["packed"]
+  q, k, v, seg, pos = _inputs(segments, heads, kv_heads)
+  monkeypatch.setattr(sparsity, "classify", lambda *a, block_q, block_k, lq, lk, **kw: jnp.full(
+      (q.shape[0], lq // block_q, lk // block_k), sparsity.FULL, jnp.int32))
+  out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
+                                interpret=True)
+  want, want_lse = _dense(q, k, v, jnp.ones_like(seg), pos, False, None)
   np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=4e-3)
   np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
 
