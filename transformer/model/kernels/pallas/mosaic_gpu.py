@@ -39,15 +39,6 @@ def _cast(interpret, x, layout):
   return x if interpret else plgpu.layout_cast(x, layout)
 
 
-def _copy(pairs, barriers, first):
-  """Copies each (GMEM ref, SMEM ref) pair on its own barrier from barriers[first] on and
-  waits for all of them."""
-  for i, (src, dst) in enumerate(pairs):
-    plgpu.copy_gmem_to_smem(src, dst, barriers.at[first + i])
-  for i in range(len(pairs)):
-    plgpu.barrier_wait(barriers.at[first + i])
-
-
 def _softmax_step(x, m_i, l_i, acc, masked):
   """One block of the online softmax in base 2: logits x [64, 64] (−inf where masked) ->
   weights p, and m_i, l_i [64], acc [64, d] rescaled to the new running max. A block with
@@ -59,6 +50,31 @@ def _softmax_step(x, m_i, l_i, acc, masked):
   p = jnp.exp2(x - lax.broadcast_in_dim(safe, x.shape, [0]))
   l_i = l_i * alpha + p.sum(axis=1)
   return p, m_new, l_i, acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+
+def _copy(pairs, barriers, first):
+  """Copies each (GMEM ref, SMEM ref) pair on its own barrier from barriers[first] on and
+  waits for all of them."""
+  for i, (src, dst) in enumerate(pairs):
+    plgpu.copy_gmem_to_smem(src, dst, barriers.at[first + i])
+  for i in range(len(pairs)):
+    plgpu.barrier_wait(barriers.at[first + i])
+
+
+def _visible(q_seg, q_pos, k_seg, k_pos, *, causal, window, query_axis):
+  """Which (query, key) pairs of a tile are visible, bool [64, 64]: the rows of 64 queries'
+  and keys' segment ids and positions laid along their axes (the queries along query_axis):
+  the same non-padding segment, the key not after the query (causal), and within window
+  positions of it on each side."""
+  shape, key_axis = (BLOCK, BLOCK), 1 - query_axis
+  qs, qp = (lax.broadcast_in_dim(a, shape, [query_axis]) for a in (q_seg, q_pos))
+  ks, kp = (lax.broadcast_in_dim(a, shape, [key_axis]) for a in (k_seg, k_pos))
+  keep = (qs == ks) & (ks != 0)
+  if causal:
+    keep &= kp <= qp
+  if window is not None:
+    keep &= (qp - kp <= window) & (kp - qp <= window)
+  return keep
 
 
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
@@ -133,14 +149,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
         plgpu.barrier_wait(kp_bar.at[slot])
         kseg = _load(ks_smem.at[slot], cols, interpret)
         kpos = _load(kp_smem.at[slot], cols, interpret)
-        shape = (BLOCK, BLOCK)
-        qs2, qp2 = (lax.broadcast_in_dim(a, shape, [0]) for a in (qseg, qpos))
-        ks2, kp2 = (lax.broadcast_in_dim(a, shape, [1]) for a in (kseg, kpos))
-        keep = (qs2 == ks2) & (ks2 != 0)
-        if causal:
-          keep &= kp2 <= qp2
-        if window is not None:  # keys within window positions of the query, each side
-          keep &= (qp2 - kp2 <= window) & (kp2 - qp2 <= window)
+        keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
         x = jnp.where(keep, x, -jnp.inf)
       p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
       plgpu.barrier_wait(v_bar.at[slot])
