@@ -33,7 +33,7 @@ def _dense(q, k, v, seg, pos, causal, window):
 
 CASES = {  # name: (segments, causal, window, heads, kv heads)
     "causal": ([1] * L, True, None, 1, 1),
-    "padded": ([1] * 100 + [0] * 28, False, 40, 2, 1),
+    "padded": ([1] * 50 + [0] * 14, False, 40, 2, 1),  # queries padded to 128 inside
     "packed": ([1] * 50 + [2] * 60 + [0] * 18, True, 24, 2, 2),
     # 4 key blocks: the last query block visits 2 partial then 2 full ones through 2 slots
     "packed_long": ([1] * 40 + [2] * 216, True, None, 1, 1),
@@ -65,8 +65,8 @@ def test_interpret_equals_the_dense_formula(name):
 def test_blocks_declared_full_are_added_unmasked(monkeypatch):
   """With every block declared full, the packed, causal, windowed call attends to every key:
   the full blocks' loop applies no mask (and waits for no segment or position rows)."""
-  segments, causal, window, heads, kv_heads = CASES["packed"]
-  q, k, v, seg, pos = _inputs(segments, heads, kv_heads)
+  segments, causal, window, _, _ = CASES["packed"]
+  q, k, v, seg, pos = _inputs(segments, 1, 1)
   monkeypatch.setattr(sparsity, "classify", lambda *a, block_q, block_k, lq, lk, **kw: jnp.full(
       (q.shape[0], lq // block_q, lk // block_k), sparsity.FULL, jnp.int32))
   out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
@@ -76,12 +76,13 @@ def test_blocks_declared_full_are_added_unmasked(monkeypatch):
   np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
 
 
-@pytest.mark.parametrize("causal,window,dtype", [(True, None, jnp.bfloat16),
-                                                 (False, 32, jnp.float16)])
-def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype):
+@pytest.mark.parametrize("causal,window,dtype,length,dim", [(True, None, jnp.bfloat16, 256, 128),
+                                                              (False, 32, jnp.float16, 192, 64)])
+def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, length, dim):
+  """Lengths of 256 and of 192 (its queries padded to 128s), head dims 128 and 64."""
   shape = jax.ShapeDtypeStruct
-  args = ([shape((2, 256, 4, 128), dtype)] + [shape((2, 256, 2, 128), dtype)] * 2
-          + [shape((2, 256), jnp.int32)] * 4)
+  args = ([shape((2, length, 4, dim), dtype)] + [shape((2, length, 2, dim), dtype)] * 2
+          + [shape((2, length), jnp.int32)] * 4)
   f = jax.jit(lambda *a: mosaic_gpu_forward(*a, causal=causal, window=window))
   text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "stablehlo.custom_call @mosaic_gpu" in text

@@ -1,11 +1,14 @@
-"""A Mosaic GPU (Hopper) forward for the Pallas attention: one warpgroup per (head, block
-of 64 queries, batch row), QKᵀ and PV by wgmma from shared memory, online softmax in
-base 2. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode;
-it has not run on a GPU. It visits the key blocks of sparsity's visit lists (the row's list
-copied to shared memory, read as scalars), masking each from segments and positions, the
-full blocks too (no bias, no pipelining, no warp specialisation). Interpret mode
-takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
-there Kᵀ and P are copied to shared memory and the id rows are read plainly."""
+"""A Mosaic GPU (Hopper) forward for the Pallas attention, warp-specialised as
+FlashAttention-3: per (head, block of 128 queries, batch row), a producer warpgroup issues
+the TMA copies of the visited key blocks into SLOTS shared-memory slots while two consumer
+warpgroups, 64 queries each, compute QKᵀ and PV by wgmma and the online softmax in base 2,
+handing each slot back by a barrier. The key blocks are those of sparsity's visit lists
+(the row's list copied to shared memory, read as scalars): the partial ones first, masked
+from segment and position rows copied with them, then the full ones, unmasked and without
+those rows. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret
+mode; it has not run on a GPU. Interpret mode takes wgmma operands as untransposed
+shared-memory refs and has no register layouts, so there Kᵀ and P are copied to shared
+memory and the id rows are read plainly."""
 
 import functools
 
@@ -18,10 +21,16 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from transformer.model.kernels.pallas import sparsity
 
 BLOCK = 64
-# K/V shared-memory slots: visit j + 1's copies are issued before visit j's wgmmas, so
-# they overlap one block's compute; a third slot would copy two blocks ahead at 2·64·d·2
-# more bytes of shared memory per block of queries, which no measurement has yet asked for.
+# Consumer warpgroups per block of queries, each 64 queries sharing the K/V slots, as
+# FlashAttention-3 and JAX's attention_mgpu: one block's copies feed twice the wgmma work.
+CONSUMERS = 2
+# K/V shared-memory slots: the producer fills visit j + 1's slot while the consumers compute
+# visit j. A third slot would let it run two visits ahead, at 2·64·d·2 more bytes of shared
+# memory per block of queries, which no measurement has yet asked for.
 SLOTS = 2
+# Registers per thread (set_max_registers): the producer issues copies only; the consumers
+# hold a 64×d float32 accumulator and a 64×64 logits tile. 128·(2·232 + 40) ≤ 65536.
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 
 
 def _interpret_params():
@@ -81,117 +90,140 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
             interpret=False):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
   positions int32 [b, tq] / [b, tk] (segment 0 is padding) -> out [b, tq, h, d], base-2
-  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16."""
+  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16.
+  The queries are padded here to a multiple of 128 (padding queries see no key)."""
   (b, tq, h, d), tk = q.shape, k.shape[1]
   if d % 64 or tq % BLOCK or tk % BLOCK:
     raise ValueError(f"head dim {d} must be a multiple of 64 and lengths {tq}, {tk} of {BLOCK}")
   if q.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"dtype {q.dtype} must be bfloat16 or float16")
+  rows_q = CONSUMERS * BLOCK
+  pad = -tq % rows_q
+  if pad:
+    q = jnp.pad(q, [(0, 0), (0, pad), (0, 0), (0, 0)])
+    q_segments, q_positions = (jnp.pad(x, [(0, 0), (0, pad)]) for x in (q_segments, q_positions))
   groups, dtype, nk = h // k.shape[2], q.dtype, tk // BLOCK
   width = -(-(nk + 2) // BLOCK) * BLOCK
   kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
-                           window=window, block_q=BLOCK, block_k=BLOCK, lq=tq, lk=tk)
+                           window=window, block_q=rows_q, block_k=BLOCK, lq=tq + pad, lk=tk)
   lists = sparsity.visit_lists(kind, width)
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, out_ref, lse_ref,
              q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, list_smem,
-             bar, k_bar, v_bar, ks_bar, kp_bar, *copies):
+             q_bar, list_bar, k_bar, v_bar, ks_bar, kp_bar, k_free, v_free, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
+    wg = lax.axis_index("wg")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
-    q0 = qb * BLOCK
-    _copy([(q_ref.at[row, pl.ds(q0, BLOCK), head], q_smem),
-           (qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem),
-           (qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem), (list_ref.at[row, qb], list_smem)],
-          bar, 0)
-    n_partial, n_visited = list_smem[0], list_smem[1]
-    rows = plgpu.Layout.WGMMA.reduce(1)
-    cols = plgpu.Layout.WGMMA.reduce(0)
-    qseg = _load(qs_smem, rows, interpret)
-    qpos = _load(qp_smem, rows, interpret)
-    m_i = _cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
-    l_i = _cast(interpret, jnp.full((BLOCK,), 0, jnp.float32), rows)
-    acc = _cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
 
-    def fetch(i):
-      """Issues the copies of visit i into slot i mod SLOTS: K and V, and the key block's
-      segment and position rows if it is partial (the partial visits come first)."""
-      slot = lax.rem(i, SLOTS)
-      s = (row, pl.ds(list_smem[2 + i] * BLOCK, BLOCK))
-      plgpu.copy_gmem_to_smem(k_ref.at[s + (kv_head,)], k_smem.at[slot], k_bar.at[slot])
-      plgpu.copy_gmem_to_smem(v_ref.at[s + (kv_head,)], v_smem.at[slot], v_bar.at[slot])
+    @pl.when(wg == CONSUMERS)
+    def _producer():
+      """Visit i's K, V (and, for a partial block, its segment and position rows) into slot
+      i mod SLOTS, once both consumers have handed back that slot's previous visit."""
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+      plgpu.copy_gmem_to_smem(list_ref.at[row, qb], list_smem, list_bar.at[0])
+      plgpu.barrier_wait(list_bar.at[0])
+      n_partial = list_smem[0]
 
-      @pl.when(i < n_partial)
-      def _():
-        plgpu.copy_gmem_to_smem(ks_ref.at[s], ks_smem.at[slot], ks_bar.at[slot])
-        plgpu.copy_gmem_to_smem(kp_ref.at[s], kp_smem.at[slot], kp_bar.at[slot])
+      @pl.loop(0, list_smem[1])
+      def _(i):
+        slot = lax.rem(i, SLOTS)
+        keys = (row, pl.ds(list_smem[2 + i] * BLOCK, BLOCK))
+        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(k_free.at[slot]))
+        plgpu.copy_gmem_to_smem(k_ref.at[keys + (kv_head,)], k_smem.at[slot], k_bar.at[slot])
 
-    for i in range(SLOTS - 1):
-      pl.when(i < n_visited)(lambda i=i: fetch(i))
+        @pl.when(i < n_partial)
+        def _():
+          plgpu.copy_gmem_to_smem(ks_ref.at[keys], ks_smem.at[slot], ks_bar.at[slot])
+          plgpu.copy_gmem_to_smem(kp_ref.at[keys], kp_smem.at[slot], kp_bar.at[slot])
+        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(v_free.at[slot]))
+        plgpu.copy_gmem_to_smem(v_ref.at[keys + (kv_head,)], v_smem.at[slot], v_bar.at[slot])
 
-    def step(j, carry, masked):
-      """Visit j from slot j mod SLOTS, the copies of visit j + SLOTS − 1 issued first into
-      the slot visit j − 1 read (its wgmmas awaited when their results were read)."""
-      acc, m_i, l_i = carry
-      slot = lax.rem(j, SLOTS)
-      pl.when(j + SLOTS - 1 < n_visited)(lambda: fetch(j + SLOTS - 1))
-      plgpu.barrier_wait(k_bar.at[slot])
+    @pl.when(wg < CONSUMERS)
+    def _consumer():
+      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      q0 = qb * rows_q + wg * BLOCK
+      queries = (row, pl.ds(q0, BLOCK))
+      my_q, my_qs, my_qp = q_smem.at[wg], qs_smem.at[wg], qp_smem.at[wg]
+      _copy([(q_ref.at[queries + (head,)], my_q), (qs_ref.at[queries], my_qs),
+             (qp_ref.at[queries], my_qp)], q_bar, 3 * wg)
+      plgpu.barrier_wait(list_bar.at[0])
+      n_partial, n_visited = list_smem[0], list_smem[1]
+      rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+      qseg, qpos = _load(my_qs, rows, interpret), _load(my_qp, rows, interpret)
+      m_i = _cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
+      l_i = _cast(interpret, jnp.full((BLOCK,), 0, jnp.float32), rows)
+      acc = _cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
+      kt, p_copy = (c.at[wg] for c in copies) if interpret else (None, None)
 
-      def qk(acc_ref):
-        if interpret:  # the interpreter's wgmma takes refs only, untransposed
-          copies[0][...] = k_smem[slot].T
-          plgpu.wgmma(acc_ref, q_smem, copies[0])
-        else:
-          plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-        return acc_ref[...]
-      x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
-      if masked:
-        plgpu.barrier_wait(ks_bar.at[slot])
-        plgpu.barrier_wait(kp_bar.at[slot])
-        kseg = _load(ks_smem.at[slot], cols, interpret)
-        kpos = _load(kp_smem.at[slot], cols, interpret)
-        keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
-        x = jnp.where(keep, x, -jnp.inf)
-      p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
-      plgpu.barrier_wait(v_bar.at[slot])
+      def step(j, carry, masked):
+        """Visit j from its slot, handed back (when a later visit will fill it) once its
+        wgmma has been awaited: K after QKᵀ (and the id rows' reads), V after PV."""
+        acc, m_i, l_i = carry
+        slot = lax.rem(j, SLOTS)
+        refill = j + SLOTS < n_visited
+        plgpu.barrier_wait(k_bar.at[slot])
 
-      def pv(acc_ref):
-        if interpret:
-          copies[1][...] = p.astype(dtype)
-          plgpu.wgmma(acc_ref, copies[1], v_smem.at[slot])
-        else:
-          plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
-        return acc_ref[...]
-      acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
-      return acc, m_i, l_i
+        def qk(acc_ref):
+          if interpret:  # the interpreter's wgmma takes refs only, untransposed
+            kt[...] = k_smem[slot].T
+            plgpu.wgmma(acc_ref, my_q, kt)
+          else:
+            plgpu.wgmma(acc_ref, my_q, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+          return acc_ref[...]
+        x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
+        if masked:
+          plgpu.barrier_wait(ks_bar.at[slot])
+          plgpu.barrier_wait(kp_bar.at[slot])
+          kseg = _load(ks_smem.at[slot], cols, interpret)
+          kpos = _load(kp_smem.at[slot], cols, interpret)
+          keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
+          x = jnp.where(keep, x, -jnp.inf)
+        pl.when(refill)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+        p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
+        plgpu.barrier_wait(v_bar.at[slot])
 
-    carry = lax.fori_loop(0, n_partial, functools.partial(step, masked=True), (acc, m_i, l_i))
-    acc, m_i, l_i = lax.fori_loop(n_partial, n_visited, functools.partial(step, masked=False),
-                                  carry)
-    empty = l_i == 0
-    inv = 1.0 / jnp.where(empty, 1.0, l_i)
-    acc = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
-    q_smem[...] = acc.astype(dtype)
-    lse_smem[...] = jnp.where(empty, -jnp.inf, m_i + jnp.log2(jnp.where(empty, 1.0, l_i)))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[row, pl.ds(q0, BLOCK), head])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[row, head, pl.ds(q0, BLOCK)])
-    plgpu.wait_smem_to_gmem(0)
+        def pv(acc_ref):
+          if interpret:
+            p_copy[...] = p.astype(dtype)
+            plgpu.wgmma(acc_ref, p_copy, v_smem.at[slot])
+          else:
+            plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
+          return acc_ref[...]
+        acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
+        pl.when(refill)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+        return acc, m_i, l_i
+
+      carry = lax.fori_loop(0, n_partial, functools.partial(step, masked=True), (acc, m_i, l_i))
+      acc, m_i, l_i = lax.fori_loop(n_partial, n_visited,
+                                    functools.partial(step, masked=False), carry)
+      empty = l_i == 0
+      inv = 1.0 / jnp.where(empty, 1.0, l_i)
+      my_q[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
+      lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf,
+                                       m_i + jnp.log2(jnp.where(empty, 1.0, l_i)))
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(my_q, out_ref.at[queries + (head,)])
+      plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[row, head, pl.ds(q0, BLOCK)])
+      plgpu.wait_smem_to_gmem(0)
 
   transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
-  tiles = plgpu.SMEM((SLOTS, BLOCK, d), dtype, transforms=transforms)
-  ids = plgpu.SMEM((BLOCK,), jnp.int32)
-  id_slots = plgpu.SMEM((SLOTS, BLOCK), jnp.int32)
-  scratch = [tile, tiles, tiles, ids, id_slots, ids, id_slots,
-             plgpu.SMEM((BLOCK,), jnp.float32), plgpu.SMEM((width,), jnp.int32),
-             plgpu.Barrier(num_barriers=4)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
-  scratch += [plgpu.SMEM((d, BLOCK), dtype), plgpu.SMEM((BLOCK, BLOCK), dtype)] if interpret else []
+  tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=transforms)  # noqa: E731
+  rows_of = lambda n, t=jnp.int32: plgpu.SMEM((n, BLOCK), t)  # noqa: E731
+  scratch = [tiles(CONSUMERS), tiles(SLOTS), tiles(SLOTS), rows_of(CONSUMERS), rows_of(SLOTS),
+             rows_of(CONSUMERS), rows_of(SLOTS), rows_of(CONSUMERS, jnp.float32),
+             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=3 * CONSUMERS),
+             plgpu.Barrier(num_barriers=1)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
+  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=SLOTS)] * 2
+  if interpret:
+    scratch += [plgpu.SMEM((CONSUMERS, d, BLOCK), dtype),
+                plgpu.SMEM((CONSUMERS, BLOCK, BLOCK), dtype)]
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
-                        jax.ShapeDtypeStruct((b, h, tq), jnp.float32)],
-      scratch_types=scratch, grid=(h, tq // BLOCK, b),
-      grid_names=("heads", "q_seq", "batch"),
+                        jax.ShapeDtypeStruct((b, h, tq + pad), jnp.float32)],
+      scratch_types=scratch, grid=(h, (tq + pad) // rows_q, b),
+      grid_names=("heads", "q_seq", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
       interpret=_interpret_params() if interpret else None)
-  i32 = lambda a: a.astype(jnp.int32)
-  return tuple(call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
-                    i32(k_positions), lists))
+  i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
+  out, lse = call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
+                  i32(k_positions), lists)
+  return out[:, :tq], lse[..., :tq]
