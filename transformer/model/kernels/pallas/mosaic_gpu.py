@@ -2,13 +2,14 @@
 FlashAttention-3: per (head, block of 128 queries, batch row), a producer warpgroup issues
 the TMA copies of the visited key blocks into SLOTS shared-memory slots while two consumer
 warpgroups, 64 queries each, compute QKᵀ and PV by wgmma and the online softmax in base 2,
-handing each slot back by a barrier. The key blocks are those of sparsity's visit lists
-(the row's list copied to shared memory, read as scalars): the partial ones first, masked
-from segment and position rows copied with them, then the full ones, unmasked and without
-those rows. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret
-mode; it has not run on a GPU. Interpret mode takes wgmma operands as untransposed
-shared-memory refs and has no register layouts, so there Kᵀ and P are copied to shared
-memory and the id rows are read plainly."""
+handing each slot back by a barrier and taking turns, one's softmax beside the other's
+wgmma. The key blocks are those of sparsity's visit lists (the row's list copied to shared
+memory, read as scalars): the partial ones first, masked from segment and position rows
+copied with them, then the full ones, unmasked and without those rows. Opt-in and
+unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode; it has not run on a
+GPU. Interpret mode takes wgmma operands as untransposed shared-memory refs and has no
+register layouts, so there Kᵀ and P are copied to shared memory and the id rows are read
+plainly."""
 
 import functools
 
@@ -23,6 +24,7 @@ from transformer.model.kernels.pallas import sparsity
 BLOCK = 64
 # Consumer warpgroups per block of queries, each 64 queries sharing the K/V slots, as
 # FlashAttention-3 and JAX's attention_mgpu: one block's copies feed twice the wgmma work.
+# Two, as their alternation (`turn` in forward) is written for two.
 CONSUMERS = 2
 # K/V shared-memory slots: the producer fills visit j + 1's slot while the consumers compute
 # visit j. A third slot would let it run two visits ahead, at 2·64·d·2 more bytes of shared
@@ -110,7 +112,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, out_ref, lse_ref,
              q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, list_smem,
-             q_bar, list_bar, k_bar, v_bar, ks_bar, kp_bar, k_free, v_free, *copies):
+             q_bar, list_bar, k_bar, v_bar, ks_bar, kp_bar, k_free, v_free, turns, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
     wg = lax.axis_index("wg")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
@@ -155,6 +157,16 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       acc = _cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
       kt, p_copy = (c.at[wg] for c in copies) if interpret else (None, None)
 
+      def turn():
+        """A turn of the two consumers' alternation (FlashAttention-3's ping-pong): each
+        arrives and waits for the other's arrival, so that one's softmax runs while the
+        other's wgmma has the tensor cores. Consumer 1 starts a turn behind and consumer 0
+        ends one behind, so that every turn has both arrivals."""
+        plgpu.barrier_arrive(turns)
+        plgpu.barrier_wait(turns)
+
+      pl.when(wg == 1)(turn)
+
       def step(j, carry, masked):
         """Visit j from its slot, handed back (when a later visit will fill it) once its
         wgmma has been awaited: K after QKᵀ (and the id rows' reads), V after PV."""
@@ -169,6 +181,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
             plgpu.wgmma(acc_ref, my_q, kt)
           else:
             plgpu.wgmma(acc_ref, my_q, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+          turn()  # the other consumer's softmax runs beside this QKᵀ
           return acc_ref[...]
         x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
         if masked:
@@ -180,7 +193,9 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
           x = jnp.where(keep, x, -jnp.inf)
         pl.when(refill)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
         p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
+        plgpu.barrier_arrive(turns)  # softmax done: the other's wgmma may start
         plgpu.barrier_wait(v_bar.at[slot])
+        plgpu.barrier_wait(turns)
 
         def pv(acc_ref):
           if interpret:
@@ -196,6 +211,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       carry = lax.fori_loop(0, n_partial, functools.partial(step, masked=True), (acc, m_i, l_i))
       acc, m_i, l_i = lax.fori_loop(n_partial, n_visited,
                                     functools.partial(step, masked=False), carry)
+      pl.when(wg == 0)(turn)
       empty = l_i == 0
       inv = 1.0 / jnp.where(empty, 1.0, l_i)
       my_q[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
@@ -214,6 +230,7 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
              plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=3 * CONSUMERS),
              plgpu.Barrier(num_barriers=1)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
   scratch += [plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=SLOTS)] * 2
+  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS)]
   if interpret:
     scratch += [plgpu.SMEM((CONSUMERS, d, BLOCK), dtype),
                 plgpu.SMEM((CONSUMERS, BLOCK, BLOCK), dtype)]
