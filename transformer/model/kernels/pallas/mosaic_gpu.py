@@ -88,6 +88,28 @@ def _visible(q_seg, q_pos, k_seg, k_pos, *, causal, window, query_axis):
   return keep
 
 
+def _forward_scratch(d, dtype, width, interpret):
+  """Shared memory of the forward, in its kernel's argument order: the consumers' q tiles
+  [2, 64, d] (their outputs too) and the K, V slots [SLOTS, 64, d], tiled and swizzled; the
+  consumers' segment and position rows and the slots' ones; the consumers' lse rows; the
+  visit list; the barriers (q rows per consumer; the list; K, V and the id rows per slot;
+  K's and V's slots handed back by both consumers; the consumers' turns); and the
+  interpreter's Kᵀ and P tiles, per consumer."""
+  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=transforms)  # noqa: E731
+  rows = lambda n, t=jnp.int32: plgpu.SMEM((n, BLOCK), t)  # noqa: E731
+  scratch = [tiles(CONSUMERS), tiles(SLOTS), tiles(SLOTS), rows(CONSUMERS), rows(SLOTS),
+             rows(CONSUMERS), rows(SLOTS), rows(CONSUMERS, jnp.float32),
+             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=3 * CONSUMERS),
+             plgpu.Barrier(num_barriers=1)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
+  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=SLOTS)] * 2
+  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS)]
+  if interpret:
+    scratch += [plgpu.SMEM((CONSUMERS, d, BLOCK), dtype),
+                plgpu.SMEM((CONSUMERS, BLOCK, BLOCK), dtype)]
+  return scratch
+
+
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
             interpret=False):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
@@ -222,22 +244,11 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[row, head, pl.ds(q0, BLOCK)])
       plgpu.wait_smem_to_gmem(0)
 
-  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=transforms)  # noqa: E731
-  rows_of = lambda n, t=jnp.int32: plgpu.SMEM((n, BLOCK), t)  # noqa: E731
-  scratch = [tiles(CONSUMERS), tiles(SLOTS), tiles(SLOTS), rows_of(CONSUMERS), rows_of(SLOTS),
-             rows_of(CONSUMERS), rows_of(SLOTS), rows_of(CONSUMERS, jnp.float32),
-             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=3 * CONSUMERS),
-             plgpu.Barrier(num_barriers=1)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
-  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=SLOTS)] * 2
-  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS)]
-  if interpret:
-    scratch += [plgpu.SMEM((CONSUMERS, d, BLOCK), dtype),
-                plgpu.SMEM((CONSUMERS, BLOCK, BLOCK), dtype)]
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
                         jax.ShapeDtypeStruct((b, h, tq + pad), jnp.float32)],
-      scratch_types=scratch, grid=(h, (tq + pad) // rows_q, b),
+      scratch_types=_forward_scratch(d, dtype, width, interpret),
+      grid=(h, (tq + pad) // rows_q, b),
       grid_names=("heads", "q_seq", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
       interpret=_interpret_params() if interpret else None)
   i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
