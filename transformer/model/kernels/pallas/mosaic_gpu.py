@@ -8,8 +8,8 @@ memory, read as scalars): the partial ones first, masked from segment and positi
 copied with them, then the full ones, unmasked and without those rows. Opt-in and
 unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode; it has not run on a
 GPU. Interpret mode takes wgmma operands as untransposed shared-memory refs and has no
-register layouts, so there Kᵀ and P are copied to shared memory and the id rows are read
-plainly."""
+register layouts nor run_state, so there Kᵀ and P are copied to shared memory, the id rows
+are read plainly and P·V goes to a fresh accumulator, added to the running one."""
 
 import functools
 
@@ -219,14 +219,16 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
         plgpu.barrier_wait(v_bar.at[slot])
         plgpu.barrier_wait(turns)
 
-        def pv(acc_ref):
-          if interpret:
+        if interpret:  # no run_state there: P·V into a fresh accumulator, then added
+          def pv(acc_ref):
             p_copy[...] = p.astype(dtype)
             plgpu.wgmma(acc_ref, p_copy, v_smem.at[slot])
-          else:
+            return acc_ref[...]
+          acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
+        else:  # P·V accumulated into the running accumulator itself
+          def pv(acc_ref):
             plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
-          return acc_ref[...]
-        acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
         pl.when(refill)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
         return acc, m_i, l_i
 
