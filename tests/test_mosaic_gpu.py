@@ -2,8 +2,9 @@
 for cuda to a `mosaic_gpu` custom call from abstract shapes, and in Mosaic GPU interpret mode
 on this CPU its output and base-2 logsumexp equal the dense formula for causal, padded and
 packed segments, with a local window and grouped K/V heads, with more visited key blocks than
-K/V slots (with no data race between the producer's copies and the consumers' reads, by
-the interpreter's race detector), and a block declared full is added unmasked."""
+K/V slots (with no data race between the copies and the reads, by the interpreter's race
+detector), and a block declared full is added unmasked; warp-specialised (the compiled
+default) and through one warpgroup (interpret mode's)."""
 
 import math
 
@@ -57,16 +58,23 @@ def _inputs(segments, heads, kv_heads):
   return q, k, v, seg, pos
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_interpret_equals_the_dense_formula(name):
-  """packed_long also under the interpreter's race detector: no consumer reads a K/V slot
-  while the producer's copy into it may be in flight, and none hands a slot back early."""
+# (case, warp-specialised): each case once, packed_long in both schedules. Interpreting the
+# warp-specialised kernel costs a few seconds per block of 128 queries, one warpgroup ~1 s.
+SCHEDULES = [("causal", False), ("padded", False), ("packed", False), ("packed_long", False),
+             ("packed_long", True)]
+
+
+@pytest.mark.parametrize("name,specialised", SCHEDULES)
+def test_interpret_equals_the_dense_formula(name, specialised):
+  """packed_long also under the interpreter's race detector: no read of a K/V slot while a
+  copy into it may be in flight (and, warp-specialised, no slot handed back early)."""
   segments, causal, window, heads, kv_heads = CASES[name]
   q, k, v, seg, pos = _inputs(segments, heads, kv_heads)
   detect, first = name == "packed_long", FIRST_QUERY.get(name, 0)
   with force_gpu_interpret_mode(InterpretGPUParams(detect_races=detect)):
     out, lse = mosaic_gpu_forward(q[:, first:], k, v, seg[:, first:], seg, pos[:, first:], pos,
-                                  causal=causal, window=window, interpret=True)
+                                  causal=causal, window=window, interpret=True,
+                                  specialised=specialised)
   assert not (detect and get_races().races_found)
   want, want_lse = _dense(q, k, v, seg, pos, causal, window)
   want, want_lse = want[:, first:], want_lse[..., first:]
@@ -75,27 +83,32 @@ def test_interpret_equals_the_dense_formula(name):
 
 
 def test_blocks_declared_full_are_added_unmasked(monkeypatch):
-  """With every block declared full, the packed, causal, windowed call attends to every key:
-  the full blocks' loop applies no mask (and waits for no segment or position rows)."""
-  segments, causal, window, _, _ = CASES["packed"]
+  """With every block declared full, the padded, windowed call attends to every key: the
+  full blocks' loop applies no mask (and waits for no segment or position rows). Warp-
+  specialised, its 64 queries padded to 128; the loop is the same code through one
+  warpgroup."""
+  segments, causal, window, _, _ = CASES["padded"]
   q, k, v, seg, pos = _inputs(segments, 1, 1)
   monkeypatch.setattr(sparsity, "classify", lambda *a, block_q, block_k, lq, lk, **kw: jnp.full(
       (q.shape[0], lq // block_q, lk // block_k), sparsity.FULL, jnp.int32))
   out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
-                                interpret=True)
+                                interpret=True, specialised=True)
   want, want_lse = _dense(q, k, v, jnp.ones_like(seg), pos, False, None)
   np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=4e-3)
   np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
 
 
-@pytest.mark.parametrize("causal,window,dtype,length,dim", [(True, None, jnp.bfloat16, 256, 128),
-                                                              (False, 32, jnp.float16, 192, 64)])
-def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, length, dim):
-  """Lengths of 256 and of 192 (its queries padded to 128s), head dims 128 and 64."""
+@pytest.mark.parametrize("causal,window,dtype,length,dim,specialised", [
+    (True, None, jnp.bfloat16, 256, 128, None), (False, 32, jnp.float16, 192, 64, None),
+    (True, 32, jnp.bfloat16, 192, 64, False)])
+def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, length, dim, specialised):
+  """Warp-specialised (compiled's default): lengths of 256 and of 192 (its queries padded to
+  128s), head dims 128 and 64; and through one warpgroup."""
   shape = jax.ShapeDtypeStruct
   args = ([shape((2, length, 4, dim), dtype)] + [shape((2, length, 2, dim), dtype)] * 2
           + [shape((2, length), jnp.int32)] * 4)
-  f = jax.jit(lambda *a: mosaic_gpu_forward(*a, causal=causal, window=window))
+  f = jax.jit(lambda *a: mosaic_gpu_forward(*a, causal=causal, window=window,
+                                            specialised=specialised))
   text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "stablehlo.custom_call @mosaic_gpu" in text
   assert "triton" not in text

@@ -33,6 +33,9 @@ SLOTS = 2
 # Registers per thread (set_max_registers): the producer issues copies only; the consumers
 # hold a 64×d float32 accumulator and a 64×64 logits tile. 128·(2·232 + 40) ≤ 65536.
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+# Two q tiles and SLOTS K and V slots of 64×d: 192 KiB at 256, over Hopper's 227 KiB of
+# shared memory per block from 320 on (the lowering refuses those).
+MAX_HEAD_DIM = 256
 
 
 def _interpret_params():
@@ -88,40 +91,48 @@ def _visible(q_seg, q_pos, k_seg, k_pos, *, causal, window, query_axis):
   return keep
 
 
-def _forward_scratch(d, dtype, width, interpret):
+def _forward_scratch(d, dtype, width, consumers, interpret):
   """Shared memory of the forward, in its kernel's argument order: the consumers' q tiles
-  [2, 64, d] (their outputs too) and the K, V slots [SLOTS, 64, d], tiled and swizzled; the
-  consumers' segment and position rows and the slots' ones; the consumers' lse rows; the
-  visit list; the barriers (q rows per consumer; the list; K, V and the id rows per slot;
-  K's and V's slots handed back by both consumers; the consumers' turns); and the
-  interpreter's Kᵀ and P tiles, per consumer."""
+  [consumers, 64, d] (their outputs too) and the K, V slots [SLOTS, 64, d], tiled and
+  swizzled; the consumers' segment and position rows and the slots' ones; the consumers'
+  lse rows; the visit list; the barriers (q rows per consumer; the list; K, V and the id
+  rows per slot; K's and V's slots handed back by the consumers and the consumers' turns,
+  used when warp-specialised); and the interpreter's Kᵀ and P tiles, per consumer."""
   transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=transforms)  # noqa: E731
   rows = lambda n, t=jnp.int32: plgpu.SMEM((n, BLOCK), t)  # noqa: E731
-  scratch = [tiles(CONSUMERS), tiles(SLOTS), tiles(SLOTS), rows(CONSUMERS), rows(SLOTS),
-             rows(CONSUMERS), rows(SLOTS), rows(CONSUMERS, jnp.float32),
-             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=3 * CONSUMERS),
+  scratch = [tiles(consumers), tiles(SLOTS), tiles(SLOTS), rows(consumers), rows(SLOTS),
+             rows(consumers), rows(SLOTS), rows(consumers, jnp.float32),
+             plgpu.SMEM((width,), jnp.int32), plgpu.Barrier(num_barriers=3 * consumers),
              plgpu.Barrier(num_barriers=1)] + [plgpu.Barrier(num_barriers=SLOTS)] * 4
-  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS, num_barriers=SLOTS)] * 2
-  scratch += [plgpu.Barrier(num_arrivals=CONSUMERS)]
+  scratch += [plgpu.Barrier(num_arrivals=consumers, num_barriers=SLOTS)] * 2
+  scratch += [plgpu.Barrier(num_arrivals=consumers)]
   if interpret:
-    scratch += [plgpu.SMEM((CONSUMERS, d, BLOCK), dtype),
-                plgpu.SMEM((CONSUMERS, BLOCK, BLOCK), dtype)]
+    scratch += [plgpu.SMEM((consumers, d, BLOCK), dtype),
+                plgpu.SMEM((consumers, BLOCK, BLOCK), dtype)]
   return scratch
 
 
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
-            interpret=False):
+            interpret=False, specialised=None):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
   positions int32 [b, tq] / [b, tk] (segment 0 is padding) -> out [b, tq, h, d], base-2
-  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16.
-  The queries are padded here to a multiple of 128 (padding queries see no key)."""
+  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64, at most
+  MAX_HEAD_DIM; bf16/fp16. specialised: warp-specialised (a producer and CONSUMERS
+  consumers per block of 128 queries; the queries padded here to a multiple of 128), or one
+  warpgroup per block of 64 queries issuing its own copies one visit ahead; None: the first
+  where compiled, the second in interpret mode, which runs each warpgroup of a
+  warp-specialised kernel as a thread set up anew for every block of queries."""
   (b, tq, h, d), tk = q.shape, k.shape[1]
   if d % 64 or tq % BLOCK or tk % BLOCK:
     raise ValueError(f"head dim {d} must be a multiple of 64 and lengths {tq}, {tk} of {BLOCK}")
+  if d > MAX_HEAD_DIM:
+    raise ValueError(f"head dim {d} must be at most {MAX_HEAD_DIM} (shared memory)")
   if q.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"dtype {q.dtype} must be bfloat16 or float16")
-  rows_q = CONSUMERS * BLOCK
+  specialised = not interpret if specialised is None else specialised
+  consumers = CONSUMERS if specialised else 1
+  rows_q = consumers * BLOCK
   pad = -tq % rows_q
   if pad:
     q = jnp.pad(q, [(0, 0), (0, pad), (0, 0), (0, 0)])
@@ -136,38 +147,43 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
              q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem, list_smem,
              q_bar, list_bar, k_bar, v_bar, ks_bar, kp_bar, k_free, v_free, turns, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
-    wg = lax.axis_index("wg")
+    wg = lax.axis_index("wg") if specialised else 0
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
 
-    @pl.when(wg == CONSUMERS)
-    def _producer():
-      """Visit i's K, V (and, for a partial block, its segment and position rows) into slot
-      i mod SLOTS, once both consumers have handed back that slot's previous visit."""
+    def fetch(i):
+      """Issues visit i's copies into slot i mod SLOTS: K and V, and the key block's
+      segment and position rows if it is partial (the partial visits come first)."""
+      slot = lax.rem(i, SLOTS)
+      keys = (row, pl.ds(list_smem[2 + i] * BLOCK, BLOCK))
+      if specialised:  # once both consumers have handed back visit i − SLOTS's K
+        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(k_free.at[slot]))
+      plgpu.copy_gmem_to_smem(k_ref.at[keys + (kv_head,)], k_smem.at[slot], k_bar.at[slot])
+
+      @pl.when(i < list_smem[0])
+      def _():
+        plgpu.copy_gmem_to_smem(ks_ref.at[keys], ks_smem.at[slot], ks_bar.at[slot])
+        plgpu.copy_gmem_to_smem(kp_ref.at[keys], kp_smem.at[slot], kp_bar.at[slot])
+      if specialised:  # and its V
+        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(v_free.at[slot]))
+      plgpu.copy_gmem_to_smem(v_ref.at[keys + (kv_head,)], v_smem.at[slot], v_bar.at[slot])
+
+    def produce():
+      """The producer warpgroup: the list, then every visit's copies in turn."""
       plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
       plgpu.copy_gmem_to_smem(list_ref.at[row, qb], list_smem, list_bar.at[0])
       plgpu.barrier_wait(list_bar.at[0])
-      n_partial = list_smem[0]
+      pl.loop(0, list_smem[1])(fetch)
 
-      @pl.loop(0, list_smem[1])
-      def _(i):
-        slot = lax.rem(i, SLOTS)
-        keys = (row, pl.ds(list_smem[2 + i] * BLOCK, BLOCK))
-        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(k_free.at[slot]))
-        plgpu.copy_gmem_to_smem(k_ref.at[keys + (kv_head,)], k_smem.at[slot], k_bar.at[slot])
-
-        @pl.when(i < n_partial)
-        def _():
-          plgpu.copy_gmem_to_smem(ks_ref.at[keys], ks_smem.at[slot], ks_bar.at[slot])
-          plgpu.copy_gmem_to_smem(kp_ref.at[keys], kp_smem.at[slot], kp_bar.at[slot])
-        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(v_free.at[slot]))
-        plgpu.copy_gmem_to_smem(v_ref.at[keys + (kv_head,)], v_smem.at[slot], v_bar.at[slot])
-
-    @pl.when(wg < CONSUMERS)
-    def _consumer():
-      plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+    def consume():
+      """A consumer warpgroup: its 64 queries against the visits, the partial ones masked,
+      then the full ones."""
       q0 = qb * rows_q + wg * BLOCK
       queries = (row, pl.ds(q0, BLOCK))
       my_q, my_qs, my_qp = q_smem.at[wg], qs_smem.at[wg], qp_smem.at[wg]
+      if specialised:
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      else:  # its own list
+        plgpu.copy_gmem_to_smem(list_ref.at[row, qb], list_smem, list_bar.at[0])
       _copy([(q_ref.at[queries + (head,)], my_q), (qs_ref.at[queries], my_qs),
              (qp_ref.at[queries], my_qp)], q_bar, 3 * wg)
       plgpu.barrier_wait(list_bar.at[0])
@@ -187,14 +203,16 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
         plgpu.barrier_arrive(turns)
         plgpu.barrier_wait(turns)
 
-      pl.when(wg == 1)(turn)
-
       def step(j, carry, masked):
-        """Visit j from its slot, handed back (when a later visit will fill it) once its
-        wgmma has been awaited: K after QKᵀ (and the id rows' reads), V after PV."""
+        """Visit j from its slot. Warp-specialised, the slot is handed back (when a later
+        visit will fill it) once its wgmma has been awaited: K after QKᵀ (and the id rows'
+        reads), V after PV; else visit j + SLOTS − 1's copies are issued first, into the
+        slot visit j − 1 read (its wgmmas awaited when their results were read)."""
         acc, m_i, l_i = carry
         slot = lax.rem(j, SLOTS)
         refill = j + SLOTS < n_visited
+        if not specialised:
+          pl.when(j + SLOTS - 1 < n_visited)(lambda: fetch(j + SLOTS - 1))
         plgpu.barrier_wait(k_bar.at[slot])
 
         def qk(acc_ref):
@@ -203,7 +221,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
             plgpu.wgmma(acc_ref, my_q, kt)
           else:
             plgpu.wgmma(acc_ref, my_q, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
-          turn()  # the other consumer's softmax runs beside this QKᵀ
+          if specialised:
+            turn()  # the other consumer's softmax runs beside this QKᵀ
           return acc_ref[...]
         x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
         if masked:
@@ -213,12 +232,14 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
           kpos = _load(kp_smem.at[slot], cols, interpret)
           keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
           x = jnp.where(keep, x, -jnp.inf)
-        pl.when(refill)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+        if specialised:
+          pl.when(refill)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
         p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
-        plgpu.barrier_arrive(turns)  # softmax done: the other's wgmma may start
+        if specialised:
+          plgpu.barrier_arrive(turns)  # softmax done: the other's wgmma may start
         plgpu.barrier_wait(v_bar.at[slot])
-        plgpu.barrier_wait(turns)
-
+        if specialised:
+          plgpu.barrier_wait(turns)
         if interpret:  # no run_state there: P·V into a fresh accumulator, then added
           def pv(acc_ref):
             p_copy[...] = p.astype(dtype)
@@ -229,13 +250,20 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
           def pv(acc_ref):
             plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
           acc = pl.run_state(pv)(plgpu.ACC.init(acc))
-        pl.when(refill)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+        if specialised:
+          pl.when(refill)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
         return acc, m_i, l_i
 
+      if specialised:
+        pl.when(wg == 1)(turn)
+      else:
+        for i in range(SLOTS - 1):
+          pl.when(i < n_visited)(functools.partial(fetch, i))
       carry = lax.fori_loop(0, n_partial, functools.partial(step, masked=True), (acc, m_i, l_i))
       acc, m_i, l_i = lax.fori_loop(n_partial, n_visited,
                                     functools.partial(step, masked=False), carry)
-      pl.when(wg == 0)(turn)
+      if specialised:
+        pl.when(wg == 0)(turn)
       empty = l_i == 0
       inv = 1.0 / jnp.where(empty, 1.0, l_i)
       my_q[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
@@ -246,12 +274,19 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
       plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[row, head, pl.ds(q0, BLOCK)])
       plgpu.wait_smem_to_gmem(0)
 
+    if specialised:
+      pl.when(wg == consumers)(produce)
+      pl.when(wg < consumers)(consume)
+    else:
+      consume()
+
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
                         jax.ShapeDtypeStruct((b, h, tq + pad), jnp.float32)],
-      scratch_types=_forward_scratch(d, dtype, width, interpret),
-      grid=(h, (tq + pad) // rows_q, b),
-      grid_names=("heads", "q_seq", "batch"), num_threads=CONSUMERS + 1, thread_name="wg",
+      scratch_types=_forward_scratch(d, dtype, width, consumers, interpret),
+      grid=(h, (tq + pad) // rows_q, b), grid_names=("heads", "q_seq", "batch"),
+      num_threads=consumers + 1 if specialised else None,
+      thread_name="wg" if specialised else None,
       interpret=_interpret_params() if interpret else None)
   i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
   out, lse = call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
