@@ -5,11 +5,14 @@ warpgroups, 64 queries each, compute QKᵀ and PV by wgmma and the online softma
 handing each slot back by a barrier and taking turns, one's softmax beside the other's
 wgmma. The key blocks are those of sparsity's visit lists (the row's list copied to shared
 memory, read as scalars): the partial ones first, masked from segment and position rows
-copied with them, then the full ones, unmasked and without those rows. Opt-in and
-unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode; it has not run on a
-GPU. Interpret mode takes wgmma operands as untransposed shared-memory refs and has no
-register layouts nor run_state, so there Kᵀ and P are copied to shared memory, the id rows
-are read plainly and P·V goes to a fresh accumulator, added to the running one."""
+copied with them, then the full ones, unmasked and without those rows. The same body runs
+as one warpgroup per block of 64 queries issuing its own copies one visit ahead (interpret
+mode's default: the interpreter sets up each warpgroup of a warp-specialised kernel anew
+for every block of queries). Opt-in and unmeasured: it lowers for cuda and runs in Mosaic
+GPU interpret mode; it has not run on a GPU. Interpret mode takes wgmma operands as
+untransposed shared-memory refs and has no register layouts nor run_state, so there Kᵀ
+and P are copied to shared memory, the id rows are read plainly and P·V goes to a fresh
+accumulator, added to the running one."""
 
 import functools
 
