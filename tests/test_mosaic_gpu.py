@@ -112,3 +112,10 @@ def test_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, length, dim
   text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert "stablehlo.custom_call @mosaic_gpu" in text
   assert "triton" not in text
+
+
+def test_refuses_head_dims_beyond_shared_memory():
+  shape = jax.ShapeDtypeStruct
+  args = [shape((1, 64, 1, 320), jnp.bfloat16)] * 3 + [shape((1, 64), jnp.int32)] * 4
+  with pytest.raises(ValueError, match="head dim 320 must be at most 256"):
+    jax.eval_shape(lambda *a: mosaic_gpu_forward(*a, causal=True, window=None), *args)
