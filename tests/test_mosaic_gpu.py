@@ -281,13 +281,8 @@ def _gradient_kernel(spec, heads, interpret):
       scratch_types=[ids, ids, row, plgpu.SMEM((64, 64), jnp.float32, transforms=tiled), row,
                      plgpu.Barrier(num_barriers=4)],
       grid=(heads,), grid_names=("heads",),
-      interpret=_interpret_params() if interpret else None)
+      interpret=InterpretGPUParams() if interpret else None)
   return lambda qp, kp, ds: mosaic_bias.params_gradient(spec, packing, call(qp, kp, rows, ds))
-
-
-def _interpret_params():
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-  return InterpretGPUParams()
 
 
 def test_block_gradient_is_the_vjp_of_the_dense_bias():

@@ -27,7 +27,7 @@ def cast(interpret, x, layout):
   return x if interpret else plgpu.layout_cast(x, layout)
 
 
-def copy_and_wait(pairs, barriers, first):
+def copy_in(pairs, barriers, first):
   """Copies each (GMEM ref, SMEM ref) pair on its own barrier from barriers[first] on and
   waits for all of them."""
   for i, (src, dst) in enumerate(pairs):

@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels.pallas import mosaic_bias, sparsity
-from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_and_wait,
+from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_in,
                                                             interpret_params, load, visible)
 
 # Consumer warpgroups per block of queries, each 64 queries sharing the K/V slots, as
@@ -172,8 +172,8 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
         plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
       else:  # its own list and parameters
         fetch_row()
-      copy_and_wait([(q_ref.at[queries + (head,)], my_q), (qs_ref.at[queries], my_qs),
-             (qp_ref.at[queries], my_qp)], q_bar, 3 * wg)
+      copy_in([(q_ref.at[queries + (head,)], my_q), (qs_ref.at[queries], my_qs),
+               (qp_ref.at[queries], my_qp)], q_bar, 3 * wg)
       plgpu.barrier_wait(list_bar.at[0])
       if biased:  # the head's parameters, read as scalars per block
         plgpu.barrier_wait(list_bar.at[1])

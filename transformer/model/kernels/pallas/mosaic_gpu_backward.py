@@ -20,7 +20,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels.pallas import mosaic_bias, sparsity
 from transformer.model.kernels.pallas.bodies import LN2, LOG2E
-from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_and_wait,
+from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_in,
                                                             interpret_params, load, visible)
 from transformer.model.kernels.pallas.mosaic_gpu import forward
 
@@ -72,8 +72,8 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
   row) for dq over the forward's visit lists (S, dP, dQ += dS·K). dq by a kernel of its own
   rather than atomics: deterministic, dq in its dtype with no float32 array beside it, and
   testable here (the interpreter has no TMA reduction: "reduction_op not supported"); it
-  recomputes S and dP (2 wgmma per block more than atomics). Masks as forward's, on every
-  visited block; the bias added to S in both (mosaic_bias.tile), its parameters' gradient
+  recomputes S and dP (2 wgmma per block more than atomics). The mask on every visited
+  block (the forward's on its partial ones only); the bias added to S in both (mosaic_bias.tile), its parameters' gradient
   summed over the dq kernel's blocks (mosaic_bias.block_gradient) into a row per program
   and over the programs in XLA."""
   (b, tq, h, d), tk = q.shape, k.shape[1]
@@ -92,7 +92,7 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
 
   def copy_params(par_ref, par_smem, bar, head):  # this head's row, read per block
     if bias_spec is not None:
-      copy_and_wait([(par_ref.at[head], par_smem)], bar, 11)
+      copy_in([(par_ref.at[head], par_smem)], bar, 11)
 
   def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
                  kp_ref, list_ref, par_ref, dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem,
@@ -101,9 +101,9 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
     head, kb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     keys = (row, pl.ds(kb * BLOCK, BLOCK))
-    copy_and_wait([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
-           (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem),
-           (list_ref.at[row, kb], list_smem)], bar, 0)
+    copy_in([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
+             (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem),
+             (list_ref.at[row, kb], list_smem)], bar, 0)
     kseg, kpos = load(ks_smem, rows, interpret), load(kp_smem, rows, interpret)
     copy_params(par_ref, par_smem, bar, head)
     copies = copies or None
@@ -113,16 +113,17 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
       q0 = list_smem[2 + j] * BLOCK
       queries = (row, pl.ds(q0, BLOCK))
       stats = (row, head, pl.ds(q0, BLOCK))
-      copy_and_wait([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
-             (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
-             (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem)], bar, 5)
+      copy_in([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
+               (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
+               (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem)], bar, 5)
       st = _product(shape, k_smem, q_smem, copies, transpose=True)  # keys × queries
       qpos = load(qp_smem, cols, interpret)
       if bias_spec is not None:
         st = st + mosaic_bias.tile(bias_spec, mosaic_bias.theta(par_smem, packing), qpos, kpos,
                                    interpret=interpret, query_axis=1)
       keep = mask(load(qs_smem, cols, interpret), qpos, kseg, kpos, query_axis=1)
-      column = lambda ref: lax.broadcast_in_dim(load(ref, cols, interpret), shape, [1])  # noqa: E731
+      def column(ref):
+        return lax.broadcast_in_dim(load(ref, cols, interpret), shape, [1])
       pt = jnp.where(keep, jnp.exp2(st - column(lse_smem)), 0.0)
       dv = dv + _product((BLOCK, d), pt.astype(dtype), do_smem, copies, registers=True)
       dpt = _product(shape, v_smem, do_smem, copies, transpose=True)
@@ -146,10 +147,10 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
     head, qb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
     queries, stats = (row, pl.ds(qb * BLOCK, BLOCK)), (row, head, pl.ds(qb * BLOCK, BLOCK))
-    copy_and_wait([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
-           (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
-           (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem),
-           (list_ref.at[row, qb], list_smem)], bar, 0)
+    copy_in([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
+             (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
+             (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem),
+             (list_ref.at[row, qb], list_smem)], bar, 0)
     qseg, qpos = load(qs_smem, rows, interpret), load(qp_smem, rows, interpret)
     lse_rows, delta_rows = (lax.broadcast_in_dim(load(ref, rows, interpret), shape, [0])
                             for ref in (lse_smem, delta_smem))
@@ -159,8 +160,8 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
     def step(j, carry):
       dq, dbias = carry
       keys = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
-      copy_and_wait([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
-             (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem)], bar, 7)
+      copy_in([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
+               (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem)], bar, 7)
       s = _product(shape, q_smem, k_smem, copies, transpose=True)
       kpos = load(kp_smem, cols, interpret)
       if bias_spec is not None:  # the head's parameters read per block, not held
