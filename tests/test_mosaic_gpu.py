@@ -1,12 +1,17 @@
-"""The Mosaic GPU (Hopper) kernels (transformer/model/kernels/pallas/mosaic_gpu.py): in Mosaic
-GPU interpret mode on this CPU the forward's output and base-2 logsumexp, and the gradients
-of q, k, v (and of a learned bias's parameters) through the backward kernels, equal the
-dense formula's for causal, padded and packed segments, with a local window, grouped K/V
-heads and each positional bias; the gradient lowers for cuda to `mosaic_gpu` custom calls
-only, from abstract shapes; kernel `mosaic_gpu` is never `auto`'s. The bias's block gradient
-(mosaic_bias.py) in a one-block kernel equals the vjp of the dense bias and lowers for cuda.
-(Its refusals: tests/test_kernel_choice.py, tests/test_bad_input.py; its values and
-gradients through the registry: tests/test_kernel_conformance.py.)"""
+"""The Mosaic GPU (Hopper) kernels (transformer/model/kernels/pallas/mosaic_gpu.py, the
+forward; mosaic_gpu_backward.py): in Mosaic GPU interpret mode on this CPU the forward's
+output and base-2 logsumexp, and the gradients of q, k, v (and of a learned bias's
+parameters) through the backward kernels, equal the dense formula's for causal, padded and
+packed segments, with a local window, grouped K/V heads and each positional bias; the
+forward with more visited key blocks than K/V slots, with and without a bias, warp-
+specialised (the compiled default) and through one warpgroup (interpret mode's), with no
+data race between the copies and the reads (the interpreter's race detector); a block
+declared full is added unmasked. The forward (with a bias, warp-specialised) and the
+gradient lower for cuda to `mosaic_gpu` custom calls only, from abstract shapes; head dims
+beyond shared memory are refused; kernel `mosaic_gpu` is never `auto`'s. The bias's block
+gradient (mosaic_bias.py) in a one-block kernel equals the vjp of the dense bias and lowers
+for cuda. (Its refusals: tests/test_kernel_choice.py, tests/test_bad_input.py; its values
+and gradients through the registry: tests/test_kernel_conformance.py.)"""
 
 import dataclasses
 import math
@@ -17,14 +22,18 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax import lax
+from jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call import get_races
+from jax._src.pallas.mosaic_gpu.interpret.params import (InterpretGPUParams,
+                                                          force_gpu_interpret_mode)
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels import Needs, Target, choose
-from transformer.model.kernels.pallas import mosaic_bias, mosaic_gpu_attention, mosaic_gpu_forward
+from transformer.model.kernels.pallas import (mosaic_bias, mosaic_gpu_attention,
+                                              mosaic_gpu_forward, sparsity)
 from transformer.model.positions import POSITIONS, spec_bias
 from transformer.model.positions.relative import Fire, T5Bias
 
-L, D = 128, 64
+D = 64
 # T5 saturating within a block; FIRE's MLP small, its kinks at 0.35 (w1 > 0) and 0 (w1 < 0:
 # a tie at the diagonal's input 0)
 SETTINGS = {"t5": T5Bias.Settings(num_buckets=8, max_distance=12),
@@ -61,52 +70,119 @@ def _dense(q, k, v, seg, pos, causal, window, spec=None, per_head=False):
   return jnp.einsum("bhqk,bkhd->bqhd", p, v), lse
 
 
-# name: (segments, causal, window, heads, kv heads, positional bias, a gap in the positions
-# from token 64 on). T5's gap puts the off-diagonal blocks wholly beyond its saturation
-# (max_distance 12), on both sides: read as its constants
+# name: (segments (their length the sequence's), causal, window, heads, kv heads, positional
+# bias, a gap in the positions from token 64 on). What each adds: causal: no bias, the second
+# query block's first key block full, visited unmasked without id rows; padded-alibi: padding
+# keys and queries, a window, grouped K/V heads; packed-t5: T5's gap puts the off-diagonal
+# blocks wholly beyond its saturation (max_distance 12), on both sides: read as its
+# constants; packed-kerple: causal, a window and packing with K/V heads per query head;
+# packed-fire: FIRE's MLP; packed_long: 4 key blocks, asked for its last 128 queries only
+# (one block of queries, 4 visits through 2 slots: 3 partial, then 1 full, ALiBi on both,
+# the full one reading its key positions for the bias only).
 CASES = {
-    "causal": ([1] * L, True, None, 1, 1, None, 0),
+    "causal": ([1] * 128, True, None, 1, 1, None, 0),
     "padded-alibi": ([1] * 100 + [0] * 28, False, 40, 2, 1, "alibi", 0),
     "packed-t5": ([1] * 30 + [2] * 98, False, None, 2, 1, "t5", 100),
     "packed-kerple": ([1] * 50 + [2] * 60 + [0] * 18, True, 24, 2, 2, "kerple", 0),
     "packed-fire": ([1] * 70 + [2] * 40 + [0] * 18, False, None, 2, 2, "fire", 0),
+    "packed_long": ([1] * 40 + [2] * 216, True, None, 1, 1, "alibi", 0),
 }
+FIRST_QUERY = {"packed_long": 128}  # the queries asked for start there (the keys: at 0)
 
 
 def _inputs(segments, heads, kv_heads, gap=0):
-  rng = np.random.default_rng(0)
-  q = jnp.asarray(rng.standard_normal((1, L, heads, D)), jnp.float16)
-  k, v = (jnp.asarray(rng.standard_normal((1, L, kv_heads, D)), jnp.float16) for _ in "kv")
+  rng, t = np.random.default_rng(0), len(segments)
+  q = jnp.asarray(rng.standard_normal((1, t, heads, D)), jnp.float16)
+  k, v = (jnp.asarray(rng.standard_normal((1, t, kv_heads, D)), jnp.float16) for _ in "kv")
   seg = jnp.asarray([segments], jnp.int32)
   starts = np.r_[0, np.flatnonzero(np.diff(segments)) + 1]
-  pos = np.arange(L) - starts[np.searchsorted(starts, np.arange(L), "right") - 1]
-  pos = jnp.asarray([pos + gap * (np.arange(L) >= 64)], jnp.int32)
+  pos = np.arange(t) - starts[np.searchsorted(starts, np.arange(t), "right") - 1]
+  pos = jnp.asarray([pos + gap * (np.arange(t) >= 64)], jnp.int32)
   return q, k, v, seg, pos
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_interpret_equals_the_dense_formula(name):
+# (case, warp-specialised): each case once through one warpgroup, packed_long in both
+# schedules. Interpreting the warp-specialised kernel costs a few seconds per block of 128
+# queries, one warpgroup ~1 s.
+SCHEDULES = [(name, False) for name in CASES] + [("packed_long", True)]
+
+
+@pytest.mark.parametrize("name,specialised", SCHEDULES)
+def test_interpret_equals_the_dense_formula(name, specialised):
+  """packed_long also under the interpreter's race detector: no read of a K/V slot (or of
+  its position row, read by the bias on the full visit too) while a copy into it may be in
+  flight (and, warp-specialised, no slot handed back early)."""
   segments, causal, window, heads, kv_heads, position, gap = CASES[name]
   q, k, v, seg, pos = _inputs(segments, heads, kv_heads, gap)
   spec = _spec(position, heads, causal)
-  out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
-                                bias_spec=spec, interpret=True)
+  detect, first = name == "packed_long", FIRST_QUERY.get(name, 0)
+  with force_gpu_interpret_mode(InterpretGPUParams(detect_races=detect)):
+    out, lse = mosaic_gpu_forward(q[:, first:], k, v, seg[:, first:], seg, pos[:, first:], pos,
+                                  causal=causal, window=window, bias_spec=spec,
+                                  interpret=True, specialised=specialised)
+  assert not (detect and get_races().races_found)
   want, want_lse = _dense(q, k, v, seg, pos, causal, window, spec)
+  want, want_lse = want[:, first:], want_lse[..., first:]
   np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=4e-3)
   np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
+
+
+def test_blocks_declared_full_are_added_unmasked(monkeypatch):
+  """With every block declared full, a padded, windowed call of 64 queries attends to every
+  key: the full blocks' loop applies no mask (and, with no bias, waits for no segment or
+  position rows). Warp-specialised, its 64 queries padded to 128; the loop is the same code
+  through one warpgroup."""
+  segments, causal, window = [1] * 50 + [0] * 14, False, 40
+  q, k, v, seg, pos = _inputs(segments, 1, 1)
+  monkeypatch.setattr(sparsity, "classify", lambda *a, block_q, block_k, lq, lk, **kw: jnp.full(
+      (q.shape[0], lq // block_q, lk // block_k), sparsity.FULL, jnp.int32))
+  out, lse = mosaic_gpu_forward(q, k, v, seg, seg, pos, pos, causal=causal, window=window,
+                                interpret=True, specialised=True)
+  want, want_lse = _dense(q, k, v, jnp.ones_like(seg), pos, False, None)
+  np.testing.assert_allclose(np.asarray(out, np.float32), want, atol=4e-3)
+  np.testing.assert_allclose(np.asarray(lse), want_lse, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal,window,dtype,length,dim,specialised,position", [
+    (True, None, jnp.bfloat16, 256, 128, None, "t5"),
+    (False, 32, jnp.float16, 192, 64, None, None),
+    (True, 32, jnp.bfloat16, 192, 64, False, None)])
+def test_the_forward_lowers_for_cuda_to_a_mosaic_gpu_call(causal, window, dtype, length, dim,
+                                                          specialised, position):
+  """Warp-specialised (compiled's default): lengths of 256 with T5's bias (its saturated
+  blocks' cond) and of 192 (its queries padded to 128s), head dims 128 and 64; and through
+  one warpgroup."""
+  shape = jax.ShapeDtypeStruct
+  spec = _spec(position, 4, causal, settings={})
+  args = ([shape((2, length, 4, dim), dtype)] + [shape((2, length, 2, dim), dtype)] * 2
+          + [shape((2, length), jnp.int32)] * 4)
+  f = jax.jit(lambda *a: mosaic_gpu_forward(*a, causal=causal, window=window, bias_spec=spec,
+                                            specialised=specialised))
+  text = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert "stablehlo.custom_call @mosaic_gpu" in text
+  assert "triton" not in text
+
+
+def test_refuses_head_dims_beyond_shared_memory():
+  shape = jax.ShapeDtypeStruct
+  args = [shape((1, 64, 1, 320), jnp.bfloat16)] * 3 + [shape((1, 64), jnp.int32)] * 4
+  with pytest.raises(ValueError, match="head dim 320 must be at most 256"):
+    jax.eval_shape(lambda *a: mosaic_gpu_forward(*a, causal=True, window=None), *args)
 
 
 SCALE = 0.3
 
 
-@pytest.mark.parametrize("name", ["causal", "packed-kerple", "packed-t5", "padded-alibi"])
+@pytest.mark.parametrize("name", ["packed-kerple", "packed-t5"])
 def test_gradients_equal_the_dense_formulas(name):
   """jax.grad through attention (q unscaled, scale given; head dim 48 and length 120 padded
   to 64 and 128 inside) against jax.grad of the dense formula, on the queries that see a
   key, in float32 from the same float16 inputs: q, k, v and a learned bias's parameters
-  (KERPLE's closed form; T5's per-bucket sums, its constants on the off-diagonal blocks,
-  keys × queries in the dk/dv kernel). FIRE's block gradients:
-  test_block_gradient_is_the_vjp_of_the_dense_bias."""
+  (KERPLE's closed form, with causal, a window and packing; T5's per-bucket sums, its
+  constants on the off-diagonal blocks, keys × queries in the dk/dv kernel, with grouped
+  K/V heads). FIRE's block gradients: test_block_gradient_is_the_vjp_of_the_dense_bias;
+  the gradients without a bias (every mask, K/V heads 4/2/1, bf16 and fp16):
+  tests/test_kernel_conformance.py."""
   segments, causal, window, heads, kv_heads, position, gap = CASES[name]
   q, k, v, seg, pos = _inputs(segments, heads, kv_heads, gap)
   q, k, v = (x[:, :120, :, :48] for x in (q, k, v))
@@ -205,13 +281,8 @@ def _gradient_kernel(spec, heads, interpret):
       scratch_types=[ids, ids, row, plgpu.SMEM((64, 64), jnp.float32, transforms=tiled), row,
                      plgpu.Barrier(num_barriers=4)],
       grid=(heads,), grid_names=("heads",),
-      interpret=_interpret_params() if interpret else None)
+      interpret=InterpretGPUParams() if interpret else None)
   return lambda qp, kp, ds: mosaic_bias.params_gradient(spec, packing, call(qp, kp, rows, ds))
-
-
-def _interpret_params():
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-  return InterpretGPUParams()
 
 
 def test_block_gradient_is_the_vjp_of_the_dense_bias():

@@ -11,7 +11,7 @@ offering `content_bias` also adds `encoding.content_bias(q, logits)`, a function
 query's whole row of logits. The functions: the formula computed whole
 (kernels/reference.py) or in blocks (kernels/blockwise.py), and here XLA's or cuDNN's
 fused attention, Pallas' flash attention (kernels/pallas/attention.py) and Pallas' Mosaic GPU
-kernels (kernels/pallas/mosaic_gpu.py), wrapped.
+kernels (kernels/pallas/mosaic_gpu.py, mosaic_gpu_backward.py), wrapped.
 
 KERNELS maps a name to a Kernel: how to make the function, and the capabilities it offers
 (transformer/model/kernels/capabilities.py), which transformer/model/kernels/choice.py
@@ -125,14 +125,14 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
 
 
 def mosaic_gpu_kernel(interpret: bool = False):
-  """mosaic_gpu_attention (transformer/model/kernels/pallas/mosaic_gpu.py: Pallas' Mosaic
-  GPU lowering, Hopper and later) for a scorer declaring a dot product (its transforms
+  """mosaic_gpu_attention (transformer/model/kernels/pallas/mosaic_gpu_backward.py: Pallas'
+  Mosaic GPU lowering, Hopper and later) for a scorer declaring a dot product (its transforms
   applied before, its scale passed in): softmax over the masks' visible keys plus the
   encoding's BiasSpec evaluated per block in-kernel (kernels/pallas/mosaic_bias.py), its
-  parameters' gradient given, bf16/fp16; compiled, or in Mosaic GPU's interpret mode (`interpret`: made for a backend
-  other than a GPU). Head dims and lengths are padded to multiples of 64 inside; fewer
-  key/value heads than query heads are read by their query heads in-kernel, unless the key
-  transform is per query head. One device only (Kernel.multi_device False): its emulation
+  parameters' gradient given; bf16/fp16; compiled, or in Mosaic GPU's interpret mode
+  (`interpret`: made for a backend other than a GPU). Head dims and lengths are padded to
+  multiples of 64 inside; fewer key/value heads than query heads are read by their query
+  heads in-kernel, unless the key transform is per query head. One device only (Kernel.multi_device False): its emulation
   cannot be checked on a mesh here (Mosaic GPU's interpreter, on 8 CPU devices: inside a
   shard_map "AssertionError: Barrier remains allocated at key HostAllocationKey(...,
   device_id=7, ...)"; partitioned by XLA, a deadlock in the all-reduce of 8)."""

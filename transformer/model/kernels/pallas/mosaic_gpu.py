@@ -1,20 +1,22 @@
-"""A Mosaic GPU (Hopper) forward for the Pallas attention: one warpgroup per (head, block
-of 64 queries, batch row), QKᵀ and PV by wgmma from shared memory, online softmax in
-base 2. Opt-in and unmeasured: it lowers for cuda and runs in Mosaic GPU interpret mode;
-it has not run on a GPU. It visits the key blocks of sparsity's visit lists (the row's list
-copied to shared memory, read as scalars), masking each from segments and positions, the
-full blocks too (no pipelining, no warp specialisation), and adding a BiasSpec's bias per
-block (mosaic_bias.py). Interpret mode
-takes wgmma operands as untransposed shared-memory refs and has no register layouts, so
-there Kᵀ and P are copied to shared memory and the id rows are read plainly.
+"""A Mosaic GPU (Hopper) forward for the Pallas attention, warp-specialised as
+FlashAttention-3: per (head, block of 128 queries, batch row), a producer warpgroup issues
+the TMA copies of the visited key blocks into SLOTS shared-memory slots while two consumer
+warpgroups, 64 queries each, compute QKᵀ and PV by wgmma and the online softmax in base 2,
+handing each slot back by a barrier and taking turns, one's softmax beside the other's
+wgmma. The key blocks are those of sparsity's visit lists (the row's list copied to shared
+memory, read as scalars): the partial ones first, masked from segment and position rows
+copied with them, then the full ones, unmasked and without those rows. A BiasSpec's bias
+(mosaic_bias.tile) is added to every visited block before its mask: then every visit's
+key position row is copied, and the head's parameters once, read as scalars per block.
+The backward and the differentiable `attention`: mosaic_gpu_backward.py. The same body runs
+as one warpgroup per block of 64 queries issuing its own copies one visit ahead (interpret
+mode's default: the interpreter sets up each warpgroup of a warp-specialised kernel anew
+for every block of queries). Opt-in and unmeasured: it lowers for cuda and runs in Mosaic
+GPU interpret mode; it has not run on a GPU. Interpret mode takes wgmma operands as
+untransposed shared-memory refs and has no register layouts nor run_state, so there Kᵀ
+and P are copied to shared memory, the id rows are read plainly and P·V goes to a fresh
+accumulator, added to the running one."""
 
-Its backward (`backward`: a dk/dv kernel per key block over the transposed visit lists, a
-dq kernel per query block) and the differentiable `attention` (kernel `mosaic_gpu` of the
-registry: q unscaled, any lengths and head dims, padded to multiples of 64 inside) follow
-the forward; the three kernels share the mask (`_visible`) and add the bias
-(mosaic_bias.tile), the dq kernel giving its parameters' gradient."""
-
-import dataclasses
 import functools
 
 import jax
@@ -24,431 +26,264 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels.pallas import mosaic_bias, sparsity
-from transformer.model.kernels.pallas.bodies import LN2, LOG2E
+from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_in,
+                                                            interpret_params, load, visible)
 
-BLOCK = 64
-
-
-def _interpret_params():
-  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-  return InterpretGPUParams()
-
-
-def _load(ref, layout, interpret):
-  """A 1-D shared-memory vector in a wgmma row/column layout."""
-  return ref[...] if interpret else plgpu.load(ref, (), layout=layout)
-
-
-def _cast(interpret, x, layout):
-  """x in a register layout (interpret mode has none)."""
-  return x if interpret else plgpu.layout_cast(x, layout)
-
-
-def _copy(pairs, barriers, first):
-  """Copies each (GMEM ref, SMEM ref) pair on its own barrier from barriers[first] on and
-  waits for all of them."""
-  for i, (src, dst) in enumerate(pairs):
-    plgpu.copy_gmem_to_smem(src, dst, barriers.at[first + i])
-  for i in range(len(pairs)):
-    plgpu.barrier_wait(barriers.at[first + i])
+# Consumer warpgroups per block of queries, each 64 queries sharing the K/V slots, as
+# FlashAttention-3 and JAX's attention_mgpu: one block's copies feed twice the wgmma work.
+# Two, as their alternation (`turn` in forward) is written for two.
+CONSUMERS = 2
+# K/V shared-memory slots: the producer fills visit j + 1's slot while the consumers compute
+# visit j. A third slot would let it run two visits ahead, at 2·64·d·2 more bytes of shared
+# memory per block of queries, which no measurement has yet asked for.
+SLOTS = 2
+# Registers per thread (set_max_registers): the producer issues copies only; the consumers
+# hold a 64×d float32 accumulator and a 64×64 logits tile. 128·(2·232 + 40) ≤ 65536.
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+# Two q tiles and SLOTS K and V slots of 64×d: 192 KiB at 256, over Hopper's 227 KiB of
+# shared memory per block from 320 on (the lowering refuses those).
+MAX_HEAD_DIM = 256
 
 
-def _visible(q_seg, q_pos, k_seg, k_pos, *, causal, window, query_axis):
-  """Which (query, key) pairs of a tile are visible, bool [64, 64]: the rows of 64 queries'
-  and keys' segment ids and positions laid along their axes (the queries along query_axis):
-  the same non-padding segment, the key not after the query (causal), and within window
-  positions of it on each side."""
-  shape, key_axis = (BLOCK, BLOCK), 1 - query_axis
-  qs, qp = (lax.broadcast_in_dim(a, shape, [query_axis]) for a in (q_seg, q_pos))
-  ks, kp = (lax.broadcast_in_dim(a, shape, [key_axis]) for a in (k_seg, k_pos))
-  keep = (qs == ks) & (ks != 0)
-  if causal:
-    keep &= kp <= qp
-  if window is not None:
-    keep &= (qp - kp <= window) & (kp - qp <= window)
-  return keep
+def _softmax_step(x, m_i, l_i, acc, masked):
+  """One block of the online softmax in base 2: logits x [64, 64] (−inf where masked) ->
+  weights p, and m_i, l_i [64], acc [64, d] rescaled to the new running max. A block with
+  no mask has a finite max in every row, so only a masked one needs the guard for rows
+  that have seen no key yet."""
+  m_new = jnp.maximum(m_i, x.max(axis=1))
+  safe = jnp.where(m_new == -jnp.inf, 0.0, m_new) if masked else m_new
+  alpha = jnp.exp2(m_i - safe)
+  p = jnp.exp2(x - lax.broadcast_in_dim(safe, x.shape, [0]))
+  l_i = l_i * alpha + p.sum(axis=1)
+  return p, m_new, l_i, acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+
+def _forward_scratch(d, dtype, width, params, consumers, interpret):
+  """Shared memory of the forward, in its kernel's argument order: the consumers' q tiles
+  [consumers, 64, d] (their outputs too) and the K, V slots [SLOTS, 64, d], tiled and
+  swizzled; the consumers' segment and position rows and the slots' ones; the consumers'
+  lse rows; the visit list; the head's bias parameters (a row of `params` floats); the
+  barriers (q rows per consumer; the list and the parameters; K, V and the id rows per
+  slot; K's and V's slots handed back by the consumers and the consumers' turns, used when
+  warp-specialised); and the interpreter's Kᵀ and P tiles, per consumer."""
+  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=transforms)  # noqa: E731
+  rows = lambda n, t=jnp.int32: plgpu.SMEM((n, BLOCK), t)  # noqa: E731
+  scratch = [tiles(consumers), tiles(SLOTS), tiles(SLOTS), rows(consumers), rows(SLOTS),
+             rows(consumers), rows(SLOTS), rows(consumers, jnp.float32),
+             plgpu.SMEM((width,), jnp.int32), plgpu.SMEM((params,), jnp.float32),
+             plgpu.Barrier(num_barriers=3 * consumers), plgpu.Barrier(num_barriers=2)]
+  scratch += [plgpu.Barrier(num_barriers=SLOTS)] * 4
+  scratch += [plgpu.Barrier(num_arrivals=consumers, num_barriers=SLOTS)] * 2
+  scratch += [plgpu.Barrier(num_arrivals=consumers)]
+  if interpret:
+    scratch += [plgpu.SMEM((consumers, d, BLOCK), dtype),
+                plgpu.SMEM((consumers, BLOCK, BLOCK), dtype)]
+  return scratch
 
 
 def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal, window,
-            bias_spec=None, interpret=False):
+            bias_spec=None, interpret=False, specialised=None):
   """q [b, tq, h, d] (already scaled by scale·log2e), k, v [b, tk, h_kv, d], segments and
   positions int32 [b, tq] / [b, tk] (segment 0 is padding) -> out [b, tq, h, d], base-2
-  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64; bf16/fp16.
-  bias_spec: a positional bias (BiasSpec, params [h, size] each) added to the logits,
-  evaluated per block inside the kernel (mosaic_bias.py); None: none."""
+  logsumexp float32 [b, h, tq]. tq, tk multiples of 64; d a multiple of 64, at most
+  MAX_HEAD_DIM; bf16/fp16. bias_spec: a positional bias (BiasSpec, params [h, size] each)
+  added to the logits, evaluated per block inside the kernel (mosaic_bias.tile), on every
+  visited block; None: none. specialised: warp-specialised (a producer and CONSUMERS
+  consumers per block of 128 queries; the queries padded here to a multiple of 128), or one
+  warpgroup per block of 64 queries issuing its own copies one visit ahead; None: the first
+  where compiled, the second in interpret mode, which runs each warpgroup of a
+  warp-specialised kernel as a thread set up anew for every block of queries."""
   (b, tq, h, d), tk = q.shape, k.shape[1]
   if d % 64 or tq % BLOCK or tk % BLOCK:
     raise ValueError(f"head dim {d} must be a multiple of 64 and lengths {tq}, {tk} of {BLOCK}")
+  if d > MAX_HEAD_DIM:
+    raise ValueError(f"head dim {d} must be at most {MAX_HEAD_DIM} (shared memory)")
   if q.dtype not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"dtype {q.dtype} must be bfloat16 or float16")
+  specialised = not interpret if specialised is None else specialised
+  consumers = CONSUMERS if specialised else 1
+  rows_q = consumers * BLOCK
+  pad = -tq % rows_q
+  if pad:  # padding (segment 0) at the last query's position: a block's position range,
+    # which decides a saturating bias's constant blocks, stays its real queries'
+    q = jnp.pad(q, [(0, 0), (0, pad), (0, 0), (0, 0)])
+    q_segments = jnp.pad(q_segments, [(0, 0), (0, pad)])
+    q_positions = jnp.pad(q_positions, [(0, 0), (0, pad)], mode="edge")
   groups, dtype, nk = h // k.shape[2], q.dtype, tk // BLOCK
   width = -(-(nk + 2) // BLOCK) * BLOCK
   kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
-                           window=window, block_q=BLOCK, block_k=BLOCK, lq=tq, lk=tk)
+                           window=window, block_q=rows_q, block_k=BLOCK, lq=tq + pad, lk=tk)
   lists = sparsity.visit_lists(kind, width)
   params, packing = mosaic_bias.operand(bias_spec, h)
+  biased = bias_spec is not None
 
   def kernel(q_ref, k_ref, v_ref, qs_ref, ks_ref, qp_ref, kp_ref, list_ref, par_ref, out_ref,
              lse_ref, q_smem, k_smem, v_smem, qs_smem, ks_smem, qp_smem, kp_smem, lse_smem,
-             list_smem, par_smem, bar, *copies):
+             list_smem, par_smem, q_bar, list_bar, k_bar, v_bar, ks_bar, kp_bar, k_free,
+             v_free, turns, *copies):
     head, qb, row = lax.axis_index("heads"), lax.axis_index("q_seq"), lax.axis_index("batch")
+    wg = lax.axis_index("wg") if specialised else 0
     kv_head = lax.div(head, jnp.array(groups, head.dtype))
-    q0 = qb * BLOCK
-    _copy([(q_ref.at[row, pl.ds(q0, BLOCK), head], q_smem),
-           (qs_ref.at[row, pl.ds(q0, BLOCK)], qs_smem),
-           (qp_ref.at[row, pl.ds(q0, BLOCK)], qp_smem), (list_ref.at[row, qb], list_smem)],
-          bar, 0)
-    rows = plgpu.Layout.WGMMA.reduce(1)
-    cols = plgpu.Layout.WGMMA.reduce(0)
-    if bias_spec is not None:  # this head's parameters, read as scalars per block
-      _copy([(par_ref.at[head], par_smem)], bar, 8)
-    qseg = _load(qs_smem, rows, interpret)
-    qpos = _load(qp_smem, rows, interpret)
-    m_i = _cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
-    l_i = _cast(interpret, jnp.full((BLOCK,), 0, jnp.float32), rows)
-    acc = _cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
 
-    def step(j, carry):
-      acc, m_i, l_i = carry
-      s = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
-      _copy([(k_ref.at[s + (kv_head,)], k_smem), (v_ref.at[s + (kv_head,)], v_smem),
-             (ks_ref.at[s], ks_smem), (kp_ref.at[s], kp_smem)], bar, 4)
+    def fetch(i):
+      """Issues visit i's copies into slot i mod SLOTS: K and V, the key block's segment
+      row if it is partial (the partial visits come first), and its position row if it is
+      partial or a bias is added."""
+      slot = lax.rem(i, SLOTS)
+      keys = (row, pl.ds(list_smem[2 + i] * BLOCK, BLOCK))
+      if specialised:  # once both consumers have handed back visit i − SLOTS's K
+        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(k_free.at[slot]))
+      plgpu.copy_gmem_to_smem(k_ref.at[keys + (kv_head,)], k_smem.at[slot], k_bar.at[slot])
 
-      def qk(acc_ref):
-        if interpret:  # the interpreter's wgmma takes refs only, untransposed
-          copies[0][...] = k_smem[...].T
-          plgpu.wgmma(acc_ref, q_smem, copies[0])
-        else:
-          plgpu.wgmma(acc_ref, q_smem, plgpu.transpose_ref(k_smem, (1, 0)))
-        return acc_ref[...]
-      x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
-      kseg = _load(ks_smem, cols, interpret)
-      kpos = _load(kp_smem, cols, interpret)
-      if bias_spec is not None:
-        x = x + mosaic_bias.tile(bias_spec, mosaic_bias.theta(par_smem, packing), qpos, kpos,
-                                 interpret=interpret)
-      shape = (BLOCK, BLOCK)
-      keep = _visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
-      x = jnp.where(keep, x, -jnp.inf)
-      m_new = jnp.maximum(m_i, x.max(axis=1))
-      safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)
-      alpha = jnp.exp2(m_i - safe)
-      p = jnp.exp2(x - lax.broadcast_in_dim(safe, shape, [0]))
-      l_i = l_i * alpha + p.sum(axis=1)
-      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      @pl.when(i < list_smem[0])
+      def _():
+        plgpu.copy_gmem_to_smem(ks_ref.at[keys], ks_smem.at[slot], ks_bar.at[slot])
+        if not biased:
+          plgpu.copy_gmem_to_smem(kp_ref.at[keys], kp_smem.at[slot], kp_bar.at[slot])
+      if biased:
+        plgpu.copy_gmem_to_smem(kp_ref.at[keys], kp_smem.at[slot], kp_bar.at[slot])
+      if specialised:  # and its V
+        pl.when(i >= SLOTS)(lambda: plgpu.barrier_wait(v_free.at[slot]))
+      plgpu.copy_gmem_to_smem(v_ref.at[keys + (kv_head,)], v_smem.at[slot], v_bar.at[slot])
 
-      def pv(acc_ref):
-        if interpret:
-          copies[1][...] = p.astype(dtype)
-          plgpu.wgmma(acc_ref, copies[1], v_smem)
-        else:
-          plgpu.wgmma(acc_ref, p.astype(dtype), v_smem)
-        return acc_ref[...]
-      acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
-      return acc, m_new, l_i
+    def fetch_row():
+      """Issues the copies of the row's visit list and (with a bias) the head's parameters,
+      on list_bar[0] and [1]."""
+      plgpu.copy_gmem_to_smem(list_ref.at[row, qb], list_smem, list_bar.at[0])
+      if biased:
+        plgpu.copy_gmem_to_smem(par_ref.at[head], par_smem, list_bar.at[1])
 
-    acc, m_i, l_i = lax.fori_loop(0, list_smem[1], step, (acc, m_i, l_i))
-    empty = l_i == 0
-    inv = 1.0 / jnp.where(empty, 1.0, l_i)
-    acc = acc * lax.broadcast_in_dim(inv, acc.shape, [0])
-    q_smem[...] = acc.astype(dtype)
-    lse_smem[...] = jnp.where(empty, -jnp.inf, m_i + jnp.log2(jnp.where(empty, 1.0, l_i)))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_smem, out_ref.at[row, pl.ds(q0, BLOCK), head])
-    plgpu.copy_smem_to_gmem(lse_smem, lse_ref.at[row, head, pl.ds(q0, BLOCK)])
-    plgpu.wait_smem_to_gmem(0)
+    def produce():
+      """The producer warpgroup: the list and parameters, then every visit's copies in
+      turn."""
+      plgpu.set_max_registers(PRODUCER_REGISTERS, action="decrease")
+      fetch_row()
+      plgpu.barrier_wait(list_bar.at[0])
+      pl.loop(0, list_smem[1])(fetch)
 
-  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
-  ids = plgpu.SMEM((BLOCK,), jnp.int32)
-  scratch = [tile, tile, tile, ids, ids, ids, ids, plgpu.SMEM((BLOCK,), jnp.float32),
-             plgpu.SMEM((width,), jnp.int32), plgpu.SMEM(params.shape[1:], jnp.float32),
-             plgpu.Barrier(num_barriers=9)]
-  scratch += [plgpu.SMEM((d, BLOCK), dtype), plgpu.SMEM((BLOCK, BLOCK), dtype)] if interpret else []
+    def consume():
+      """A consumer warpgroup: its 64 queries against the visits, the partial ones masked,
+      then the full ones."""
+      q0 = qb * rows_q + wg * BLOCK
+      queries = (row, pl.ds(q0, BLOCK))
+      my_q, my_qs, my_qp = q_smem.at[wg], qs_smem.at[wg], qp_smem.at[wg]
+      if specialised:
+        plgpu.set_max_registers(CONSUMER_REGISTERS, action="increase")
+      else:  # its own list and parameters
+        fetch_row()
+      copy_in([(q_ref.at[queries + (head,)], my_q), (qs_ref.at[queries], my_qs),
+               (qp_ref.at[queries], my_qp)], q_bar, 3 * wg)
+      plgpu.barrier_wait(list_bar.at[0])
+      if biased:  # the head's parameters, read as scalars per block
+        plgpu.barrier_wait(list_bar.at[1])
+      n_partial, n_visited = list_smem[0], list_smem[1]
+      rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
+      qseg, qpos = load(my_qs, rows, interpret), load(my_qp, rows, interpret)
+      m_i = cast(interpret, jnp.full((BLOCK,), -jnp.inf, jnp.float32), rows)
+      l_i = cast(interpret, jnp.full((BLOCK,), 0, jnp.float32), rows)
+      acc = cast(interpret, jnp.full((BLOCK, d), 0, jnp.float32), plgpu.Layout.WGMMA)
+      kt, p_copy = (c.at[wg] for c in copies) if interpret else (None, None)
+
+      def turn():
+        """A turn of the two consumers' alternation (FlashAttention-3's ping-pong): each
+        arrives and waits for the other's arrival, so that one's softmax runs while the
+        other's wgmma has the tensor cores. Consumer 1 starts a turn behind and consumer 0
+        ends one behind, so that every turn has both arrivals."""
+        plgpu.barrier_arrive(turns)
+        plgpu.barrier_wait(turns)
+
+      def step(j, carry, masked):
+        """Visit j from its slot. Warp-specialised, the slot is handed back (when a later
+        visit will fill it) once its wgmma has been awaited: K after QKᵀ (and the id rows'
+        reads), V after PV; else visit j + SLOTS − 1's copies are issued first, into the
+        slot visit j − 1 read (its wgmmas awaited when their results were read)."""
+        acc, m_i, l_i = carry
+        slot = lax.rem(j, SLOTS)
+        refill = j + SLOTS < n_visited
+        if not specialised:
+          pl.when(j + SLOTS - 1 < n_visited)(lambda: fetch(j + SLOTS - 1))
+        plgpu.barrier_wait(k_bar.at[slot])
+
+        def qk(acc_ref):
+          if interpret:  # the interpreter's wgmma takes refs only, untransposed
+            kt[...] = k_smem[slot].T
+            plgpu.wgmma(acc_ref, my_q, kt)
+          else:
+            plgpu.wgmma(acc_ref, my_q, plgpu.transpose_ref(k_smem.at[slot], (1, 0)))
+          if specialised:
+            turn()  # the other consumer's softmax runs beside this QKᵀ
+          return acc_ref[...]
+        x = pl.run_scoped(qk, plgpu.ACC((BLOCK, BLOCK), jnp.float32))
+        if masked or biased:
+          plgpu.barrier_wait(kp_bar.at[slot])
+          kpos = load(kp_smem.at[slot], cols, interpret)
+        if masked:
+          plgpu.barrier_wait(ks_bar.at[slot])
+          kseg = load(ks_smem.at[slot], cols, interpret)
+        if specialised:
+          pl.when(refill)(lambda: plgpu.barrier_arrive(k_free.at[slot]))
+        if biased:
+          x = x + mosaic_bias.tile(bias_spec, mosaic_bias.theta(par_smem, packing), qpos,
+                                   kpos, interpret=interpret)
+        if masked:
+          keep = visible(qseg, qpos, kseg, kpos, causal=causal, window=window, query_axis=0)
+          x = jnp.where(keep, x, -jnp.inf)
+        p, m_i, l_i, acc = _softmax_step(x, m_i, l_i, acc, masked)
+        if specialised:
+          plgpu.barrier_arrive(turns)  # softmax done: the other's wgmma may start
+        plgpu.barrier_wait(v_bar.at[slot])
+        if specialised:
+          plgpu.barrier_wait(turns)
+        if interpret:  # no run_state there: P·V into a fresh accumulator, then added
+          def pv(acc_ref):
+            p_copy[...] = p.astype(dtype)
+            plgpu.wgmma(acc_ref, p_copy, v_smem.at[slot])
+            return acc_ref[...]
+          acc = acc + pl.run_scoped(pv, plgpu.ACC((BLOCK, d), jnp.float32))
+        else:  # P·V accumulated into the running accumulator itself
+          def pv(acc_ref):
+            plgpu.wgmma(acc_ref, p.astype(dtype), v_smem.at[slot])
+          acc = pl.run_state(pv)(plgpu.ACC.init(acc))
+        if specialised:
+          pl.when(refill)(lambda: plgpu.barrier_arrive(v_free.at[slot]))
+        return acc, m_i, l_i
+
+      if specialised:
+        pl.when(wg == 1)(turn)
+      else:
+        for i in range(SLOTS - 1):
+          pl.when(i < n_visited)(functools.partial(fetch, i))
+      carry = lax.fori_loop(0, n_partial, functools.partial(step, masked=True), (acc, m_i, l_i))
+      acc, m_i, l_i = lax.fori_loop(n_partial, n_visited,
+                                    functools.partial(step, masked=False), carry)
+      if specialised:
+        pl.when(wg == 0)(turn)
+      empty = l_i == 0
+      inv = 1.0 / jnp.where(empty, 1.0, l_i)
+      my_q[...] = (acc * lax.broadcast_in_dim(inv, acc.shape, [0])).astype(dtype)
+      lse_smem.at[wg][...] = jnp.where(empty, -jnp.inf,
+                                       m_i + jnp.log2(jnp.where(empty, 1.0, l_i)))
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(my_q, out_ref.at[queries + (head,)])
+      plgpu.copy_smem_to_gmem(lse_smem.at[wg], lse_ref.at[row, head, pl.ds(q0, BLOCK)])
+      plgpu.wait_smem_to_gmem(0)
+
+    if specialised:
+      pl.when(wg == consumers)(produce)
+      pl.when(wg < consumers)(consume)
+    else:
+      consume()
+
   call = plgpu.kernel(
       kernel, out_type=[jax.ShapeDtypeStruct(q.shape, dtype),
-                        jax.ShapeDtypeStruct((b, h, tq), jnp.float32)],
-      scratch_types=scratch, grid=(h, tq // BLOCK, b),
-      grid_names=("heads", "q_seq", "batch"),
-      interpret=_interpret_params() if interpret else None)
-  i32 = lambda a: a.astype(jnp.int32)
-  return tuple(call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
-                    i32(k_positions), lists, params))
-
-
-def _product(shape, a, b, copies, *, registers=False, transpose=False):
-  """a·b (transpose: a·bᵀ) by wgmma into a fresh float32 accumulator of `shape`: a a
-  shared-memory ref, or (registers) an array in the wgmma layout; b a shared-memory ref.
-  copies: None where lowered; in interpret mode, whose wgmma takes untransposed refs only,
-  two shared-memory tiles ([64, 64], [d, 64]) through which the array and bᵀ go."""
-
-  def body(acc):
-    lhs, rhs = a, b
-    if copies is not None:
-      if registers:
-        copies[0][...] = a
-        lhs = copies[0]
-      if transpose:
-        copies[1][...] = b[...].T
-        rhs = copies[1]
-    elif transpose:
-      rhs = plgpu.transpose_ref(b, (1, 0))
-    plgpu.wgmma(acc, lhs, rhs)
-    return acc[...]
-  return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
-
-
-def _scratch(d, dtype, interpret, barriers):
-  """Shared memory of a backward kernel: four wgmma tiles [64, d] (tiled and swizzled), six
-  rows of 64 (ids, lse, delta), its visit list, the barriers, and the interpreter's copies."""
-  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
-  ids, stats = plgpu.SMEM((BLOCK,), jnp.int32), plgpu.SMEM((BLOCK,), jnp.float32)
-  return ([tile] * 4 + [ids] * 4 + [stats] * 2, [plgpu.Barrier(num_barriers=barriers)],
-          [plgpu.SMEM((BLOCK, BLOCK), dtype), plgpu.SMEM((d, BLOCK), dtype)] if interpret
-          else [])
-
-
-def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, delta, do, *,
-             causal, window, scale, bias_spec=None, interpret=False):
-  """The gradients of forward's inputs: q (as scaled there), k, v, the ids, lse and
-  bias_spec as forward's; delta = rowsum(dO·O) float32 [b, h, tq]; do [b, tq, h, d] -> dq
-  [b, tq, h, d] of the UNSCALED q (the logits being scale·q·kᵀ + bias), dk, dv [b, tk, h_kv,
-  d], and the bias parameters' gradient {name: [h, size]} (None: no bias, or not learned).
-
-  Two kernels, each one warpgroup and none atomic: one per (head, block of 64 keys, row)
-  for dk and dv, walking its key block's transposed visit list (the query blocks that see
-  it) with 4 wgmma per visited block (Sᵀ = K·Qᵀ, dV += Pᵀ·dO, dPᵀ = V·dOᵀ, dK += dSᵀ·Q), per
-  query head (summed over a K/V head's group in XLA); one per (head, block of 64 queries,
-  row) for dq over the forward's visit lists (S, dP, dQ += dS·K). dq by a kernel of its own
-  rather than atomics: deterministic, dq in its dtype with no float32 array beside it, and
-  testable here (the interpreter has no TMA reduction: "reduction_op not supported"); it
-  recomputes S and dP (2 wgmma per block more than atomics). Masks as forward's, on every
-  visited block; the bias added to S in both (mosaic_bias.tile), its parameters' gradient
-  summed over the dq kernel's blocks (mosaic_bias.block_gradient) into a row per program
-  and over the programs in XLA."""
-  (b, tq, h, d), tk = q.shape, k.shape[1]
-  groups, dtype, nq, nk = h // k.shape[2], q.dtype, tq // BLOCK, tk // BLOCK
-  ids = tuple(x.astype(jnp.int32) for x in (q_segments, k_segments, q_positions, k_positions))
-  kind = sparsity.classify(*ids, causal=causal, window=window, block_q=BLOCK,
-                           block_k=BLOCK, lq=tq, lk=tk)
-  by_query = sparsity.visit_lists(kind, -(-(nk + 2) // BLOCK) * BLOCK)
-  by_key = sparsity.visit_lists(jnp.swapaxes(kind, 1, 2), -(-(nq + 2) // BLOCK) * BLOCK)
-  lse = jnp.where(jnp.isinf(lse), 0.0, lse)  # a query seeing no key: masked wherever read
-  rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
-  shape = (BLOCK, BLOCK)
-  visible = functools.partial(_visible, causal=causal, window=window)
-  params, packing = mosaic_bias.operand(bias_spec, h)
-  learned = bias_spec is not None and bias_spec.learned
-
-  def copy_params(par_ref, par_smem, bar, head):  # this head's row, read per block
-    if bias_spec is not None:
-      _copy([(par_ref.at[head], par_smem)], bar, 11)
-
-  def dkv_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
-                 kp_ref, list_ref, par_ref, dk_ref, dv_ref, k_smem, v_smem, q_smem, do_smem,
-                 qs_smem, qp_smem, ks_smem, kp_smem, lse_smem, delta_smem, list_smem,
-                 par_smem, _, bar, *copies):
-    head, kb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
-    kv_head = lax.div(head, jnp.array(groups, head.dtype))
-    keys = (row, pl.ds(kb * BLOCK, BLOCK))
-    _copy([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
-           (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem),
-           (list_ref.at[row, kb], list_smem)], bar, 0)
-    kseg, kpos = _load(ks_smem, rows, interpret), _load(kp_smem, rows, interpret)
-    copy_params(par_ref, par_smem, bar, head)
-    copies = copies or None
-
-    def step(j, carry):
-      dk, dv = carry
-      q0 = list_smem[2 + j] * BLOCK
-      queries = (row, pl.ds(q0, BLOCK))
-      stats = (row, head, pl.ds(q0, BLOCK))
-      _copy([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
-             (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
-             (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem)], bar, 5)
-      st = _product(shape, k_smem, q_smem, copies, transpose=True)  # keys × queries
-      qpos = _load(qp_smem, cols, interpret)
-      if bias_spec is not None:
-        st = st + mosaic_bias.tile(bias_spec, mosaic_bias.theta(par_smem, packing), qpos, kpos,
-                                   interpret=interpret, query_axis=1)
-      keep = visible(_load(qs_smem, cols, interpret), qpos, kseg, kpos, query_axis=1)
-      column = lambda ref: lax.broadcast_in_dim(_load(ref, cols, interpret), shape, [1])  # noqa: E731
-      pt = jnp.where(keep, jnp.exp2(st - column(lse_smem)), 0.0)
-      dv = dv + _product((BLOCK, d), pt.astype(dtype), do_smem, copies, registers=True)
-      dpt = _product(shape, v_smem, do_smem, copies, transpose=True)
-      dst = pt * (dpt - column(delta_smem))
-      dk = dk + _product((BLOCK, d), dst.astype(dtype), q_smem, copies, registers=True)
-      return dk, dv
-
-    zeros = _cast(interpret, jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA)
-    dk, dv = lax.fori_loop(0, list_smem[1], step, (zeros, zeros))
-    k_smem[...] = (dk * LN2).astype(dtype)  # q was scaled by scale·log2e: ln2·dSᵀ·Q
-    v_smem[...] = dv.astype(dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(k_smem, dk_ref.at[keys + (head,)])
-    plgpu.copy_smem_to_gmem(v_smem, dv_ref.at[keys + (head,)])
-    plgpu.wait_smem_to_gmem(0)
-
-  def dq_kernel(q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref, qp_ref,
-                kp_ref, list_ref, par_ref, dq_ref, dpar_ref, q_smem, do_smem, k_smem, v_smem,
-                qs_smem, qp_smem, ks_smem, kp_smem, lse_smem, delta_smem, list_smem, par_smem,
-                dpar_smem, bar, *copies):
-    head, qb, row = lax.axis_index("heads"), lax.axis_index("blocks"), lax.axis_index("batch")
-    kv_head = lax.div(head, jnp.array(groups, head.dtype))
-    queries, stats = (row, pl.ds(qb * BLOCK, BLOCK)), (row, head, pl.ds(qb * BLOCK, BLOCK))
-    _copy([(q_ref.at[queries + (head,)], q_smem), (do_ref.at[queries + (head,)], do_smem),
-           (qs_ref.at[queries], qs_smem), (qp_ref.at[queries], qp_smem),
-           (lse_ref.at[stats], lse_smem), (delta_ref.at[stats], delta_smem),
-           (list_ref.at[row, qb], list_smem)], bar, 0)
-    qseg, qpos = _load(qs_smem, rows, interpret), _load(qp_smem, rows, interpret)
-    lse_rows, delta_rows = (lax.broadcast_in_dim(_load(ref, rows, interpret), shape, [0])
-                            for ref in (lse_smem, delta_smem))
-    copy_params(par_ref, par_smem, bar, head)
-    copies = copies or None
-
-    def step(j, carry):
-      dq, dbias = carry
-      keys = (row, pl.ds(list_smem[2 + j] * BLOCK, BLOCK))
-      _copy([(k_ref.at[keys + (kv_head,)], k_smem), (v_ref.at[keys + (kv_head,)], v_smem),
-             (ks_ref.at[keys], ks_smem), (kp_ref.at[keys], kp_smem)], bar, 7)
-      s = _product(shape, q_smem, k_smem, copies, transpose=True)
-      kpos = _load(kp_smem, cols, interpret)
-      if bias_spec is not None:  # the head's parameters read per block, not held
-        bias = mosaic_bias.theta(par_smem, packing)
-        s = s + mosaic_bias.tile(bias_spec, bias, qpos, kpos, interpret=interpret)
-      keep = visible(qseg, qpos, _load(ks_smem, cols, interpret), kpos, query_axis=0)
-      p = jnp.where(keep, jnp.exp2(s - lse_rows), 0.0)
-      ds = p * (_product(shape, do_smem, v_smem, copies, transpose=True) - delta_rows)
-      if learned:  # dS is the natural logits' (and the bias's) gradient
-        dbias = jax.tree.map(jnp.add, dbias,
-                             mosaic_bias.block_gradient(bias_spec, bias, qpos, kpos, ds))
-      return dq + _product((BLOCK, d), ds.astype(dtype), k_smem, copies, registers=True), dbias
-
-    zeros = _cast(interpret, jnp.zeros((BLOCK, d), jnp.float32), plgpu.Layout.WGMMA)
-    dq, dbias = lax.fori_loop(0, list_smem[1], step, (zeros, mosaic_bias.zero_gradient(
-        packing if learned else ())))
-    q_smem[...] = (dq * scale).astype(dtype)  # dS·K in the unscaled q's units
-    if learned:
-      mosaic_bias.store(dpar_smem, packing, dbias)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(q_smem, dq_ref.at[queries + (head,)])
-    if learned:
-      plgpu.copy_smem_to_gmem(dpar_smem, dpar_ref.at[row, head, qb])
-    plgpu.wait_smem_to_gmem(0)
-
-  def call(kernel, blocks, outputs, width):
-    tiles, barrier, copies = _scratch(d, dtype, interpret, 12)
-    row_smem = plgpu.SMEM(params.shape[1:], jnp.float32)  # the parameters, their gradient
-    return plgpu.kernel(
-        kernel, out_type=outputs, scratch_types=tiles + [plgpu.SMEM((width,), jnp.int32)]
-        + [row_smem] * 2 + barrier + copies, grid=(h, blocks, b),
-        grid_names=("heads", "blocks", "batch"),
-        interpret=_interpret_params() if interpret else None)
-
-  inputs = (q, k, v, do, lse, delta, *ids)
-  per_query_head = jax.ShapeDtypeStruct((b, tk, h, d), dtype)
-  dk, dv = call(dkv_kernel, nk, [per_query_head] * 2, by_key.shape[-1])(
-      *inputs, by_key, params)
-  rows_out = jax.ShapeDtypeStruct((b, h, nq, params.shape[1]) if learned else (1, 1, 1, 1),
-                                  jnp.float32)  # a program's row of the gradient
-  dq, drows = call(dq_kernel, nq, [jax.ShapeDtypeStruct(q.shape, dtype), rows_out],
-                   by_query.shape[-1])(*inputs, by_query, params)
-  if groups > 1:  # each query head's share, summed into its key/value head
-    dk, dv = (x.reshape(b, tk, h // groups, groups, d).astype(jnp.float32).sum(3)
-              .astype(dtype) for x in (dk, dv))
-  dparams = (mosaic_bias.params_gradient(bias_spec, packing, drows.sum((0, 2))) if learned
-             else None)
-  return dq, dk, dv, dparams
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-  """What attention's kernels are specialised on."""
-
-  causal: bool
-  window: int | None
-  scale: float
-  interpret: bool  # Mosaic GPU's interpret mode, else compiled
-  bias: object = None  # the BiasSpec without its params (passed beside), or None
-
-
-def _spec(st: _Static, params):
-  return None if st.bias is None else dataclasses.replace(st.bias, params=params)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(st: _Static, q, k, v, ids, params):
-  return _attend_forward(st, q, k, v, ids, params)[0]
-
-
-def _attend_forward(st: _Static, q, k, v, ids, params):
-  scaled = q * jnp.asarray(st.scale * LOG2E, q.dtype)  # the kernels' logits are in base 2
-  out, lse = forward(scaled, k, v, *ids, causal=st.causal, window=st.window,
-                     bias_spec=_spec(st, params), interpret=st.interpret)
-  return out, (scaled, k, v, ids, params, out, lse)
-
-
-def _attend_backward(st: _Static, residuals, do):
-  scaled, k, v, ids, params, out, lse = residuals
-  delta = jnp.einsum("bqhd,bqhd->bhq", out.astype(jnp.float32), do.astype(jnp.float32))
-  dq, dk, dv, dparams = backward(scaled, k, v, *ids, lse, delta, do, causal=st.causal,
-                                 window=st.window, scale=st.scale,
-                                 bias_spec=_spec(st, params), interpret=st.interpret)
-  if dparams is None:
-    dparams = jax.tree.map(jnp.zeros_like, params)
-  return dq, dk, dv, (None,) * len(ids), dparams
-
-
-_attend.defvjp(_attend_forward, _attend_backward)
-
-
-def _pad(x, length: int, width: int | None = None):
-  """x [b, t, ...] zero-padded to `length` along t (and to `width` along its last axis)."""
-  pads = [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
-  if width is not None:
-    pads[-1] = (0, width - x.shape[-1])
-  return jnp.pad(x, pads)
-
-
-def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
-              causal: bool = False, window: int | None = None, scale: float = 1.0,
-              bias_spec=None, interpret: bool | None = None):
-  """softmax(scale·q·kᵀ + bias)·V over the visible keys by the Mosaic GPU kernels (forward
-  and backward: differentiable in q, k, v and the bias's parameters), bfloat16 or float16.
-
-  Args:
-    q: [b, tq, h, d]; k: [b, tk, kv_heads, d]; v: [b, tk, kv_heads, d_v] (kv_heads divides
-      h). Any lengths and head dims: padded inside to multiples of 64 (the padded keys and
-      queries are padding, segment 0; the padded head-dim columns zero).
-    q_segments, k_segments, q_positions, k_positions: int [b, tq], [b, tk], as
-      flash_attention's (segment 0 is padding; the masks read positions, never indices).
-    causal: keys at positions ≤ the query's only; window: within ±window positions.
-    bias_spec: a positional bias (BiasSpec, evaluated per block in the kernels:
-      mosaic_bias.py), its params' gradient given where it is learned; None: none.
-    interpret: run Mosaic GPU's interpret mode (on any platform), else compile the kernels
-      (for cuda: Hopper or later); None: interpret unless this process's default backend
-      is a GPU. Chosen when traced, not per lowering platform: jax.lax.platform_dependent
-      cannot hold the interpreter, whose ordered callbacks the compiled branch lacks (JAX
-      0.10.2 lowering for cuda: "Lowering rule for `cond` returns incorrect set of output
-      tokens. Expected: (<OrderedIOEffect>,) vs. Actual: ()").
-  Returns:
-    [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key.
-  """
-  (_, tq, _, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
-  lq, lk = -(-tq // BLOCK) * BLOCK, -(-tk // BLOCK) * BLOCK
-  width = -(-max(d, dv) // BLOCK) * BLOCK
-  # padded positions repeat the last (padding is masked by its segment 0 whatever its
-  # positions; so the padded blocks' position ranges, which decide a saturating bias's
-  # constant blocks, stay those of their real tokens)
-  edge = lambda x, n: jnp.pad(x, [(0, 0), (0, n - x.shape[1])], mode="edge")  # noqa: E731
-  ids = (_pad(q_segments, lq), _pad(k_segments, lk), edge(q_positions, lq),
-         edge(k_positions, lk))
-  if interpret is None:
-    interpret = jax.default_backend() != "gpu"
-  st = _Static(causal=causal, window=window, scale=float(scale), interpret=interpret,
-               bias=None if bias_spec is None else dataclasses.replace(bias_spec, params=None))
-  out = _attend(st, _pad(q, lq, width), _pad(k, lk, width), _pad(v, lk, width),
-                tuple(x.astype(jnp.int32) for x in ids),
-                {} if bias_spec is None else dict(bias_spec.params))
-  return out[:, :tq, :, :dv]
+                        jax.ShapeDtypeStruct((b, h, tq + pad), jnp.float32)],
+      scratch_types=_forward_scratch(d, dtype, width, params.shape[1], consumers, interpret),
+      grid=(h, (tq + pad) // rows_q, b), grid_names=("heads", "q_seq", "batch"),
+      num_threads=consumers + 1 if specialised else None,
+      thread_name="wg" if specialised else None,
+      interpret=interpret_params() if interpret else None)
+  i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
+  out, lse = call(q, k, v, i32(q_segments), i32(k_segments), i32(q_positions),
+                  i32(k_positions), lists, params)
+  return out[:, :tq], lse[..., :tq]
