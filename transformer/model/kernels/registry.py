@@ -86,6 +86,18 @@ def fused_kernel(implementation: str):
   return kernel
 
 
+def _bias_spec(kernel: str, encoding):
+  """The encoding's BiasSpec for a kernel evaluating it in-kernel (None: none), or a
+  ConfigError where the encoding adds a bias that is neither a BiasSpec nor a data bias's
+  vectors."""
+  spec = encoding.bias_spec()
+  if spec is None and encoding.bias_vectors() is None and encoding.biases:
+    raise ConfigError(f"attention.kernel '{kernel}' needs a BiasSpec of the positional "
+                      f"encoding {type(encoding).__name__}, which declares none; use kernel "
+                      "'reference' or 'blockwise'")
+  return spec
+
+
 def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None):
   """flash_attention (transformer/model/kernels/pallas/attention.py) for a scorer declaring a dot product
   (its transforms applied before, its scale passed in), the encoding's BiasSpec and its
@@ -98,11 +110,7 @@ def pallas_kernel(block_size: int, mesh: jax.sharding.AbstractMesh | None = None
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
     del dropout, rngs  # none (kernel_choice refuses it)
-    spec, vectors = encoding.bias_spec(), encoding.bias_vectors()
-    if spec is None and vectors is None and encoding.biases:
-      raise ConfigError(f"attention.kernel 'pallas' needs a BiasSpec of the positional "
-                        f"encoding {type(encoding).__name__}, which declares none; use kernel "
-                        "'reference' or 'blockwise'")
+    spec, vectors = _bias_spec("pallas", encoding), encoding.bias_vectors()
     form = (normalizer or SOFTMAX).flash_form()
     product = score.dot_product
     if product.keys_per_head:  # each query head's own key transform: one key head each
@@ -139,11 +147,7 @@ def mosaic_gpu_kernel(interpret: bool = False):
 
   def kernel(q, k, v, mask, encoding, score, dropout, rngs, normalizer=None):
     del dropout, rngs, normalizer  # no dropout, no other normaliser (check)
-    spec = encoding.bias_spec()
-    if spec is None and encoding.biases:
-      raise ConfigError(f"attention.kernel 'mosaic_gpu' needs a BiasSpec of the positional "
-                        f"encoding {type(encoding).__name__}, which declares none; use kernel "
-                        "'reference' or 'blockwise'")
+    spec = _bias_spec("mosaic_gpu", encoding)
     product = score.dot_product
     if product.keys_per_head:  # each query head's own key transform: one key head each
       k, v = repeat_heads(k, q.shape[2]), repeat_heads(v, q.shape[2])

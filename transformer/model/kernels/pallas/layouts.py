@@ -47,7 +47,8 @@ def _floor_pow2(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+  """n rounded up to a multiple of `multiple`."""
   return -(-n // multiple) * multiple
 
 
@@ -83,7 +84,7 @@ class Layout:
         block = min(block, triton_tuning(head_dim)[1 + backward])
       if self.power_of_two:
         return max(self.min_size, min(_floor_pow2(block), _ceil_pow2(length)))
-      return max(multiple, min(block // multiple * multiple, _round_up(length, multiple)))
+      return max(multiple, min(block // multiple * multiple, round_up(length, multiple)))
     return size(block_q, tq, self.q_multiple), size(block_k, tk, self.k_multiple)
 
   def dim(self, n: int) -> int:

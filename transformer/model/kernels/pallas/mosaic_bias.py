@@ -32,6 +32,7 @@ from jax.extend.core import primitives
 
 from transformer.model.kernels.pallas import piecewise
 from transformer.model.kernels.pallas.bodies import LOG2E
+from transformer.model.kernels.pallas.layouts import round_up
 from transformer.model.positions import BiasSpec, spec_bias
 
 ROW = 32  # float32 per 128 bytes: a Mosaic GPU copy moves a multiple of 128 bytes
@@ -116,7 +117,7 @@ def pack(spec: BiasSpec):
   names = sorted(params)
   sizes = [params[name].shape[-1] for name in names]
   offsets = [sum(sizes[:n]) for n in range(len(names))]
-  width = max(ROW, -(-sum(sizes) // ROW) * ROW)
+  width = max(ROW, round_up(sum(sizes), ROW))
   rows = jnp.concatenate([params[name].astype(jnp.float32) for name in names], -1)
   return jnp.pad(rows, [(0, 0), (0, width - sum(sizes))]), tuple(zip(names, offsets, sizes))
 

@@ -1,14 +1,27 @@
 """The 64-row blocks the Mosaic GPU (Hopper) kernels share (mosaic_gpu.py's forward,
-mosaic_gpu_backward.py's dk/dv and dq kernels): the block size, copies from global to
+mosaic_gpu_backward.py's dk/dv and dq kernels): the block size, the transforms of a wgmma
+tile in shared memory, the visit lists as their copies take them, copies from global to
 shared memory on barriers, shared-memory rows loaded in a wgmma row or column layout, and
 the visibility tile of a block from its queries' and keys' segment and position rows.
 Mosaic GPU's interpret mode has no register layouts: there a row is read plainly."""
 
-import jax.numpy as jnp
 from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from transformer.model.kernels.pallas import sparsity
+from transformer.model.kernels.pallas.layouts import round_up
+
 BLOCK = 64  # queries or keys per block: a warpgroup's wgmma rows
+# A wgmma operand read from shared memory: tiled by (8, 64) and swizzled by 128 bytes (the
+# lowering refuses one without; the interpreter does not check)
+TILE_TRANSFORMS = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+
+def visit_lists(kind):
+  """sparsity.visit_lists of a block classification [b, n, m], each list of m + 2 entries
+  padded to a multiple of BLOCK (a copy moves a multiple of 128 bytes): int32
+  [b, n, width]."""
+  return sparsity.visit_lists(kind, round_up(kind.shape[-1] + 2, BLOCK))
 
 
 def interpret_params():

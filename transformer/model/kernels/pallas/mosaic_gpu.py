@@ -26,8 +26,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels.pallas import mosaic_bias, sparsity
-from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_in,
-                                                            interpret_params, load, visible)
+from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, TILE_TRANSFORMS, cast,
+                                                            copy_in, interpret_params, load,
+                                                            visible, visit_lists)
 
 # Consumer warpgroups per block of queries, each 64 queries sharing the K/V slots, as
 # FlashAttention-3 and JAX's attention_mgpu: one block's copies feed twice the wgmma work.
@@ -66,8 +67,7 @@ def _forward_scratch(d, dtype, width, params, consumers, interpret):
   barriers (q rows per consumer; the list and the parameters; K, V and the id rows per
   slot; K's and V's slots handed back by the consumers and the consumers' turns, used when
   warp-specialised); and the interpreter's Kᵀ and P tiles, per consumer."""
-  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=transforms)  # noqa: E731
+  tiles = lambda n: plgpu.SMEM((n, BLOCK, d), dtype, transforms=TILE_TRANSFORMS)  # noqa: E731
   rows = lambda n, t=jnp.int32: plgpu.SMEM((n, BLOCK), t)  # noqa: E731
   scratch = [tiles(consumers), tiles(SLOTS), tiles(SLOTS), rows(consumers), rows(SLOTS),
              rows(consumers), rows(SLOTS), rows(consumers, jnp.float32),
@@ -111,10 +111,10 @@ def forward(q, k, v, q_segments, k_segments, q_positions, k_positions, *, causal
     q_segments = jnp.pad(q_segments, [(0, 0), (0, pad)])
     q_positions = jnp.pad(q_positions, [(0, 0), (0, pad)], mode="edge")
   groups, dtype, nk = h // k.shape[2], q.dtype, tk // BLOCK
-  width = -(-(nk + 2) // BLOCK) * BLOCK
   kind = sparsity.classify(q_segments, k_segments, q_positions, k_positions, causal=causal,
                            window=window, block_q=rows_q, block_k=BLOCK, lq=tq + pad, lk=tk)
-  lists = sparsity.visit_lists(kind, width)
+  lists = visit_lists(kind)
+  width = lists.shape[-1]
   params, packing = mosaic_bias.operand(bias_spec, h)
   biased = bias_spec is not None
 

@@ -20,8 +20,10 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from transformer.model.kernels.pallas import mosaic_bias, sparsity
 from transformer.model.kernels.pallas.bodies import LN2, LOG2E
-from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, cast, copy_in,
-                                                            interpret_params, load, visible)
+from transformer.model.kernels.pallas.layouts import round_up
+from transformer.model.kernels.pallas.mosaic_blocks import (BLOCK, TILE_TRANSFORMS, cast,
+                                                            copy_in, interpret_params, load,
+                                                            visible, visit_lists)
 from transformer.model.kernels.pallas.mosaic_gpu import forward
 
 
@@ -50,8 +52,7 @@ def _product(shape, a, b, copies, *, registers=False, transpose=False):
 def _scratch(d, dtype, interpret, barriers):
   """Shared memory of a backward kernel: four wgmma tiles [64, d] (tiled and swizzled), six
   rows of 64 (ids, lse, delta), its visit list, the barriers, and the interpreter's copies."""
-  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=transforms)
+  tile = plgpu.SMEM((BLOCK, d), dtype, transforms=TILE_TRANSFORMS)
   ids, stats = plgpu.SMEM((BLOCK,), jnp.int32), plgpu.SMEM((BLOCK,), jnp.float32)
   return ([tile] * 4 + [ids] * 4 + [stats] * 2, [plgpu.Barrier(num_barriers=barriers)],
           [plgpu.SMEM((BLOCK, BLOCK), dtype), plgpu.SMEM((d, BLOCK), dtype)] if interpret
@@ -81,8 +82,7 @@ def backward(q, k, v, q_segments, k_segments, q_positions, k_positions, lse, del
   ids = tuple(x.astype(jnp.int32) for x in (q_segments, k_segments, q_positions, k_positions))
   kind = sparsity.classify(*ids, causal=causal, window=window, block_q=BLOCK,
                            block_k=BLOCK, lq=tq, lk=tk)
-  by_query = sparsity.visit_lists(kind, -(-(nk + 2) // BLOCK) * BLOCK)
-  by_key = sparsity.visit_lists(jnp.swapaxes(kind, 1, 2), -(-(nq + 2) // BLOCK) * BLOCK)
+  by_query, by_key = visit_lists(kind), visit_lists(jnp.swapaxes(kind, 1, 2))
   lse = jnp.where(jnp.isinf(lse), 0.0, lse)  # a query seeing no key: masked wherever read
   rows, cols = plgpu.Layout.WGMMA.reduce(1), plgpu.Layout.WGMMA.reduce(0)
   shape = (BLOCK, BLOCK)
@@ -286,8 +286,7 @@ def attention(q, k, v, *, q_segments, k_segments, q_positions, k_positions,
     [b, tq, h, d_v] in v's dtype; 0 for a query that sees no key.
   """
   (_, tq, _, d), tk, dv = q.shape, k.shape[1], v.shape[-1]
-  lq, lk = -(-tq // BLOCK) * BLOCK, -(-tk // BLOCK) * BLOCK
-  width = -(-max(d, dv) // BLOCK) * BLOCK
+  lq, lk, width = round_up(tq, BLOCK), round_up(tk, BLOCK), round_up(max(d, dv), BLOCK)
   # padded positions repeat the last (padding is masked by its segment 0 whatever its
   # positions; so the padded blocks' position ranges, which decide a saturating bias's
   # constant blocks, stay those of their real tokens)
